@@ -1,0 +1,211 @@
+"""`KVQuantSpec`: the layout of one quantized tensor (K or V), as a frozen dataclass.
+
+Pure Python (no torch at import time). Every field is validated on construction, so a spec
+that exists is a spec the oracle and the kernels can run; bad values raise `ValueError`
+naming the field and listing what is allowed.
+
+Conventions (they are the byte contract the oracle, kernels and exporters share):
+
+* A *group* is `group` consecutive elements that share one scale (and one zero point when
+  asymmetric). `axis="tok"`: groups run along head_dim inside one token (GGML style);
+  `axis="chan"`: groups of `group` consecutive tokens inside one channel (KIVI keys);
+  `axis="head"`: one group per (token, head) = all of head_dim; `axis="tensor"`: one static
+  scale for the whole tensor (calibrated, as vLLM's fp8 k_scale).
+* Dequantization is always one FMA per element: `x = scale * c + zero`, where `c` is the
+  code's value (a signed integer for symmetric ints, an unsigned one for asymmetric ints, a
+  float for fp/codebook formats) and `zero` is GGML's "min" offset (asymmetric only).
+* Sub-byte codes are split into power-of-two bit planes (3 = 2+1, 5 = 4+1, 6 = 4+2,
+  7 = 4+2+1) so no code straddles a byte; `pack` says how elements fill a plane's bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "bf16", "fp16")
+AXES = ("tok", "chan", "head", "tensor")
+SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
+SCALE_RULES = ("absmax", "signed", "mse", "unit")
+ROUNDINGS = ("even", "away", "up")
+ROTATIONS = ("none", "had")
+PACKINGS = ("seq", "ggml")
+GROUP_MIN, GROUP_MAX = 8, 256
+
+SCALE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "e8m0": 1, "e4m3": 1}
+# Fixed bit width of the non-int formats.
+FORMAT_BITS = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp4_e2m1": 4, "nf4": 4, "iq4nl": 4, "bf16": 16, "fp16": 16}
+SPEC_VERSION = 1
+
+
+def _allowed(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+
+
+def bit_planes(bits: int) -> tuple[int, ...]:
+    """Power-of-two plane widths for a code of `bits` bits, lowest bits first.
+
+    4 -> (4,), 5 -> (4, 1), 6 -> (4, 2), 3 -> (2, 1), 7 -> (4, 2, 1), 8 -> (8,).
+    """
+    planes, rest = [], bits
+    for w in (8, 4, 2, 1):
+        if rest >= w:
+            planes.append(w)
+            rest -= w
+    return tuple(planes)
+
+
+@dataclass(frozen=True)
+class KVQuantSpec:
+    """Layout of one quantized cache tensor. Build one with `kvlab.spec.parse_spec` or presets.
+
+    fmt:         "int" | "fp8_e4m3" | "fp8_e5m2" | "fp4_e2m1" | "nf4" | "iq4nl" | "bf16" | "fp16"
+    bits:        code width (2..8 for int; fixed for the others)
+    group:       elements per scale group (8..256, must divide head_dim for tok); 0 for head/tensor
+    axis:        "tok" | "chan" | "head" | "tensor"
+    sym:         symmetric (no zero point) or asymmetric (stores GGML's min offset)
+    scale_dtype: "f16" | "bf16" | "f32" | "e8m0" | "e4m3"
+    rule:        "absmax" (|x|max / qmax), "signed" (GGML: the signed extreme / -2^(b-1)),
+                 "mse" (grid search over clipping ratios), "unit" (scale 1, nothing stored; fp8)
+    recip:       GGML arithmetic: codes use the fp32 reciprocal of the unrounded scale; otherwise
+                 the scale is rounded to scale_dtype first and x is divided by it (FreeToken)
+    rounding:    "even" (round half to even), "away" (half away from zero), "up" (half up)
+    rotation:    "none" | "had" (normalised Hadamard over head_dim before quantizing)
+    pack:        "seq" (plane element i -> byte i // k) or "ggml" (nibbles strided: byte j holds
+                 elements j and j + G/2; 1-bit planes sequential as GGML's qh)
+    tensor_scale: an extra fp32 per-tensor scale above the group scales (NVFP4)
+    pre_rope:    quantize keys before RoPE (K only; the reader applies RoPE after dequantizing)
+    """
+
+    fmt: str = "int"
+    bits: int = 4
+    group: int = 32
+    axis: str = "tok"
+    sym: bool = True
+    scale_dtype: str = "f16"
+    rule: str = "absmax"
+    recip: bool = False
+    rounding: str = "even"
+    rotation: str = "none"
+    pack: str = "seq"
+    tensor_scale: bool = False
+    pre_rope: bool = False
+
+    def __post_init__(self) -> None:
+        _allowed("format", self.fmt, FORMATS)
+        _allowed("axis", self.axis, AXES)
+        _allowed("scale dtype", self.scale_dtype, SCALE_DTYPES)
+        _allowed("scale rule", self.rule, SCALE_RULES)
+        _allowed("rounding", self.rounding, ROUNDINGS)
+        _allowed("rotation", self.rotation, ROTATIONS)
+        _allowed("pack", self.pack, PACKINGS)
+        if self.fmt == "int":
+            if not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
+                raise ValueError(f"bits={self.bits!r} out of range for int; allowed: 2..8")
+        elif self.bits != FORMAT_BITS[self.fmt]:
+            raise ValueError(f"bits={self.bits} not allowed for {self.fmt}; it has {FORMAT_BITS[self.fmt]} bits")
+        if self.axis in ("tok", "chan"):
+            if not isinstance(self.group, int) or not GROUP_MIN <= self.group <= GROUP_MAX:
+                raise ValueError(f"group={self.group!r} out of range for axis {self.axis}; allowed: {GROUP_MIN}..{GROUP_MAX}")
+            if self.group & (self.group - 1) and self.axis == "chan":
+                raise ValueError(f"group={self.group} for axis chan must be a power of two (pages hold whole groups)")
+            if self.group % 8:
+                raise ValueError(f"group={self.group} must be a multiple of 8 so every bit plane fills whole bytes")
+        elif self.group != 0:
+            raise ValueError(f"group must be 0 for axis {self.axis} (one group per {self.axis})")
+        if self.is_float_storage:
+            if (self.axis, self.sym, self.rule, self.rotation) != ("tensor", True, "unit", "none") or self.tensor_scale:
+                raise ValueError(f"{self.fmt} is stored unquantized; it takes no group, asym, scale rule, rotation or tensor scale")
+        if self.rule == "unit" and self.fmt not in ("fp8_e4m3", "fp8_e5m2", "bf16", "fp16"):
+            raise ValueError(f"scale rule 'unit' (no scale) is allowed only for fp8/bf16/fp16, not {self.fmt}")
+        if self.rule == "signed" and not ((self.fmt == "int" and self.sym) or self.fmt in ("nf4", "iq4nl")):
+            raise ValueError("scale rule 'signed' (GGML signed extreme) needs a symmetric int, nf4 or iq4nl format")
+        if self.rule == "signed" and self.scale_dtype in ("e8m0", "e4m3"):
+            raise ValueError("scale rule 'signed' gives negative scales; use scale dtype f16, bf16 or f32")
+        if not self.sym and self.fmt != "int":
+            raise ValueError(f"asym (zero point) is allowed only for int formats, not {self.fmt}")
+        if self.scale_dtype in ("e8m0", "e4m3") and self.fmt == "int" and not self.sym:
+            raise ValueError(f"scale dtype {self.scale_dtype} cannot hold an asymmetric zero point; use f16, bf16 or f32")
+        if self.scale_dtype == "e4m3" and self.fmt in ("fp8_e4m3", "fp8_e5m2"):
+            raise ValueError("an fp8 format cannot take an e4m3 scale; use f16, bf16 or f32")
+        if self.tensor_scale and self.scale_dtype != "e4m3":
+            raise ValueError("tensor_scale (two-level scales, as NVFP4) needs scale dtype e4m3")
+        if self.rounding != "even" and self.fmt != "int":
+            raise ValueError(f"rounding {self.rounding!r} applies to int formats only; {self.fmt} rounds to nearest "
+                             "(fp8: ties to even; fp4/codebooks: ties to the smaller magnitude, as GGML)")
+        if self.recip and self.fmt != "int":
+            raise ValueError("recip (GGML reciprocal arithmetic) applies to int formats only")
+        if self.pack == "ggml" and self.axis != "tok":
+            raise ValueError("pack ggml describes per-token GGML blocks; it needs axis tok")
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def is_float_storage(self) -> bool:
+        """True for bf16/fp16: values are stored as they are."""
+        return self.fmt in ("bf16", "fp16")
+
+    @property
+    def has_scale(self) -> bool:
+        return self.rule != "unit"
+
+    @property
+    def planes(self) -> tuple[int, ...]:
+        return bit_planes(self.bits)
+
+    def group_size(self, head_dim: int) -> int:
+        """Elements per packing group for a tensor whose last dim is `head_dim`."""
+        self.check_head_dim(head_dim)
+        return self.group if self.axis in ("tok", "chan") else head_dim
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise ValueError if this spec cannot lay out rows of `head_dim` elements."""
+        if self.axis == "tok" and head_dim % self.group:
+            raise ValueError(f"group {self.group} does not divide head_dim {head_dim}; "
+                             f"allowed groups: {[g for g in range(8, min(head_dim, 256) + 1, 8) if head_dim % g == 0]}")
+        if head_dim % 8:
+            raise ValueError(f"head_dim {head_dim} must be a multiple of 8 (codes pack into whole bytes)")
+        if self.rotation == "had" and head_dim % 8:
+            raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {head_dim}")
+
+    def scale_bytes_per_group(self) -> float:
+        n = SCALE_BYTES[self.scale_dtype] if self.has_scale else 0
+        return n * (1 if self.sym else 2)
+
+    def bits_per_element_at(self, head_dim: int = 128) -> float:
+        """Exact stored bits per element (payload + scales + zero points) for rows of head_dim."""
+        if self.is_float_storage:
+            return float(self.bits)
+        if self.axis == "tensor":
+            return float(self.bits)  # one scale per tensor: amortized to zero
+        g = self.group_size(head_dim)
+        return self.bits + 8 * self.scale_bytes_per_group() / g
+
+    @property
+    def bits_per_element(self) -> float:
+        """Stored bits per element at head_dim 128 (for axis head: per 128-element row)."""
+        return self.bits_per_element_at(128)
+
+    @property
+    def bytes_per_element(self) -> float:
+        """Stored bytes per element (payload + scales + zeros) at head_dim 128."""
+        return self.bits_per_element / 8
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Versioned plain dict (JSON-safe)."""
+        return {"version": SPEC_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KVQuantSpec":
+        d = dict(d)
+        version = d.pop("version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            raise ValueError(f"spec version {version} is not supported; this kvlab reads version {SPEC_VERSION}")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown spec fields {sorted(unknown)}; allowed: {sorted(names)}")
+        return cls(**d)
+
+    def __str__(self) -> str:
+        from .dsl import format_spec
+        return format_spec(self)

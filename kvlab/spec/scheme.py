@@ -1,0 +1,142 @@
+"""`KVScheme`: a K spec, a V spec, and the cache policy around them.
+
+Text form (items joined by ','):
+
+    SPEC                  the same spec for K and V (or a scheme preset such as kivi4)
+    k=SPEC / v=SPEC       separate specs
+    window=N              the N most recent tokens stay full precision
+    sink=N                the first N tokens (attention sinks) stay full precision
+    L<i>=SPEC             layer i (negative counts from the end) uses SPEC for K and V
+
+Example: `k=int4:g32:chan:asym,v=int4:g32:asym,window=128,L0=bf16,L-1=bf16`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .dsl import parse_spec
+from .quant_spec import SPEC_VERSION, KVQuantSpec
+
+
+@dataclass(frozen=True)
+class KVScheme:
+    """K spec + V spec + full-precision window/sinks + per-layer overrides."""
+
+    k: KVQuantSpec
+    v: KVQuantSpec
+    window: int = 0
+    sink: int = 0
+    overrides: tuple = field(default=())  # ((layer, KVQuantSpec), ...) sorted; layer < 0 counts from the end
+    name: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window={self.window!r} must be an int >= 0 (tokens kept full precision)")
+        if not isinstance(self.sink, int) or self.sink < 0:
+            raise ValueError(f"sink={self.sink!r} must be an int >= 0 (first tokens kept full precision)")
+        if self.v.pre_rope:
+            raise ValueError("prerope applies to keys only; write it on the k= spec")
+        for layer, spec in self.overrides:
+            if not isinstance(layer, int):
+                raise ValueError(f"layer override index {layer!r} must be an int")
+            if spec.pre_rope:
+                raise ValueError("prerope cannot be set through a layer override")
+        layers = [l for l, _ in self.overrides]
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"layer overrides repeat a layer: {layers}")
+        object.__setattr__(self, "overrides", tuple(sorted(self.overrides, key=lambda t: (t[0] < 0, t[0]))))
+
+    # ---- queries ------------------------------------------------------------------------
+    def for_layer(self, layer: int, n_layers: int) -> tuple[KVQuantSpec, KVQuantSpec]:
+        """(K spec, V spec) used at `layer` of a model with `n_layers` layers."""
+        for l, spec in self.overrides:
+            if l % n_layers == layer % n_layers and -n_layers <= l < n_layers:
+                return spec, spec
+        return self.k, self.v
+
+    @property
+    def is_uniform(self) -> bool:
+        return self.k == self.v
+
+    def bits_per_element(self, head_dim: int = 128, context: int | None = None, n_layers: int | None = None) -> float:
+        """Mean stored bits per K/V element. With `context`, the full-precision window and sinks
+        (kept bf16) are amortized over that many tokens; with `n_layers`, overrides count too."""
+        def per_layer(k: KVQuantSpec, v: KVQuantSpec) -> float:
+            q = (k.bits_per_element_at(head_dim) + v.bits_per_element_at(head_dim)) / 2
+            if context is None:
+                return q
+            fp = min(context, self.window + self.sink)
+            if k.axis == "chan":  # the unfinished channel group also stays full precision (worst case)
+                fp = min(context, fp + k.group - 1) if self.window == 0 else fp
+            return (fp * 16 + (context - fp) * q) / context
+        if n_layers is None:
+            return per_layer(self.k, self.v)
+        return sum(per_layer(*self.for_layer(i, n_layers)) for i in range(n_layers)) / n_layers
+
+    @property
+    def bytes_per_element(self) -> float:
+        return self.bits_per_element() / 8
+
+    # ---- text and dict forms ------------------------------------------------------------
+    def __str__(self) -> str:
+        items = [str(self.k)] if self.is_uniform else [f"k={self.k}", f"v={self.v}"]
+        if self.window:
+            items.append(f"window={self.window}")
+        if self.sink:
+            items.append(f"sink={self.sink}")
+        items += [f"L{l}={s}" for l, s in self.overrides]
+        return ",".join(items)
+
+    def to_dict(self) -> dict:
+        return {"version": SPEC_VERSION, "text": str(self), "name": self.name, "k": self.k.to_dict(),
+                "v": self.v.to_dict(), "window": self.window, "sink": self.sink,
+                "overrides": [[l, s.to_dict()] for l, s in self.overrides]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KVScheme":
+        if d.get("version", SPEC_VERSION) != SPEC_VERSION:
+            raise ValueError(f"scheme version {d.get('version')} is not supported; this kvlab reads {SPEC_VERSION}")
+        try:
+            return cls(k=KVQuantSpec.from_dict(d["k"]), v=KVQuantSpec.from_dict(d["v"]), window=d.get("window", 0),
+                       sink=d.get("sink", 0), name=d.get("name"),
+                       overrides=tuple((int(l), KVQuantSpec.from_dict(s)) for l, s in d.get("overrides", [])))
+        except KeyError as e:
+            raise ValueError(f"scheme dict lacks key {e}; needs at least 'k' and 'v'") from None
+
+
+def parse_scheme(text: str) -> KVScheme:
+    """Parse scheme text (see module doc) or a preset name into a `KVScheme`."""
+    from .presets import SCHEME_PRESETS, SPEC_PRESETS
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a scheme must be a non-empty string like 'q4_0' or 'k=int4:g32:chan:asym,v=int4:g32', got {text!r}")
+    text = text.strip()
+    name = text if (text in SCHEME_PRESETS or text in SPEC_PRESETS) else None
+    k = v = None
+    window = sink = 0
+    overrides: dict[int, KVQuantSpec] = {}
+    for item in text.split(","):
+        item = item.strip()
+        key, eq, val = item.partition("=")
+        if item in SCHEME_PRESETS:
+            base = parse_scheme(SCHEME_PRESETS[item])
+            k, v, window, sink = base.k, base.v, base.window, base.sink
+            overrides.update(dict(base.overrides))
+        elif not eq or ":" in key:
+            k = v = parse_spec(item)
+        elif key == "k":
+            k = parse_spec(val)
+        elif key == "v":
+            v = parse_spec(val)
+        elif key in ("window", "sink"):
+            if not re.fullmatch(r"\d+", val):
+                raise ValueError(f"{key}={val!r} must be a non-negative integer number of tokens")
+            window, sink = (int(val), sink) if key == "window" else (window, int(val))
+        elif re.fullmatch(r"L-?\d+", key):
+            overrides[int(key[1:])] = parse_spec(val)
+        else:
+            raise ValueError(f"unknown scheme item {item!r}; allowed: SPEC, k=SPEC, v=SPEC, window=N, sink=N, "
+                             f"L<i>=SPEC, or a preset ({', '.join(sorted(SCHEME_PRESETS))})")
+    if k is None or v is None:
+        raise ValueError(f"scheme {text!r} gives {'no K' if k is None else 'no V'} spec; write k=...,v=... or one spec for both")
+    return KVScheme(k=k, v=v, window=window, sink=sink, overrides=tuple(overrides.items()), name=name)
