@@ -1,0 +1,97 @@
+"""Element and scale number formats: codebooks, fp8 casts, scale dtypes (torch, CPU or GPU).
+
+Everything here is elementwise and exact: it defines which float a stored byte means.
+"""
+from __future__ import annotations
+
+import torch
+
+# E2M1 (OCP MX fp4) in GGML's index order: 0..7 positive, 8..15 negative (index 8 is -0).
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# NF4 (QLoRA, bitsandbytes): quantiles of N(0, 1) normalised to [-1, 1].
+NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+       0.7229568362236023, 1.0)
+# IQ4_NL (llama.cpp kvalues_iq4nl): a non-linear int8 grid, scaled by an fp16 d.
+IQ4NL = (-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0)
+CODEBOOKS = {"fp4_e2m1": E2M1, "nf4": NF4, "iq4nl": IQ4NL}
+
+FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+# Largest exponent of the element format (OCP MX shared-exponent rule: E = floor(log2 amax) - emax).
+ELEM_EMAX = {"fp4_e2m1": 2, "fp8_e4m3": 8, "fp8_e5m2": 15}
+FLOAT_STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def codebook(fmt: str, device=None) -> torch.Tensor:
+    """[16] float32 values of a 4-bit codebook format."""
+    return torch.tensor(CODEBOOKS[fmt], dtype=torch.float32, device=device)
+
+
+def codebook_absmax(fmt: str) -> float:
+    return max(abs(v) for v in CODEBOOKS[fmt])
+
+
+def fp8_cast(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Saturating cast of float32 `v` to fp8 (round to nearest even); returns the uint8 bytes."""
+    m = FP8_MAX[fmt]
+    return v.clamp(-m, m).to(FP8_DTYPES[fmt]).view(torch.uint8)
+
+
+def fp8_value(b: torch.Tensor, fmt: str) -> torch.Tensor:
+    """float32 value of fp8 bytes `b` (uint8)."""
+    return b.view(FP8_DTYPES[fmt]).to(torch.float32)
+
+
+def roundf_away(v: torch.Tensor) -> torch.Tensor:
+    """Round half away from zero, exactly as C's roundf (and GGML's np_roundf) in float32."""
+    a = v.abs()
+    f = torch.floor(a)
+    return torch.sign(v) * (f + torch.floor(2 * (a - f)))
+
+
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2(a)) for a > 0 as float32 log2 would give it (log2 in float64, rounded to float32)."""
+    return torch.floor(torch.log2(a.double()).float())
+
+
+# ---- scale dtypes -----------------------------------------------------------------------
+def store_scale(s: torch.Tensor, dtype: str, *, elem_fmt: str = "int") -> torch.Tensor:
+    """Round float32 scales `s` to their storage dtype; returns the stored tensor.
+
+    f16 / bf16 / f32: IEEE casts (round to nearest even).
+    e8m0: a uint8 biased exponent. For fp elements it is the OCP MX shared exponent
+      floor(log2 s) (s already divided by the element's largest power of two); for int elements
+      it rounds up, 2^ceil(log2 s), so no code overflows. Zero or non-finite -> byte 0 / 255.
+    e4m3: saturating cast to float8_e4m3fn (NVFP4 group scales).
+    """
+    if dtype == "f16":
+        return s.to(torch.float16)
+    if dtype == "bf16":
+        return s.to(torch.bfloat16)
+    if dtype == "f32":
+        return s.to(torch.float32)
+    if dtype == "e4m3":
+        return s.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    if dtype == "e8m0":
+        a = s.abs().float()
+        e = floor_log2(a) if elem_fmt != "int" else torch.ceil(torch.log2(a.double())).float()
+        e = torch.where(a > 0, e + 127, torch.zeros_like(e))
+        e = torch.where(torch.isfinite(a), e.clamp(0, 254), torch.full_like(e, 255))
+        return e.to(torch.uint8)
+    raise ValueError(f"unknown scale dtype {dtype!r}; allowed: f16, bf16, f32, e8m0, e4m3")
+
+
+def scale_value(stored: torch.Tensor, dtype: str) -> torch.Tensor:
+    """float32 value of stored scales (inverse of `store_scale`)."""
+    if dtype == "e8m0":
+        e = stored.to(torch.int32)
+        v = torch.exp2((e - 127).float())
+        return torch.where(e == 255, torch.full_like(v, float("nan")), v)
+    return stored.to(torch.float32)
+
+
+def scale_bytes(stored: torch.Tensor) -> torch.Tensor:
+    """Stored scales as raw little-endian bytes [..., nbytes] (uint8)."""
+    return stored.contiguous().view(torch.uint8).reshape(*stored.shape, -1)

@@ -1,0 +1,233 @@
+"""The PyTorch oracle: `quantize(x, spec) -> QTensor` and `dequantize(q)`.
+
+Ground truth for every kernel. Vectorised over groups (no Python loop over tokens or blocks),
+float32 arithmetic, CPU or GPU. GGML presets follow ggml-quants.c (through gguf's reference)
+operation for operation so that `encode` is byte-exact.
+
+Non-finite input: a NaN or Inf makes its own group's scale non-finite (or, for unit-scale
+fp8, only that element's code NaN); the group's codes are defined (0 -> the zero code) and
+the group dequantizes to NaN. Every other group is bit-identical to quantizing it alone.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..spec import KVQuantSpec, parse_spec
+from .formats import (ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, fp8_cast, fp8_value,
+                      roundf_away, scale_value, store_scale)
+from .packing import pack, unpack
+from .qtensor import QTensor
+from .rotation import rotate, unrotate
+
+MSE_RATIOS = tuple(1.0 - 0.025 * i for i in range(21))  # clipping ratios 1.0 .. 0.5 searched by rule=mse
+
+
+# ---- input checks and grouping ------------------------------------------------------------
+def as_spec(spec) -> KVQuantSpec:
+    if isinstance(spec, KVQuantSpec):
+        return spec
+    if isinstance(spec, str):
+        return parse_spec(spec)
+    raise ValueError(f"spec must be a KVQuantSpec or spec text, not {type(spec).__name__}")
+
+
+def check_input(x, spec: KVQuantSpec) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() < (2 if spec.axis == "chan" else 1):
+        raise ValueError(f"x must have rank >= {2 if spec.axis == 'chan' else 1} ([..., tokens, head_dim]) for axis "
+                         f"{spec.axis}, got shape {tuple(x.shape)}")
+    spec.check_head_dim(x.shape[-1])
+    if spec.axis == "chan" and x.shape[-2] % spec.group:
+        raise ValueError(f"axis chan quantizes whole groups of {spec.group} tokens; got {x.shape[-2]} tokens "
+                         "(the cache keeps an unfinished group in full precision)")
+
+
+def group(x: torch.Tensor, spec: KVQuantSpec) -> torch.Tensor:
+    """x [..., T, D] -> groups [..., A, B, G] (the last dim shares one scale)."""
+    D = x.shape[-1]
+    G = spec.group_size(D)
+    if spec.axis == "chan":
+        T = x.shape[-2]
+        return x.reshape(*x.shape[:-2], T // G, G, D).transpose(-1, -2)  # [..., T/G, D, G]
+    return x.reshape(*x.shape[:-1], D // G, G)  # [..., T, D/G, G]
+
+
+def ungroup(xg: torch.Tensor, spec: KVQuantSpec, shape) -> torch.Tensor:
+    if spec.axis == "chan":
+        xg = xg.transpose(-1, -2)
+    return xg.reshape(shape)
+
+
+def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
+    """Per-group statistic, keepdim [..., A, B, 1] (one value broadcast for axis tensor)."""
+    flat = xg.reshape(-1) if spec.axis == "tensor" else xg
+    if how == "amax":
+        r = flat.abs().amax(-1, keepdim=True)
+    elif how == "max":
+        r = flat.amax(-1, keepdim=True)
+    elif how == "min":
+        r = flat.amin(-1, keepdim=True)
+    else:  # "ext": the signed element of largest magnitude (first one on ties, as numpy's argmax)
+        r = flat.gather(-1, flat.abs().argmax(-1, keepdim=True))
+    if torch.isnan(flat).any():  # amax/argmax skip or mis-place NaN on some backends: poison explicitly
+        r = torch.where(torch.isnan(flat).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
+    return r.reshape([1] * xg.dim()) if spec.axis == "tensor" else r
+
+
+# ---- per-format code computation ------------------------------------------------------------
+def _quant_int(xg, spec: KVQuantSpec, ratio: float):
+    b = spec.bits
+    if spec.sym:
+        if spec.rule == "signed":
+            s_raw = _reduce(xg, "ext", spec) * ratio / -(2 ** (b - 1))
+        else:
+            s_raw = _reduce(xg, "amax", spec) * ratio / (2 ** (b - 1) - 1)
+        m_raw = None
+    else:
+        mx, mn = _reduce(xg, "max", spec), _reduce(xg, "min", spec)
+        if ratio != 1.0:
+            c, h = (mx + mn) / 2, (mx - mn) / 2 * ratio
+            mx, mn = c + h, c - h
+        s_raw, m_raw = (mx - mn) / (2 ** b - 1), mn
+    s_st = store_scale(s_raw, spec.scale_dtype)
+    m_st = None if m_raw is None else store_scale(m_raw, spec.scale_dtype)
+    if spec.recip:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
+        inv = torch.where(s_raw == 0, torch.zeros_like(s_raw), 1.0 / s_raw)
+        v = xg * inv if m_raw is None else (xg - m_raw) * inv
+    else:  # divide by the scale as stored (FreeToken)
+        s_val = scale_value(s_st, spec.scale_dtype)
+        num = xg if m_st is None else xg - scale_value(m_st, spec.scale_dtype)
+        v = torch.where(s_val == 0, torch.zeros_like(num), num / s_val)
+    v = torch.nan_to_num(v, nan=0.0)
+    off = 2 ** (b - 1) if spec.sym else 0
+    if spec.rounding == "up":  # GGML: trunc(v + off + 0.5) in float32
+        u = torch.trunc(v + (off + 0.5))
+    elif spec.rounding == "away":
+        u = roundf_away(v) + off
+    else:
+        u = torch.round(v) + off
+    u = u.clamp(0, 2 ** b - 1).to(torch.uint8)
+    if b == 8 and spec.sym:  # 8-bit symmetric codes are stored two's complement (GGML q8_0)
+        u = u ^ 0x80
+    return u, s_st, m_st
+
+
+def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
+    if not spec.has_scale:
+        return fp8_cast(xg, spec.fmt), None, None
+    if scale is not None:
+        s_raw = torch.as_tensor(scale, dtype=torch.float32, device=xg.device).reshape([1] * xg.dim())
+    elif spec.scale_dtype == "e8m0":
+        s_raw = _reduce(xg, "amax", spec) * ratio / 2 ** ELEM_EMAX[spec.fmt]
+    else:
+        s_raw = _reduce(xg, "amax", spec) * ratio / FP8_MAX[spec.fmt]
+    s_st = store_scale(s_raw, spec.scale_dtype, elem_fmt=spec.fmt)
+    s_val = scale_value(s_st, spec.scale_dtype)
+    v = torch.where(s_val == 0, torch.zeros_like(xg), xg / s_val)
+    return fp8_cast(v, spec.fmt), s_st, None
+
+
+def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
+    cb = codebook(spec.fmt, xg.device)  # [16]
+    if spec.rule == "signed":
+        s_raw = _reduce(xg, "ext", spec) * ratio / cb.min()
+    elif spec.scale_dtype == "e8m0":
+        s_raw = _reduce(xg, "amax", spec) * ratio / 2 ** ELEM_EMAX.get(spec.fmt, 0)
+    else:
+        s_raw = _reduce(xg, "amax", spec) * ratio / codebook_absmax(spec.fmt)
+    if ts is not None:
+        s_raw = s_raw / ts
+    s_st = store_scale(s_raw, spec.scale_dtype, elem_fmt=spec.fmt)
+    s_val = scale_value(s_st, spec.scale_dtype) * (1.0 if ts is None else ts)
+    err = (s_val.unsqueeze(-1) * cb - xg.unsqueeze(-1)).abs()  # [..., G, 16]
+    return err.argmin(-1).to(torch.uint8), s_st, None
+
+
+def _values(u, s_st, m_st, spec: KVQuantSpec, ts):
+    """Dequantized float32 group values from unpacked codes u [..., G] and stored scales
+    (s_st, m_st broadcastable to u: [..., 1] per group or one value)."""
+    if spec.fmt == "int":
+        b = spec.bits
+        if spec.sym:
+            c = u.view(torch.int8).float() if b == 8 else u.float() - 2 ** (b - 1)
+        else:
+            c = u.float()
+    elif spec.fmt in FP8_MAX:
+        c = fp8_value(u, spec.fmt)
+    else:
+        c = codebook(spec.fmt, u.device)[u.long()]
+    if s_st is None:
+        return c
+    s = scale_value(s_st, spec.scale_dtype)  # keepdim: broadcasts over the group
+    if ts is not None:
+        s = s * ts
+    if m_st is None:
+        return c * s
+    return c * s + scale_value(m_st, spec.scale_dtype)
+
+
+# ---- public API ------------------------------------------------------------------------------
+def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> QTensor:
+    """Quantize x [..., T, D] (float32/16/bf16, any device) with `spec` -> `QTensor`.
+
+    `scale` fixes the static scale of an axis-tensor spec (calibrated, as vLLM's k_scale);
+    `tensor_scale` fixes NVFP4's fp32 second-level scale (default: amax / (6 * 448) of x).
+    """
+    spec = as_spec(spec)
+    check_input(x, spec)
+    shape, dtype = tuple(x.shape), x.dtype
+    if spec.is_float_storage:
+        codes = x.to(FLOAT_STORAGE[spec.fmt]).contiguous().view(torch.uint8)
+        return QTensor(codes.reshape(*shape[:-1], 1, -1), None, None, None, spec, shape, dtype)
+    xf = x.float()
+    if spec.rotation == "had":
+        xf = rotate(xf)
+    xg = group(xf, spec)  # [..., A, B, G]
+    ts = None
+    if spec.tensor_scale:
+        ts = torch.as_tensor(tensor_scale if tensor_scale is not None else
+                             xf.abs().amax() / (codebook_absmax(spec.fmt) * 448.0), dtype=torch.float32, device=x.device)
+        ts = torch.where(ts > 0, ts, torch.ones_like(ts))
+
+    def run(ratio):
+        if spec.fmt == "int":
+            return _quant_int(xg, spec, ratio)
+        if spec.fmt in FP8_MAX:
+            return _quant_fp8(xg, spec, ratio, scale)
+        return _quant_codebook(xg, spec, ratio, ts)
+
+    if scale is not None and not (spec.axis == "tensor" and spec.fmt in FP8_MAX and spec.has_scale):
+        raise ValueError("scale= fixes a static per-tensor scale; it needs an fp8 spec with axis tensor and a scale rule")
+    u, s_st, m_st = run(1.0)
+    if spec.rule == "mse":
+        best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)
+        for r in MSE_RATIOS[1:]:
+            u2, s2, m2 = run(r)
+            err = ((_values(u2, s2, m2, spec, ts) - xg) ** 2).sum(-1, keepdim=True)
+            better = err.sum() < best.sum() if spec.axis == "tensor" else err < best
+            u = torch.where(better, u2, u)
+            s_st = torch.where(better, s2, s_st)
+            m_st = None if m_st is None else torch.where(better, m2, m_st)
+            best = torch.where(better, err, best)
+    squeeze = (lambda t: None if t is None else (t.reshape(()) if spec.axis == "tensor" else t.squeeze(-1)))
+    return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype)
+
+
+def dequantize(q: QTensor) -> torch.Tensor:
+    """Values of a `QTensor`: a tensor of the original shape and dtype."""
+    spec = q.spec
+    if spec.is_float_storage:
+        return q.codes.reshape(*q.shape[:-1], -1).view(FLOAT_STORAGE[spec.fmt]).to(q.dtype)
+    D = q.shape[-1]
+    G = spec.group_size(D)
+    u = unpack(q.codes, spec, G)  # [..., A, B, G]
+    s = q.scales if q.scales is None or q.scales.dim() == 0 else q.scales.unsqueeze(-1)
+    m = q.zeros if q.zeros is None or q.zeros.dim() == 0 else q.zeros.unsqueeze(-1)
+    xg = _values(u, s, m, spec, q.tensor_scale)
+    x = ungroup(xg, spec, q.shape)
+    if spec.rotation == "had":
+        x = unrotate(x)
+    return x.to(q.dtype)
