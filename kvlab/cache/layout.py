@@ -1,0 +1,98 @@
+"""Page layout of one quantized cache tensor (K or V): the contract between the oracle, the
+paged pool, the store kernel and the attention kernels.
+
+Pages are head-major (FlashInfer's HND): one page holds `page_size` consecutive tokens of one
+sequence for every KV head, and one (page, head) tile is contiguous, so a kernel reads a
+tile's codes as whole 16-byte rows and its scales as one contiguous vector.
+
+    tok / head / tensor axis         codes   uint8  [N, Hk, P, row_bytes]     row_bytes = D * bits / 8
+                                     scales  sdt    [N, Hk, P, D / G]         (G = D for head)
+                                     zeros   sdt    [N, Hk, P, D / G]         (asym only)
+    chan axis (KIVI keys)            codes   uint8  [N, Hk, P / G, D, G * bits / 8]
+                                     scales  sdt    [N, Hk, P / G, D]
+    bf16 / fp16                      values  dtype  [N, Hk, P, D]
+
+Each row / group is exactly `kvlab.quantize(x, spec)` of that token (group): codes, scales
+and zeros are the oracle's tensors placed in pages, bit for bit. Axis-tensor static scales and
+NVFP4's fp32 tensor scale are one float32 per layer, held by the pool, not the pages.
+Full-precision tokens (sinks, the recent window, an unfinished channel group) live outside
+the pages, in the pool's dense full-precision buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..spec import KVQuantSpec
+
+SCALE_TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "e8m0": torch.uint8,
+                      "e4m3": torch.float8_e4m3fn}
+FLOAT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Shapes and dtypes of the page tensors of one spec (see module doc)."""
+
+    spec: KVQuantSpec
+    head_dim: int
+    page_size: int
+    n_heads: int
+
+    def __post_init__(self) -> None:
+        self.spec.check_head_dim(self.head_dim)
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.spec.axis == "chan" and self.page_size % self.spec.group:
+            raise ValueError(f"axis chan with group {self.spec.group} needs a page size that is a multiple of it "
+                             f"(pages hold whole token groups); got page_size {self.page_size}")
+
+    @property
+    def group(self) -> int:
+        return self.spec.group_size(self.head_dim)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.head_dim * self.spec.bits // 8
+
+    @property
+    def has_group_scales(self) -> bool:
+        s = self.spec
+        return s.has_scale and s.axis != "tensor" and not s.is_float_storage
+
+    def code_shape(self, n_pages: int) -> tuple:
+        P, H, D, G = self.page_size, self.n_heads, self.head_dim, self.group
+        if self.spec.is_float_storage:
+            return (n_pages, H, P, D)
+        if self.spec.axis == "chan":
+            return (n_pages, H, P // G, D, G * self.spec.bits // 8)
+        return (n_pages, H, P, self.row_bytes)
+
+    def scale_shape(self, n_pages: int) -> tuple:
+        P, H, D, G = self.page_size, self.n_heads, self.head_dim, self.group
+        if self.spec.axis == "chan":
+            return (n_pages, H, P // G, D)
+        return (n_pages, H, P, D // G)
+
+    @property
+    def code_dtype(self) -> torch.dtype:
+        return FLOAT_TORCH_DTYPES[self.spec.fmt] if self.spec.is_float_storage else torch.uint8
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return SCALE_TORCH_DTYPES[self.spec.scale_dtype]
+
+    def bytes_per_token(self) -> float:
+        """Stored bytes per token per head (codes + scales + zeros)."""
+        return self.head_dim * self.spec.bits_per_element_at(self.head_dim) / 8
+
+    def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
+        """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored)."""
+        codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)
+        scales = zeros = None
+        if self.has_group_scales:
+            scales = torch.empty(self.scale_shape(n_pages), dtype=self.scale_dtype, device=device)
+            if not self.spec.sym:
+                zeros = torch.empty(self.scale_shape(n_pages), dtype=self.scale_dtype, device=device)
+        return {"codes": codes, "scales": scales, "zeros": zeros}
