@@ -120,7 +120,8 @@ class KVQuantSpec:
         if self.rule == "signed" and not ((self.fmt == "int" and self.sym) or self.fmt in ("nf4", "iq4nl")):
             raise ValueError("scale rule 'signed' (GGML signed extreme) needs a symmetric int, nf4 or iq4nl format")
         if self.rule == "signed" and self.scale_dtype in ("e8m0", "e4m3"):
-            raise ValueError("scale rule 'signed' gives negative scales; use scale dtype f16, bf16 or f32")
+            raise ValueError(f"scale rule 'signed' gives negative scales, which {self.scale_dtype} cannot hold; "
+                             "allowed scale dtypes: f16, bf16, f32")
         if not self.sym and self.fmt != "int":
             raise ValueError(f"asym (zero point) is allowed only for int formats, not {self.fmt}")
         if self.scale_dtype in ("e8m0", "e4m3") and self.fmt == "int" and not self.sym:
