@@ -1,0 +1,120 @@
+"""Torch placement of oracle output into pages, and back (the reference side of the store).
+
+`write_tokens` is the reference store: `kvlab.quantize` of the new tokens, then each row /
+channel group placed at its slot (`slot = page * P + offset`), exactly as `PageLayout`
+describes. `read_qtensor` gathers a sequence's pages back into the oracle's `QTensor` shapes,
+so `kvlab.dequantize` gives the cached values (the reference attention kernels are tested
+against). Slot -1 means "skip this token" (padding), as in vLLM's slot mapping.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..quant import QTensor, quantize
+from ..quant.formats import FLOAT_STORAGE, store_scale
+from ..quant.rotation import rotate
+from .layout import PageLayout
+
+
+def _as_static(v, device) -> torch.Tensor | None:
+    """A static scale (float, 0-d or 1-element tensor) as a float32 0-d tensor."""
+    if v is None:
+        return None
+    return torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
+
+
+def prerotate(x: torch.Tensor, spec):
+    """(x, spec) -> (x @ H in float32, spec without rotation) for rotated specs; else unchanged.
+
+    The store rotates the [T, Hk, D] tokens once with torch, so the Triton and the torch paths
+    quantize the very same float32 values."""
+    if spec.rotation == "had":
+        return rotate(x), dataclasses.replace(spec, rotation="none")
+    return x, spec
+
+
+def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_size: int, *,
+                 scale=None, tensor_scale=None) -> None:
+    """Quantize x [T, Hk, D] with the oracle and write it into `pages` at `slots` [T] (int).
+
+    Axis chan: T is a multiple of the group G and each run of G tokens has consecutive slots
+    starting at a multiple of G (one channel group of a page). `scale` is the static scale of an
+    axis-tensor spec, `tensor_scale` NVFP4's fp32 second level (both float32, set by the pool).
+    """
+    T, Hk, D = x.shape
+    x, spec = prerotate(x, spec)
+    lay = PageLayout(spec, D, page_size, Hk)
+    P, G = page_size, lay.group
+    slots = slots.to(device=x.device, dtype=torch.int64)
+    kw = {"scale": _as_static(scale, x.device)} if spec.axis == "tensor" and spec.has_scale else {}
+    if spec.tensor_scale:
+        kw["tensor_scale"] = _as_static(tensor_scale, x.device)
+    if spec.axis == "chan":
+        q = quantize(x.transpose(0, 1), spec, **kw)  # codes [Hk, T/G, D, GB], scales [Hk, T/G, D]
+        first = slots[::G]  # [T/G]
+        keep = first >= 0
+        page, blk = first[keep] // P, (first[keep] % P) // G
+        pages["codes"][page, :, blk] = q.codes.transpose(0, 1)[keep]
+        for key, t in (("scales", q.scales), ("zeros", q.zeros)):
+            if t is not None:
+                pages[key][page, :, blk] = t.transpose(0, 1)[keep]
+        return
+    keep = slots >= 0
+    page, off = slots[keep] // P, slots[keep] % P
+    if spec.is_float_storage:
+        pages["codes"][page, :, off] = x[keep].to(FLOAT_STORAGE[spec.fmt])
+        return
+    q = quantize(x[keep], spec, **kw)  # codes [T', Hk, D/G, GB], scales [T', Hk, D/G]
+    pages["codes"][page, :, off] = q.codes.reshape(q.codes.shape[0], Hk, -1)
+    if lay.has_group_scales:
+        pages["scales"][page, :, off] = q.scales
+        if q.zeros is not None:
+            pages["zeros"][page, :, off] = q.zeros
+
+
+def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,
+                 tensor_scale=None) -> QTensor:
+    """The first `n_tokens` tokens held by pages `page_ids` (in order) as the oracle's QTensor of
+    a [Hk, n_tokens, D] float32 tensor. Not for bf16/fp16 specs (use `read_values`)."""
+    codes = pages["codes"]
+    P = codes.shape[2] * (spec.group if spec.axis == "chan" else 1)
+    Hk = codes.shape[1]
+    idx = torch.as_tensor(list(page_ids), dtype=torch.int64, device=codes.device)
+    lay = PageLayout(spec, head_dim, P, Hk)
+
+    def take(t, n):  # [np, Hk, A, ...] -> [Hk, np * A, ...][:, :n]
+        t = t[idx].transpose(0, 1)
+        return t.reshape(Hk, -1, *t.shape[3:])[:, :n]
+
+    G = lay.group
+    if spec.axis == "chan":
+        n = n_tokens // G
+        c = take(codes, n)  # [Hk, n/G, D, GB]
+    else:
+        n = n_tokens
+        c = take(codes, n).reshape(Hk, n, head_dim // G, -1)  # [Hk, n, D/G, GB]
+    s = z = None
+    if lay.has_group_scales:
+        s = take(pages["scales"], n)
+        z = take(pages["zeros"], n) if pages.get("zeros") is not None else None
+    elif spec.axis == "tensor" and spec.has_scale:
+        s = store_scale(_as_static(scale, codes.device), spec.scale_dtype, elem_fmt=spec.fmt)
+    ts = _as_static(tensor_scale, codes.device) if spec.tensor_scale else None
+    return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32)
+
+
+def read_values(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,
+                tensor_scale=None) -> torch.Tensor:
+    """Dequantized float32 [Hk, n_tokens, D] of the first `n_tokens` tokens in pages `page_ids`."""
+    from ..quant import dequantize
+    codes = pages["codes"]
+    if n_tokens == 0:
+        return torch.zeros(codes.shape[1], 0, head_dim, dtype=torch.float32, device=codes.device)
+    if spec.is_float_storage:
+        idx = torch.as_tensor(list(page_ids), dtype=torch.int64, device=codes.device)
+        t = codes[idx].transpose(0, 1)  # [Hk, np, P, D]
+        return t.reshape(t.shape[0], -1, head_dim)[:, :n_tokens].float()
+    q = read_qtensor(pages, spec, page_ids, n_tokens, head_dim, scale=scale, tensor_scale=tensor_scale)
+    return dequantize(q)

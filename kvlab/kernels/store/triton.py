@@ -1,0 +1,334 @@
+"""The store kernel: quantize, pack and scatter new tokens into pages, for every spec family.
+
+One `@triton.jit` program; a spec reaches it only as constexprs (`kernel_params`), so a new
+scheme is a spec change. Program (r, h, grp) takes BLOCK_R rows of head h:
+
+* rows are tokens (axis tok / head / tensor, bf16 / fp16 copies): one row = D elements in D/G
+  groups; tile [BLOCK_R, NGP, GP] for the group statistics;
+* rows are channels (axis chan, KIVI keys): program grp owns tokens grp*G .. grp*G+G-1 (one
+  channel group, consecutive slots from a multiple of G); one row = G tokens of one channel.
+
+Each bit plane (widths from `kvlab.quant.packing.plane_order`) is then reloaded as a
+[BLOCK_R, NGP, bytes, elements-per-byte] tile whose last axis is the elements sharing one byte
+(sequential `i = byte*K + k` or GGML-strided `i = k*NB + byte`), coded, shifted and summed
+into bytes: one contiguous byte vector per group and plane.
+
+Arithmetic mirrors `kvlab/quant/oracle.py` operation for operation in float32: divisions with
+`tl.math.div_rn` (IEEE, the CPU oracle's and GGML's `/`), rounding modes and scale/fp8 dtypes
+through `kvlab.kernels._triton_utils` (exact on GPU and interpreter), and the launch passes
+`enable_fp_fusion=False` so no multiply-add is fused. rule=mse is not here (api.py uses the
+reference). The autotune key is (head_dim, n_heads, spec constexprs), never the token count.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
+from ...quant.packing import plane_order
+from .._triton_utils import bf16_round, e8m0, interpreting, narrow_float, next_pow2, rint_even, round_away, trunc
+
+FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
+SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
+RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2}
+RND_IDS = {"even": 0, "away": 1, "up": 2}
+CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2"]
+
+
+@triton.jit
+def _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G: tl.constexpr, NG: tl.constexpr, D: tl.constexpr,
+            CHAN: tl.constexpr):
+    """Pointers and mask of x elements (row r, group g, element i of the group)."""
+    if CHAN:  # row = channel; the group is G consecutive tokens
+        off = (grp * G + i).to(tl.int64) * st + h * sh + r * sd
+        m = (r < D) & (i < G)
+    else:  # row = token; groups run along head_dim
+        off = r.to(tl.int64) * st + h * sh + (g * G + i) * sd
+        m = (r < T) & (g < NG) & (i < G)
+    return x_ptr + off, m
+
+
+@triton.jit
+def _to_scale(s, SDT: tl.constexpr, ELEM_INT: tl.constexpr):
+    """Raw float32 scales -> (stored value as float32, stored bits in the page's storage type)."""
+    if SDT == 0:
+        v, c = narrow_float(s, 10, -14, 15, 16, 0x7E00)
+        c = c.to(tl.int16)
+    elif SDT == 1:
+        v, c = bf16_round(s)
+        c = c.to(tl.int16)
+    elif SDT == 2:
+        v = s
+        c = s
+    elif SDT == 3:
+        v, c = e8m0(s, ELEM_INT)
+        c = c.to(tl.uint8)
+    else:  # e4m3, saturating (NVFP4 group scales)
+        v, c = narrow_float(tl.where(s > 448.0, 448.0, tl.where(s < -448.0, -448.0, s)), 3, -6, 8, 8, 0x7F)
+        c = c.to(tl.uint8)
+    return v, c
+
+
+@triton.jit
+def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
+    """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a NaN poisons its group."""
+    has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0
+    if SYM:
+        a = tl.where(m, tl.abs(x), 0.0)
+        stat = tl.max(a, axis=2, keep_dims=True)
+        if RULE == 1:  # GGML: the signed element of largest magnitude, first one on ties
+            first = tl.min(tl.where(a == stat, i, GP), axis=2, keep_dims=True)
+            neg = tl.max(((i == first) & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=2, keep_dims=True)
+            stat = tl.where(neg > 0, -stat, stat)
+        stat = tl.where(has_nan, float("nan"), stat)
+        mn = stat
+    else:
+        mx = tl.max(tl.where(m, x, -float("inf")), axis=2, keep_dims=True)
+        mn = tl.min(tl.where(m, x, float("inf")), axis=2, keep_dims=True)
+        empty = (mx == -float("inf")) & (mn == float("inf"))  # a masked-out row: keep its (unstored) math finite
+        mx = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mx))
+        mn = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mn))
+        stat = mx - mn
+    return tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32)), mn
+
+
+@triton.jit
+def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
+           RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr):
+    """Unsigned int32 codes of x (per-group tensors broadcast against x)."""
+    if FMT == 0:
+        if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
+            nz = s_raw == 0
+            den = tl.where(nz, 1.0, s_raw)
+            inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))
+            v = x * inv if SYM else (x - m_raw) * inv
+        else:  # divide by the scale as stored
+            num = x if SYM else x - m_val
+            nz = s_val == 0
+            num, den = tl.broadcast(num, tl.where(nz, 1.0, s_val))
+            v = tl.where(nz, 0.0, tl.math.div_rn(num, den))
+        v = tl.where(v != v, 0.0, v)
+        if RND == 2:  # GGML: trunc(v + off + 0.5)
+            r = trunc(v + (OFF + 0.5))
+        elif RND == 1:
+            r = round_away(v) + OFF
+        else:
+            r = rint_even(v) + OFF
+        u = tl.where(r < 0.0, 0.0, tl.where(r > QMAX, QMAX * 1.0, r)).to(tl.int32)
+        if XOR8:  # 8-bit symmetric codes are two's complement
+            u = u ^ 0x80
+    elif FMT <= 2:
+        if RULE == 2:
+            y = x
+        else:
+            nz = s_val == 0
+            num, den = tl.broadcast(x, tl.where(nz, 1.0, s_val))
+            y = tl.where(nz, 0.0, tl.math.div_rn(num, den))
+        if FMT == 1:
+            _, u = narrow_float(tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y)), 3, -6, 8, 8, 0x7F)
+        else:
+            _, u = narrow_float(tl.where(y > 57344.0, 57344.0, tl.where(y < -57344.0, -57344.0, y)), 2, -14, 15, 8,
+                                0x7F)
+    else:  # 16-entry codebook: nearest value, first index on ties, NaN counts as smallest (torch.argmin)
+        best = tl.abs(s_eff * tl.load(cb_ptr) - x)
+        u = tl.zeros(best.shape, tl.int32)
+        for j in tl.static_range(1, 16):
+            e = tl.abs(s_eff * tl.load(cb_ptr + j) - x)
+            better = (e < best) | ((e != e) & (best == best))
+            u = tl.where(better, j, u)
+            best = tl.where(better, e, best)
+    return u
+
+
+@triton.jit
+def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
+           W: tl.constexpr, SH: tl.constexpr, PO: tl.constexpr, STRIDED: tl.constexpr,
+           D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
+           CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
+           OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, GB: tl.constexpr):
+    """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
+    K: tl.constexpr = 8 // W
+    NB: tl.constexpr = G // K
+    NBP: tl.constexpr = GP // K
+    jj = tl.arange(0, NBP)[None, None, :, None]
+    kk = tl.arange(0, K)[None, None, None, :]
+    if STRIDED:
+        i = kk * NB + jj
+    else:
+        i = jj * K + kk
+    xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
+    x = tl.load(xp, mask=m & (jj < NB), other=0.0).to(tl.float32)  # [BR, NGP, NBP, K]
+    u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8)
+    byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
+    j3 = tl.arange(0, NBP)[None, None, :]
+    tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
+
+
+@triton.jit
+def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr,
+                  T, st, sh, sd,
+                  HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr,
+                  G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr, NGP: tl.constexpr, CHAN: tl.constexpr,
+                  STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
+                  RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
+                  HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
+                  W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
+                  ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    grp = tl.program_id(2)
+    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
+    g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
+    if CHAN:  # one slot per channel group: the page block of G tokens
+        slot = tl.load(slot_ptr + grp * G).to(tl.int64)
+        live = (r < D) & (slot >= 0)
+        unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + r  # [BR, 1, 1] group index
+    else:
+        slot = tl.load(slot_ptr + r, mask=r < T, other=-1).to(tl.int64)  # [BR, 1, 1]
+        live = (r < T) & (slot >= 0)
+        unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [BR, NGP, 1] group index
+    gok = live & (g < NG)
+    if FMT >= 4:  # bf16 / fp16 storage: a rounded copy (G = D, NG = 1)
+        i = tl.arange(0, GP)[None, None, :]
+        xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
+        x = tl.load(xp, mask=m, other=0.0).to(tl.float32)
+        if FMT == 4:
+            _, c = bf16_round(x)
+        else:
+            _, c = narrow_float(x, 10, -14, 15, 16, 0x7E00)
+        tl.store(codes_ptr + unit * D + i, c.to(tl.int16), mask=gok & m)
+    else:
+        ones = tl.full([BLOCK_R, NGP, 1], 1.0, tl.float32)
+        s_raw = ones
+        m_raw = ones * 0.0
+        if STATIC:  # axis tensor: one calibrated scale for the layer
+            s_raw = ones * tl.load(static_ptr)
+        elif RULE != 2:
+            i = tl.arange(0, GP)[None, None, :]
+            xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
+            x0 = tl.load(xp, mask=m, other=0.0).to(tl.float32)  # [BR, NGP, GP]
+            s_raw, m_raw = _group_stats(x0, m, i, SYM, RULE, SDIV, GP)
+            if HAS_TS:  # NVFP4: group scales live under the fp32 tensor scale
+                s_raw = tl.math.div_rn(s_raw, ones * tl.load(ts_ptr))
+        s_val, s_code = _to_scale(s_raw, SDT, ELEM_INT)
+        m_val = m_raw
+        if not SYM:
+            m_val, m_code = _to_scale(m_raw, SDT, True)
+            tl.store(zeros_ptr + unit, m_code, mask=gok)
+        if (not STATIC) and RULE != 2:
+            tl.store(scales_ptr + unit, s_code, mask=gok)
+        s_eff = s_val
+        if HAS_TS:
+            s_eff = s_val * tl.load(ts_ptr)
+        _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
+               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, G * BITS // 8)
+        if W1 > 0:
+            _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
+                   cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
+                   XOR8, G * BITS // 8)
+        if W2 > 0:
+            _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
+                   cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
+                   QMAX, XOR8, G * BITS // 8)
+
+
+# ---- host side -----------------------------------------------------------------------------------
+def kernel_params(spec, D: int) -> dict:
+    """The constexprs that carry `spec` (rotation already applied, rule != mse) for head_dim D."""
+    if spec.is_float_storage:
+        return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
+                    SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
+                    QMAX=0, XOR8=False, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False)
+    fmt, b = spec.fmt, spec.bits
+    G = spec.group_size(D)
+    NG = 1 if spec.axis == "chan" else D // G
+    if fmt == "int":
+        sdiv = (-(2 ** (b - 1)) if spec.rule == "signed" else 2 ** (b - 1) - 1) if spec.sym else 2 ** b - 1
+    elif fmt in FP8_MAX:
+        sdiv = 2 ** ELEM_EMAX[fmt] if spec.scale_dtype == "e8m0" else FP8_MAX[fmt]
+    elif spec.rule == "signed":
+        sdiv = min(CODEBOOKS[fmt])
+    else:
+        sdiv = 2 ** ELEM_EMAX.get(fmt, 0) if spec.scale_dtype == "e8m0" else codebook_absmax(fmt)
+    planes = [(w, sh, spec.pack == "ggml" and w in (2, 4)) for sh, w in plane_order(spec)] + [(0, 0, False)] * 2
+    sym_int = fmt == "int" and spec.sym
+    p = dict(FMT=FMT_IDS[fmt], BITS=b, G=G, NG=NG, GP=next_pow2(G), NGP=next_pow2(NG), CHAN=spec.axis == "chan",
+             STATIC=spec.axis == "tensor" and spec.has_scale, SYM=spec.sym, RULE=RULE_IDS[spec.rule],
+             RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
+             ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
+             QMAX=2 ** b - 1, XOR8=sym_int and b == 8)
+    for k, (w, sh, st) in enumerate(planes[:3]):
+        p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
+    return p
+
+
+def _prune(configs, named_args, **kw):
+    a = {**named_args, **kw}
+    rows = a["D"] if a["CHAN"] else 1 << 30
+    tile = a["GP"] * a["NGP"]
+    keep = [c for c in configs if c.kwargs["BLOCK_R"] <= max(4, next_pow2(rows)) and c.kwargs["BLOCK_R"] * tile <= 8192]
+    return keep or configs[:1]
+
+
+_TUNED = None
+_CODEBOOKS: dict = {}
+
+
+def _tuned():
+    global _TUNED
+    if _TUNED is None:
+        _TUNED = triton.autotune(CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune})(_store_kernel)
+    return _TUNED
+
+
+def _codebook(fmt: str, device) -> torch.Tensor:
+    key = (fmt, str(device))
+    if key not in _CODEBOOKS:
+        _CODEBOOKS[key] = torch.tensor(CODEBOOKS.get(fmt, (0.0,) * 16), dtype=torch.float32, device=device)
+    return _CODEBOOKS[key]
+
+
+def _storage_view(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
+    """Pages as the kernel stores them: 16-bit floats as int16 bits, fp8 as uint8 bytes."""
+    if t is None:
+        return fallback
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.view(torch.int16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8)
+    return t
+
+
+def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
+                 scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None,
+                 block_rows: int | None = None) -> None:
+    """Launch the store kernel. Inputs are already checked by `kvlab.kernels.store.api.store`:
+    x [T, Hk, D] float32/16/bf16 (rotated when the spec rotates; `spec` then has rotation none),
+    pages of `PageLayout(spec, D, page_size, Hk)`, slot_mapping [T] int32/int64 (-1: skip),
+    scale / tensor_scale float32 [1] on x's device when the spec needs them.
+    `block_rows` fixes BLOCK_R (no autotune; the interpreter always uses a fixed one)."""
+    T, Hk, D = x.shape
+    if T == 0:
+        return
+    p = kernel_params(spec, D)
+    codes = _storage_view(pages["codes"], None)
+    scales = _storage_view(pages.get("scales"), codes)
+    zeros = _storage_view(pages.get("zeros"), codes)
+    dummy = torch.ones(1, dtype=torch.float32, device=x.device)
+    static = scale if scale is not None else dummy
+    ts = tensor_scale if tensor_scale is not None else dummy
+    slots = slot_mapping.contiguous()
+    n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
+    args = (x, codes, scales, zeros, slots, static, ts, _codebook(spec.fmt, x.device), T, *x.stride())
+    const = dict(HK=Hk, D=D, P=page_size, **p)
+    if interpreting() or block_rows is not None:
+        br = block_rows or min(16, max(4, next_pow2(n_rows)))
+        _store_kernel[(triton.cdiv(n_rows, br), Hk, n_grp)](*args, **const, BLOCK_R=br, num_warps=4,
+                                                          enable_fp_fusion=False)
+    else:
+        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)  # noqa: E731
+        _tuned()[grid](*args, **const, enable_fp_fusion=False)
