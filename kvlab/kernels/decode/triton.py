@@ -1,0 +1,256 @@
+"""Triton split-K (flash-decoding) attention over a paged quantized KV cache.
+
+One program per (sequence, KV head, split): each K/V tile is read and dequantized once and
+serves the whole GQA group through one `tl.dot` ([GP, D] x [D, BLOCK_N], GP = group padded to
+>= 16). Online softmax in fp32; partial results of the splits are merged by `_merge_kernel`
+(skipped with one split). The last split also attends the full-precision buffer.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dequant import chan_tile, tile_config, tok_tile
+from .. import tuning
+
+
+@triton.jit
+def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
+    """One online-softmax step. q [M, D] (scaled by log2 e), kt [D, N], v [N, D], valid [M, N] or [1, N];
+    kmul / vmul: per-tensor scales of this K / V tile (1.0 for full-precision tokens)."""
+    if DOT == 0:
+        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee") * kmul
+    else:
+        s = tl.dot(q, kt.to(q.dtype)) * kmul
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked rows stay at zero, not NaN
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT == 0:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc * alpha[:, None] + pv * vmul
+
+
+@triton.jit
+def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
+                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, qk_scale, num_splits,
+                   sq0, sq1, so0, so1, kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
+                   kf0, kf1, kf2, vf0, vf1, vf2,
+                   KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                   P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, DIRECT: tl.constexpr):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
+    p0 = tl.load(INDPTR + b)
+    p1 = tl.load(INDPTR + b + 1)
+    L = tl.where(p1 > p0, (p1 - p0 - 1) * P + tl.load(LAST + b), 0).to(tl.int32)  # quantized tokens
+    per = tl.cdiv(tl.cdiv(L, num_splits), BN) * BN  # tokens per split, whole tiles
+    lo = sp * per
+    hi = tl.minimum(lo + per, L)
+    IDX = INDICES + p0
+    g = tl.arange(0, GP)
+    d = tl.arange(0, D)
+    gm = g < GROUP
+    heads = hk * GROUP + g  # [GP] query heads served by this KV head
+    kperm = tl.load(KPERM + d)
+    vperm = tl.load(VPERM + d)
+    kts = 1.0
+    vts = 1.0
+    if HAS_KTS:
+        kts = tl.load(KTS)
+    if HAS_VTS:
+        vts = tl.load(VTS)
+    q = tl.load(Q + b * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+    q = q * qk_scale  # [GP, D], dims in K's column order
+    if DOT == 1:
+        q = q.to(tl.bfloat16)
+    elif DOT == 2:
+        q = q.to(tl.float16)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    for t0 in range(lo, hi, BN):
+        if KCFG[26]:
+            kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
+        else:
+            kt = tl.trans(tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2,
+                                   KCFG, P, BN, D))  # [D, BN]
+        if VCFG[26]:
+            v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
+        else:
+            v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+        valid = (t0 + tl.arange(0, BN)) < hi
+        m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
+    if HAS_FP:
+        if sp == num_splits - 1:  # the full-precision tokens ride on the last split
+            F = tl.load(FPLEN + b)
+            for t0 in range(0, F, BN):
+                t = t0 + tl.arange(0, BN)
+                fm = t < F
+                kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
+                v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+    o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)  # [GP, D], V's column order
+    if DIRECT:
+        tl.store(OUT + b * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty), mask=gm[:, None])
+    else:
+        row = (b * tl.num_programs(1) * GROUP + heads) * num_splits + sp  # [GP] rows of OP [B, Hq, S, D]
+        tl.store(OP + row[:, None] * D + vperm[None, :], o, mask=gm[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(LSE + row, lse, mask=gm)
+
+
+@triton.jit
+def _merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.constexpr):
+    """OP [B, Hq, S, D] fp32 partial outputs, LSE [B, Hq, S] (log2) -> OUT [B, Hq, D]."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SP)
+    sm = s < num_splits
+    base = (b * tl.num_programs(1) + h) * num_splits
+    lse = tl.load(LSE + base + s, mask=sm, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))  # [SP]
+    d = tl.arange(0, D)
+    o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)
+    tot = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(tot > 0, tot, 1.0)
+    tl.store(OUT + b * so0 + h * so1 + d, out.to(OUT.dtype.element_ty))
+
+
+# ---- host side ------------------------------------------------------------------------------------
+_UNIT = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=256)
+def _cfg(spec, D: int, word_max: int, asm: bool, device: str):
+    cfg, perm = tile_config(spec, D, word_max, asm)
+    return cfg, torch.tensor(perm, dtype=torch.int32, device=device)
+
+
+def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale):
+    """-> dict of kernel arguments for one cache tensor (unit views, strides, CFG, perm, LUT, tensor scale)."""
+    codes = pages["codes"]
+    word = 4
+    if not spec.is_float_storage:
+        while word > 1:
+            try:
+                view = codes.view(_UNIT[word])
+                break
+            except RuntimeError:
+                word //= 2
+        else:
+            view = codes
+    else:
+        view = codes
+    cfg, perm = _cfg(spec, D, word, asm, str(q.device))
+    if cfg[3] != word and not spec.is_float_storage:
+        view = codes.view(_UNIT[cfg[3]])
+    scales, zeros = pages.get("scales"), pages.get("zeros")
+    if scales is not None and scales.dtype == torch.float8_e4m3fn:
+        scales = scales.view(torch.uint8)  # e4m3 scales travel as bytes (bitcast in-kernel)
+    dummy = perm
+    lut = dummy
+    if spec.fmt in ("nf4", "iq4nl"):
+        from ...quant.formats import codebook
+        lut = codebook(spec.fmt, q.device)
+    ts = None
+    if tensor_scale is not None and (spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale)):
+        ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=q.device).reshape(1)
+    cs = list(view.stride()) + [0] * (5 - view.dim())
+    ss = list(scales.stride()) if scales is not None else [0, 0, 0]
+    if zeros is not None and zeros.stride() != scales.stride():
+        raise ValueError("zeros must have the same strides as scales")
+    return dict(c=view, s=scales if scales is not None else dummy, z=zeros if zeros is not None else dummy, lut=lut,
+                perm=perm, ts=ts, cfg=cfg, cs=cs[:4] if cfg[26] else cs[:3] + [0], ss=ss[:3])
+
+
+def rotate_inputs(q, k_fp, v_fp, k_spec, v_spec, D):
+    """Hadamard-rotated specs: q -> q @ H for K (scores are invariant), full-precision tokens rotated
+    alike so the kernel sees one space; the caller un-rotates the output with H.T for V."""
+    if "had" not in (k_spec.rotation, v_spec.rotation):
+        return q, k_fp, v_fp
+    from ...quant.rotation import hadamard
+    H = hadamard(D, q.device)
+    if k_spec.rotation == "had":
+        q = q.float() @ H
+        k_fp = None if k_fp is None else k_fp.float() @ H
+    if v_spec.rotation == "had" and v_fp is not None:
+        v_fp = v_fp.float() @ H
+    return q, k_fp, v_fp
+
+
+def dot_mode(cfg_dot: str | None, asm: bool) -> int:
+    if asm:
+        return 2
+    mode = cfg_dot or ("fp32" if interpreting() else "bf16")
+    return {"fp32": 0, "bf16": 1, "fp16": 2}[mode]
+
+
+def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, k_fp, v_fp,
+                  fp_len, k_tensor_scale, v_tensor_scale, sm_scale, num_splits=None, config=None, use_asm=None, out=None):
+    """See `kvlab.kernels.decode.decode`. Returns [B, Hq, D] in q.dtype."""
+    B, Hq, D = q.shape
+    dtype = q.dtype
+    Hk = k_pages["codes"].shape[1]
+    group = Hq // Hk
+    cfg = dict(tuning.default_config("decode", B, Hk, q.device))
+    if config is None:
+        config = tuning.lookup("decode", k_spec, v_spec, B, Hq, Hk, D, P, q.device)
+    cfg.update(config or {})
+    asm = bool(cfg.get("asm", False) if use_asm is None else use_asm) and not interpreting() and q.is_cuda
+    BN = int(cfg["BLOCK_N"])
+    for s in (k_spec, v_spec):
+        if s.axis == "chan":
+            BN = max(BN, s.group)
+    S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
+    K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale)
+    V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale)
+    q, k_fp, v_fp = rotate_inputs(q, k_fp, v_fp, k_spec, v_spec, D)
+    out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
+    new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
+    user_out = out
+    if out is None or out_dtype != dtype:
+        out = new((B, Hq, D), float("nan"), dtype=out_dtype, device=q.device)
+    op = lse = out
+    if S > 1:
+        op = new((B, Hq, S, D), float("nan"), dtype=torch.float32, device=q.device)
+        lse = new((B, Hq, S), float("nan"), dtype=torch.float32, device=q.device)
+    has_fp = k_fp is not None
+    kf, vf = (k_fp, v_fp) if has_fp else (out, out)
+    kfs = k_fp.stride()[:3] if has_fp else (0, 0, 0)
+    vfs = v_fp.stride()[:3] if has_fp else (0, 0, 0)
+    GP = max(16, triton.next_power_of_2(group))
+    _decode_kernel[(B, Hk, S)](
+        q, out, op, lse, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
+        K["ts"] if K["ts"] is not None else out, V["ts"] if V["ts"] is not None else out,
+        kv_indptr, kv_indices, kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
+        sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
+        KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
+        HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), asm), DIRECT=S == 1,
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+    if S > 1:
+        _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
+                               num_warps=4)
+    if v_spec.rotation == "had":
+        from ...quant.rotation import hadamard
+        out = (out @ hadamard(D, q.device).T)
+    out = out.to(dtype)
+    if user_out is not None and out is not user_out:
+        user_out.copy_(out)
+        return user_out
+    return out

@@ -1,0 +1,277 @@
+"""Shared Triton dequantization of one K/V tile, for the decode and extend kernels.
+
+A spec reaches the kernels as one constexpr tuple `CFG` (built by `tile_config`), so every
+spec family runs through the same code: only the constexpr branches differ.
+
+Codes are read as whole rows of load units (int32 words when the layout allows, else int16 /
+uint8): a tile's units are one contiguous [BLOCK_N, row_units] load per bit plane, unpacked with
+one shift and one mask per element. Columns come out in "unit order" (unit u, sub-element k),
+which for GGML-strided nibbles is a permutation of head_dim: the caller permutes q's dims for K
+and scatters the output's dims for V with `perm` (no shuffles in registers). Int codes become
+floats with the fp32 magic number (OR into 2^23's mantissa, subtract 2^23) instead of a slow
+int->float convert; zero point and scale then fold into one FMA.
+
+This module imports Triton; `kvlab.kernels` does not import it at import time.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..quant.packing import plane_order
+
+KINDS = {"bf16": 0, "fp16": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "fp4_e2m1": 4, "nf4": 5, "iq4nl": 5}
+SCALE_KINDS = {"f16": 1, "bf16": 1, "f32": 1, "e8m0": 2, "e4m3": 3}
+
+
+def _tile_order(w: int, G: int, word: int, r: int, strided: bool, asm: bool = False) -> int:
+    """Element (within its group) of unit-order column r of a plane of width w."""
+    K = word * 8 // w
+    u, k = divmod(r, K)
+    if asm:  # asm path emits (unit, j, m) with nibble k = j + 4 m
+        j, m = divmod(k, 2)
+        k = j + 4 * m
+    byte, m = u * word + k // (8 // w), k % (8 // w)
+    return byte + m * (G * w // 8) if strided else byte * (8 // w) + m
+
+
+def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tuple, list[int]]:
+    """(CFG constexpr tuple, perm) for `spec` with head_dim D.
+
+    perm[col] = head_dim element held by column col of a dequantized tile (identity except for
+    GGML-strided planes). CFG fields (indices are used in the kernels):
+    0 KIND, 1 G, 2 NG, 3 WORD, 4 NP, 5..9 plane0 (W, SHIFT, OFF units, STRIDED, GATHER), 10..14 plane1,
+    15..19 plane2, 20 GBU (group bytes in units), 21 FULL (one plane spans the row), 22 XOR8,
+    23 OFFSET (code offset of symmetric ints), 24 SK (scale kind), 25 HAS_ZERO, 26 CHAN, 27 ASM.
+    """
+    if spec.is_float_storage:
+        return (0, D, 1, 1, 0) + (0,) * 15 + (0, 1, 0, 0, 0, 0, 0, 0), list(range(D))
+    G = spec.group_size(D)
+    NG = 1 if spec.axis == "chan" else D // G
+    GB = G * spec.bits // 8
+    planes, off = [], 0
+    for shift, w in plane_order(spec):
+        strided = spec.pack == "ggml" and w not in (1, 8)
+        planes.append([w, shift, off, strided])
+        off += G * w // 8
+    word = word_max
+    while word > 1 and any(x % word for x in [GB] + [p[2] for p in planes] + [G * p[0] // 8 for p in planes]):
+        word //= 2
+    asm = bool(asm and spec.fmt == "int" and spec.bits == 4 and word == 4 and spec.axis != "chan")
+    main = max(planes, key=lambda p: p[0])
+    order = [_tile_order(main[0], G, word, r, main[3], asm) for r in range(G)]
+    perm = [g * G + order[r] for g in range(NG) for r in range(G)] if spec.axis != "chan" else list(range(D))
+    fields = []
+    for p in planes:
+        gather = [_tile_order(p[0], G, word, r, p[3]) for r in range(G)] != order
+        fields += [p[0], p[1], p[2] // word, int(p[3]), int(gather)]
+    fields += [0] * (15 - len(fields))
+    sym_int = spec.fmt == "int" and spec.sym
+    offset = 2 ** (spec.bits - 1) if sym_int else 0
+    xor8 = int(sym_int and spec.bits == 8)
+    sk = SCALE_KINDS[spec.scale_dtype] if spec.has_scale and spec.axis != "tensor" else 0
+    cfg = (KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset, sk,
+           int(not spec.sym), int(spec.axis == "chan"), int(asm))
+    return cfg, perm
+
+
+# ---- element and scale values -------------------------------------------------------------------
+@triton.jit
+def code_values(c, LUT, KIND: tl.constexpr):
+    """int32 codes -> float32 element values (before scales)."""
+    if KIND == 1:  # exact int -> float: 2^23 + c as bits, minus 2^23 (LOP3 + FADD, no I2F)
+        x = (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    elif KIND == 2:
+        x = c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    elif KIND == 3:
+        x = c.to(tl.uint8).to(tl.float8e5, bitcast=True).to(tl.float32)
+    elif KIND == 4:  # e2m1 -> fp16 bits (sign at 15, exp+mantissa at 9..11), times 2^14 (exact, subnormals too)
+        h = (((c & 8) << 12) | ((c & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
+        x = h.to(tl.float32) * 16384.0
+    else:  # 16-entry codebook (nf4, iq4nl): an L1-resident table
+        x = tl.load(LUT + c)
+    return x
+
+
+@triton.jit
+def scale_values(s, SK: tl.constexpr):
+    """Stored scales -> float32 (SK: 1 float, 2 e8m0 biased exponent, 3 e4m3 bytes)."""
+    if SK == 3:
+        v = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    elif SK == 2:
+        e = s.to(tl.int32)
+        v = (e << 23).to(tl.float32, bitcast=True)
+        v = tl.where(e == 255, float("nan"), v)
+    else:
+        v = s.to(tl.float32)
+    return v
+
+
+# ---- bit planes ------------------------------------------------------------------------------
+@triton.jit
+def plane_tile(CP, row, rmask, W: tl.constexpr, OFFU: tl.constexpr, CFG: tl.constexpr, BN: tl.constexpr,
+               D: tl.constexpr):
+    """One bit plane of BN token rows (row: [BN] unit offsets) -> int32 [BN, D] in unit order."""
+    G: tl.constexpr = CFG[1]
+    NG: tl.constexpr = CFG[2]
+    WORD: tl.constexpr = CFG[3]
+    NU: tl.constexpr = G * W // 8 // WORD
+    K: tl.constexpr = WORD * 8 // W
+    cols = tl.arange(0, NG * NU)
+    if CFG[21]:
+        offs = cols  # the plane is the whole row: one contiguous (vectorizable) load
+    else:
+        offs = (cols // NU) * CFG[20] + OFFU + cols % NU
+    u = tl.load(CP + row[:, None] + offs[None, :], mask=rmask[:, None], other=0).to(tl.int32)  # [BN, NG*NU]
+    if CFG[22]:  # int8 two's complement -> offset binary, once per unit
+        u = u ^ (-2139062144 if WORD == 4 else (0x8080 if WORD == 2 else 0x80))
+    sh = tl.arange(0, K) * W
+    c = (u[:, :, None] >> sh[None, None, :]) & ((1 << W) - 1)  # [BN, NG*NU, K]
+    return tl.reshape(c, [BN, D])
+
+
+@triton.jit
+def plane_gather(CP, row, rmask, perm, W: tl.constexpr, OFFU: tl.constexpr, STR: tl.constexpr, CFG: tl.constexpr):
+    """A plane whose unit order differs from the main plane's (GGML q5: seq qh vs strided qs):
+    one (cached) unit load per element, in the main plane's column order -> int32 [BN, D]."""
+    G: tl.constexpr = CFG[1]
+    WORD: tl.constexpr = CFG[3]
+    PB: tl.constexpr = G * W // 8
+    g = perm // G
+    e = perm % G
+    if STR:
+        byte = e % PB
+        m = e // PB
+    else:
+        byte = e // (8 // W)
+        m = e % (8 // W)
+    off = g * CFG[20] + OFFU + byte // WORD
+    sh = (byte % WORD) * 8 + m * W
+    u = tl.load(CP + row[:, None] + off[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+    return (u >> sh[None, :]) & ((1 << W) - 1)
+
+
+@triton.jit
+def row_codes(CP, row, rmask, perm, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """All bit planes of BN rows combined -> int32 codes [BN, D] (column order = perm)."""
+    if CFG[9]:
+        c = plane_gather(CP, row, rmask, perm, CFG[5], CFG[7], CFG[8], CFG) << CFG[6]
+    else:
+        c = plane_tile(CP, row, rmask, CFG[5], CFG[7], CFG, BN, D) << CFG[6]
+    if CFG[4] > 1:
+        if CFG[14]:
+            c = c | (plane_gather(CP, row, rmask, perm, CFG[10], CFG[12], CFG[13], CFG) << CFG[11])
+        else:
+            c = c | (plane_tile(CP, row, rmask, CFG[10], CFG[12], CFG, BN, D) << CFG[11])
+    if CFG[4] > 2:
+        if CFG[19]:
+            c = c | (plane_gather(CP, row, rmask, perm, CFG[15], CFG[17], CFG[18], CFG) << CFG[16])
+        else:
+            c = c | (plane_tile(CP, row, rmask, CFG[15], CFG[17], CFG, BN, D) << CFG[16])
+    return c
+
+
+# ---- whole tiles ---------------------------------------------------------------------------------
+@triton.jit
+def _asm_nibbles(CP, row, rmask, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """GPU fast path for 4-bit ints: fp16 magic number (nibble | 0x6400 = 1024 + n), then one
+    f16x2 FMA with scale and zero; two elements per lop3/sub/fma. -> fp16 [BN, D] in (unit, j, m) order."""
+    NG: tl.constexpr = CFG[2]
+    NW: tl.constexpr = D // 8
+    cols = tl.arange(0, NW)
+    u = tl.load(CP + row[:, None] + cols[None, :], mask=rmask[:, None], other=0)  # [BN, NW] int32
+    x = u[:, :, None] >> (tl.arange(0, 4) * 4)[None, None, :]  # [BN, NW, 4]
+    sb = s.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    zb = z.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    s2 = tl.reshape(tl.broadcast_to((sb | (sb << 16))[:, :, None], [BN, NG, NW * 4 // NG]), [BN, NW, 4])
+    z2 = tl.reshape(tl.broadcast_to((zb | (zb << 16))[:, :, None], [BN, NG, NW * 4 // NG]), [BN, NW, 4])
+    a, b = tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, m;
+        mov.b32 m, 0x64006400;
+        lop3.b32 t, $2, 0x000F000F, m, 0xEA;
+        sub.f16x2 t, t, m;
+        fma.rn.f16x2 t, t, $3, $4;
+        mov.b32 {$0, $1}, t;
+        }""",
+        constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return tl.reshape(tl.join(a, b), [BN, D])
+
+
+@triton.jit
+def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
+             BN: tl.constexpr, D: tl.constexpr):
+    """Tokens t0..t0+BN of one sequence (page ids at IDX), KV head h -> values [BN, D] (column
+    order = perm; float32, fp16 on the asm path, the page dtype for bf16/fp16 pages).
+    Rows past L read nothing and come out 0. Strides c*/s* are in load units / elements."""
+    t = t0 + tl.arange(0, BN)
+    valid = t < L
+    pg = tl.load(IDX + t // P, mask=valid, other=0).to(tl.int64)
+    slot = t % P
+    row = pg * c0 + h * c1 + slot * c2  # [BN] unit offset of each token's row
+    if CFG[0] == 0:
+        return tl.load(CP + row[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    NG: tl.constexpr = CFG[2]
+    G: tl.constexpr = CFG[1]
+    if CFG[24] != 0:
+        srow = pg * s0 + h * s1 + slot * s2
+        gi = tl.arange(0, NG)
+        s = scale_values(tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0), CFG[24])  # [BN, NG]
+        if CFG[25]:
+            z = tl.load(ZP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        else:
+            z = tl.zeros([BN, NG], tl.float32)
+        if CFG[23] != 0:
+            z = z - CFG[23] * s
+        if CFG[27]:
+            return _asm_nibbles(CP, row, valid, s, z, CFG, BN, D)
+        x = code_values(row_codes(CP, row, valid, perm, CFG, BN, D), LUT, CFG[0])
+        x3 = tl.reshape(x, [BN, NG, G]) * s[:, :, None] + z[:, :, None]
+        return tl.reshape(x3, [BN, D])
+    x = code_values(row_codes(CP, row, valid, perm, CFG, BN, D), LUT, CFG[0])
+    if CFG[23] != 0:
+        x = x - CFG[23]
+    return x
+
+
+@triton.jit
+def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
+              BN: tl.constexpr, D: tl.constexpr):
+    """Channel-axis (KIVI) tile: token groups of G inside each channel -> float32 [D, BN] (K^T).
+    t0 is a multiple of G; codes [N, Hk, P/G, D, GB] (c3 = channel stride), scales [N, Hk, P/G, D]."""
+    G: tl.constexpr = CFG[1]
+    WORD: tl.constexpr = CFG[3]
+    NGT: tl.constexpr = BN // G
+    d = tl.arange(0, D)
+    c = tl.zeros([D, BN], tl.int32)
+    for i in tl.static_range(CFG[4]):
+        W: tl.constexpr = CFG[5 + 5 * i]
+        NU: tl.constexpr = G * W // 8 // WORD
+        K: tl.constexpr = WORD * 8 // W
+        cols = tl.arange(0, NGT * NU)
+        tg = t0 + (cols // NU) * G  # first token of each column's group
+        gm = tg < L
+        pg = tl.load(IDX + tg // P, mask=gm, other=0).to(tl.int64)
+        base = pg * c0 + h * c1 + ((tg % P) // G) * c2 + CFG[7 + 5 * i] + cols % NU
+        u = tl.load(CP + base[None, :] + d[:, None] * c3, mask=gm[None, :], other=0).to(tl.int32)  # [D, NGT*NU]
+        if CFG[22]:
+            u = u ^ (-2139062144 if WORD == 4 else (0x8080 if WORD == 2 else 0x80))
+        sh = tl.arange(0, K) * W
+        p = (u[:, :, None] >> sh[None, None, :]) & ((1 << W) - 1)
+        c = c | (tl.reshape(p, [D, BN]) << CFG[6 + 5 * i])
+    x = code_values(c, LUT, CFG[0])
+    if CFG[24] == 0:
+        return x - CFG[23]
+    tj = t0 + tl.arange(0, NGT) * G
+    jm = tj < L
+    pj = tl.load(IDX + tj // P, mask=jm, other=0).to(tl.int64)
+    sb = pj * s0 + h * s1 + ((tj % P) // G) * s2
+    s = scale_values(tl.load(SP + sb[None, :] + d[:, None], mask=jm[None, :], other=0), CFG[24])  # [D, NGT]
+    if CFG[25]:
+        z = tl.load(ZP + sb[None, :] + d[:, None], mask=jm[None, :], other=0).to(tl.float32)
+    else:
+        z = tl.zeros([D, NGT], tl.float32)
+    if CFG[23] != 0:
+        z = z - CFG[23] * s
+    x3 = tl.reshape(x, [D, NGT, G]) * s[:, :, None] + z[:, :, None]
+    return tl.reshape(x3, [D, BN])
