@@ -1,0 +1,113 @@
+"""Model configuration for the Llama-family reference decoder (Llama, Mistral, Qwen2).
+
+`LlamaConfig` is the one normalised form the loaders produce (from GGUF metadata or an HF
+`config.json`) and the model consumes. RoPE frequencies, including HF's "linear" and "llama3"
+rope scaling, are computed here so that every caller rotates keys the same way.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape and hyper-parameters of a Llama-family decoder.
+
+    rope_scaling: None, or a dict like HF's: {"rope_type": "linear", "factor": 4.0} or
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}. The key "type" is accepted for "rope_type".
+    attention_bias: q/k/v projections carry a bias (Qwen2; Llama with attention_bias).
+    o_proj_bias: the output projection carries a bias (Llama with attention_bias, not Qwen2).
+    sliding_window: None, or the attention window of every layer (Mistral v0.1): query i
+    sees keys j with i - window < j <= i.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    attention_bias: bool = False
+    o_proj_bias: bool = False
+    sliding_window: int | None = None
+    arch: str = "llama"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "n_layers", "n_heads",
+                     "n_kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                             f"({self.n_kv_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling is not None:
+            kind = rope_scaling_type(self.rope_scaling)
+            if kind not in SUPPORTED_ROPE_SCALING and kind != "default":
+                raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: "
+                                 f"None, 'default', {', '.join(map(repr, SUPPORTED_ROPE_SCALING))}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA ratio)."""
+        return self.n_heads // self.n_kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict; `LlamaConfig.from_dict(c.to_dict()) == c`."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        """Inverse of `to_dict` (unknown keys are rejected)."""
+        return cls(**d)
+
+
+def rope_scaling_type(rope_scaling: dict[str, Any] | None) -> str:
+    """The scaling kind of an HF-style rope_scaling dict ("default" when None)."""
+    if not rope_scaling:
+        return "default"
+    return str(rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies, float32 [head_dim // 2], exactly as HF transformers computes
+    them (default, "linear" and "llama3" rope types; attention scaling is 1 for all three).
+    Always on CPU (also inside a `torch.device("meta")` context); move it where needed."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    kind = rope_scaling_type(config.rope_scaling)
+    rs = config.rope_scaling or {}
+    if kind == "linear":
+        return inv_freq / float(rs["factor"])
+    if kind == "llama3":
+        factor = float(rs["factor"])
+        low = float(rs.get("low_freq_factor", 1.0))
+        high = float(rs.get("high_freq_factor", 4.0))
+        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        # long wavelengths (low frequencies) are slowed by `factor`; short ones kept; a smooth
+        # interpolation in between (HF `_compute_llama3_parameters`).
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq

@@ -1,0 +1,251 @@
+"""Load a Llama-architecture (or Qwen2) GGUF file into HF-named float32 tensors.
+
+Tensors are dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, F16, F32, ... anything the
+`gguf` package knows). llama.cpp's converter stores the rows of `attn_q`/`attn_k` of the "llama"
+architecture permuted for its interleaved (GPT-J style) RoPE; we undo that permutation so the
+model can use HF's rotate-half RoPE. Results are cached in-process per (path, size, mtime) and
+on disk as a safetensors file under `$KVLAB_CACHE_DIR` (default `~/.cache/kvlab`) / `gguf/`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvlab.model.config import LlamaConfig
+
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+_CACHE_VERSION = 1  # bump when the conversion changes, so stale disk caches are ignored
+_TOKENIZER_KEYS = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id",
+                   "eos_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
+                   "add_eos_token", "add_space_prefix")
+_NAME_MAP = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_MEM_CACHE: dict[tuple, "GGUFWeights"] = {}
+
+
+@dataclass
+class GGUFWeights:
+    """A GGUF file converted for `LlamaModel`.
+
+    tensors: HF-named float32 CPU tensors (`model.layers.0.self_attn.q_proj.weight` [out, in]).
+    tokenizer: the `tokenizer.ggml.*` fields without the prefix (tokens, merges, model, pre, ...).
+    rope_freq_factors: float32 [head_dim // 2] from `rope_freqs.weight`, or None.
+    """
+
+    config: LlamaConfig
+    tensors: dict[str, torch.Tensor]
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    rope_freq_factors: torch.Tensor | None = None
+
+
+def gguf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert.py's permute of q/k rows (HF rotate-half -> interleaved RoPE).
+    w: [n_head * head_dim, ...] (weight or bias). Returns the same shape."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def undo_gguf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of `gguf_permute`: rows stored for interleaved RoPE -> HF rotate-half order.
+    w: [n_head * head_dim, ...]. Returns the same shape."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Return the path if it is an existing GGUF file; raise FileNotFoundError / ValueError."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {str(p)!r}")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{str(p)!r} is not a GGUF file (magic {magic!r}, expected b'GGUF'); "
+                         "pass a .gguf file, an HF model directory, or 'smollm2'")
+    return p
+
+
+def load_gguf(path: str | os.PathLike, disk_cache: bool = True) -> GGUFWeights:
+    """Read, dequantize and convert a GGUF file (cached in-process and, if disk_cache, on disk).
+
+    Raises FileNotFoundError for a missing file, ValueError for a non-GGUF file or an
+    architecture other than SUPPORTED_GGUF_ARCHS.
+    """
+    p = check_gguf_file(path)
+    st = p.stat()
+    mem_key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if mem_key in _MEM_CACHE:
+        return _MEM_CACHE[mem_key]
+    cache_base = _disk_cache_base(p, st) if disk_cache else None
+    w = _read_disk_cache(cache_base) if cache_base is not None else None
+    if w is None:
+        w = _convert(p)
+        if cache_base is not None:
+            _write_disk_cache(cache_base, w)
+    _MEM_CACHE[mem_key] = w
+    return w
+
+
+def _field_values(reader) -> dict[str, Any]:
+    out = {}
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        v = f.contents()
+        out[name] = v.item() if isinstance(v, np.generic) else v
+    return out
+
+
+def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> LlamaConfig:
+    """Build a LlamaConfig from GGUF metadata (`{arch}.*` keys) and the tensors present
+    (`shapes`: GGUF name -> shape in torch order, e.g. token_embd.weight -> (vocab, hidden))."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: "
+                         f"{', '.join(SUPPORTED_GGUF_ARCHS)} (Llama/Mistral GGUFs use 'llama')")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+        if isinstance(v, list):
+            raise ValueError(f"GGUF metadata {arch}.{key} varies per layer ({v[:4]}...): not supported")
+        return v
+
+    hidden, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
+    if "token_embd.weight" not in shapes:
+        raise ValueError("GGUF file has no token_embd.weight tensor")
+    vocab = meta.get(f"{arch}.vocab_size") or shapes["token_embd.weight"][0]
+    rope_scaling = None
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    elif kind not in (None, "none"):
+        raise ValueError(f"unsupported GGUF rope scaling {kind!r}; supported: none, linear "
+                         "(llama3-style scaling comes as a rope_freqs tensor)")
+    return LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        n_layers=int(get("block_count")), n_heads=n_heads,
+        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        head_dim=int(get("attention.key_length", hidden // n_heads)),
+        rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=rope_scaling,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(get("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in shapes,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        attention_bias="blk.0.attn_q.bias" in shapes, o_proj_bias="blk.0.attn_output.bias" in shapes,
+        arch=arch,
+    )
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """GGUF tensor name -> HF name (None for tensors the model does not use)."""
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m and m.group(2) in _NAME_MAP:
+        return f"model.layers.{m.group(1)}.{_NAME_MAP[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _convert(p: Path) -> GGUFWeights:
+    import gguf  # imported here: reading the package is only needed on a cache miss
+
+    try:
+        reader = gguf.GGUFReader(str(p), "r")
+    except Exception as e:  # a truncated or corrupt file
+        raise ValueError(f"cannot read GGUF file {str(p)!r}: {e}") from e
+    meta = _field_values(reader)
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    config = config_from_gguf(meta, shapes)
+    tensors: dict[str, torch.Tensor] = {}
+    factors = None
+    for t in reader.tensors:
+        # np.asarray drops the memmap subclass, whose per-view bookkeeping dominates dequantize
+        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[t.name])
+        if t.name == "rope_freqs.weight":
+            factors = torch.from_numpy(arr.copy())
+            continue
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        if config.arch == "llama" and ".attn_q." in t.name:
+            arr = undo_gguf_permute(arr, config.n_heads)
+        elif config.arch == "llama" and ".attn_k." in t.name:
+            arr = undo_gguf_permute(arr, config.n_kv_heads)
+        if not (arr.flags.writeable and arr.flags.c_contiguous):  # F32 tensors view the file
+            arr = np.array(arr, dtype=np.float32, order="C")
+        tensors[name] = torch.from_numpy(arr)
+    tok = {k[len("tokenizer.ggml."):]: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+    tok = {k: v for k, v in tok.items() if k in _TOKENIZER_KEYS}
+    return GGUFWeights(config, tensors, tok, factors)
+
+
+def cache_dir() -> Path:
+    """Root of kvlab's on-disk caches: $KVLAB_CACHE_DIR or ~/.cache/kvlab."""
+    return Path(os.environ.get("KVLAB_CACHE_DIR", "~/.cache/kvlab")).expanduser()
+
+
+def _disk_cache_base(p: Path, st: os.stat_result) -> Path:
+    """Cache key: size + mtime + the first and last MiB of the file (cheap, path independent)."""
+    h = hashlib.sha1(f"v{_CACHE_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(p, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, st.st_size - (1 << 20)))
+        h.update(f.read())
+    return cache_dir() / "gguf" / f"{p.stem}-{h.hexdigest()[:16]}"
+
+
+def _sibling(base: Path, suffix: str) -> Path:
+    return base.parent / (base.name + suffix)  # not with_suffix: stems contain dots (".Q4_1")
+
+
+def _read_disk_cache(base: Path) -> GGUFWeights | None:
+    from safetensors.torch import load_file
+
+    js, sf = _sibling(base, ".json"), _sibling(base, ".safetensors")
+    if not (js.is_file() and sf.is_file()):
+        return None
+    try:
+        info = json.loads(js.read_text())
+        tensors = load_file(str(sf))
+    except Exception:  # a damaged cache is rebuilt, never fatal
+        return None
+    factors = tensors.pop("rope_freqs", None)
+    return GGUFWeights(LlamaConfig.from_dict(info["config"]), tensors, info["tokenizer"], factors)
+
+
+def _write_disk_cache(base: Path, w: GGUFWeights) -> None:
+    from safetensors.torch import save_file
+
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        tensors = dict(w.tensors)
+        if w.rope_freq_factors is not None:
+            tensors["rope_freqs"] = w.rope_freq_factors
+        tmp = f".tmp{os.getpid()}"
+        sf, js = _sibling(base, ".safetensors"), _sibling(base, ".json")
+        save_file(tensors, str(sf) + tmp)
+        os.replace(str(sf) + tmp, sf)
+        # the JSON is written last: its presence marks a complete cache entry
+        Path(str(js) + tmp).write_text(json.dumps({"config": w.config.to_dict(), "tokenizer": w.tokenizer}))
+        os.replace(str(js) + tmp, js)
+    except OSError:  # a read-only or full disk only costs speed
+        pass

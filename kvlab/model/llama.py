@@ -1,0 +1,273 @@
+"""A short, readable Llama-family decoder (Llama, Mistral, Qwen2) in plain torch.
+
+RMSNorm, RoPE (rotate-half convention, as HF transformers), grouped-query attention, SwiGLU,
+tied or separate lm_head, optional q/k/v bias. Attention itself is delegated to an
+`AttentionBackend`, so a quantized KV cache can be plugged in without touching the model.
+Weights use HF names (`model.layers.0.self_attn.q_proj.weight`, ...), see `load_state_dict`.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kvlab.model.config import LlamaConfig, rope_inv_freq
+
+class AttentionBackend(Protocol):
+    """Where the keys and values of every layer live, and how new queries attend to them."""
+
+    def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+               model: "LlamaModel") -> Tensor:
+        """q: [B, Hq, T, D] after RoPE; k_pre: [B, Hk, T, D] keys BEFORE RoPE; k: [B, Hk, T, D] after RoPE; v: [B, Hk, T, D];
+        positions: [T] int64 absolute positions of these T new tokens. Returns [B, Hq, T, D]: causal attention of the
+        new tokens over everything the backend holds for this layer plus the new tokens."""
+        ...
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor,
+                     sliding_window: int | None = None) -> Tensor:
+    """Float32 causal GQA attention by absolute position.
+
+    q: [B, Hq, T, D]; k, v: [B, Hk, S, D]; q_pos: [T] int64; k_pos: [S] int64.
+    Query i sees key j iff k_pos[j] <= q_pos[i] (and q_pos[i] - k_pos[j] < sliding_window).
+    Returns [B, Hq, T, D] in q's dtype; softmax and dots run in float32.
+    """
+    gqa = q.shape[1] != k.shape[1]
+    T = q_pos.numel()
+    if (sliding_window is None and k_pos.numel() == T and torch.equal(q_pos, k_pos)
+            and bool((q_pos[1:] > q_pos[:-1]).all())):
+        # plain prefill: the mask is the lower triangle, and is_causal lets SDPA skip its upper half
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                             enable_gqa=gqa)
+        return out.to(q.dtype)
+    allowed = k_pos[None, :] <= q_pos[:, None]  # [T, S]
+    if sliding_window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
+                                         enable_gqa=gqa)
+    return out.to(q.dtype)
+
+
+class DenseCausalBackend:
+    """Default backend: a full-precision per-layer cache of post-RoPE keys and values.
+
+    Feeding a prompt of T tokens and then one token at a time gives the same logits as one
+    forward over the whole sequence. Keys/values are kept in the model dtype.
+    """
+
+    def __init__(self) -> None:
+        self.k: dict[int, Tensor] = {}    # layer -> [B, Hk, S, D] post-RoPE
+        self.v: dict[int, Tensor] = {}    # layer -> [B, Hk, S, D]
+        self.pos: dict[int, Tensor] = {}  # layer -> [S] int64
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens held for layer 0 (the next default position)."""
+        return int(self.pos[0].numel()) if 0 in self.pos else 0
+
+    def reset(self) -> None:
+        """Drop every cached key and value."""
+        self.k.clear(), self.v.clear(), self.pos.clear()
+
+    def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+               model: "LlamaModel") -> Tensor:
+        """See `AttentionBackend.attend`; appends k, v to this layer's cache first."""
+        if layer in self.k:
+            k = torch.cat([self.k[layer], k], dim=2)  # [B, Hk, S+T, D]
+            v = torch.cat([self.v[layer], v], dim=2)
+            k_pos = torch.cat([self.pos[layer], positions])
+        else:
+            k_pos = positions
+        self.k[layer], self.v[layer], self.pos[layer] = k, v, k_pos
+        return causal_attention(q, k, v, positions, k_pos, model.config.sliding_window)
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / rms(x), computed in float32 and cast back (as HF LlamaRMSNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., dim]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        b = c.attention_bias
+        self.q_proj = nn.Linear(c.hidden_size, c.n_heads * c.head_dim, bias=b)
+        self.k_proj = nn.Linear(c.hidden_size, c.n_kv_heads * c.head_dim, bias=b)
+        self.v_proj = nn.Linear(c.hidden_size, c.n_kv_heads * c.head_dim, bias=b)
+        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # SwiGLU
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+
+class LlamaModel(nn.Module):
+    """Llama-family decoder. Build with `LlamaModel(config)` then `load_state_dict(hf_named)`,
+    or use `kvlab.model.load_model`."""
+
+    def __init__(self, config: LlamaConfig, rope_freq_factors: Tensor | None = None) -> None:
+        """rope_freq_factors: optional float32 [head_dim // 2] divisors of the RoPE frequencies
+        (llama.cpp's `rope_freqs.weight`, used by Llama-3.1 GGUFs instead of rope_scaling)."""
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        inv_freq = rope_inv_freq(c)
+        if rope_freq_factors is not None:
+            inv_freq = inv_freq / rope_freq_factors.float()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
+        self._rope_table: tuple[Tensor, Tensor] | None = None  # cos, sin [P, D] float32
+
+    # ---- weights -------------------------------------------------------------------------
+    @classmethod
+    def from_weights(cls, config: LlamaConfig, tensors: dict[str, Tensor], device: str | torch.device = "cpu",
+                     dtype: torch.dtype = torch.float32, rope_freq_factors: Tensor | None = None,
+                     copy: bool = True) -> "LlamaModel":
+        """Build an inference-ready model (eval, no grad) from HF-named tensors without a random
+        init (parameters start on the meta device). copy=False lets parameters share memory with
+        `tensors` when device and dtype already match."""
+        with torch.device("meta"):
+            model = cls(config, rope_freq_factors)
+        cast = {k: v.to(device=device, dtype=dtype, copy=copy) for k, v in tensors.items()}
+        model.load_state_dict(cast, assign=True)
+        model.inv_freq = model.inv_freq.to(device)
+        return model.requires_grad_(False).eval()
+
+    def load_state_dict(self, state: dict[str, Tensor], strict: bool = True, assign: bool = False):  # type: ignore[override]
+        """Load HF-named weights (`model.embed_tokens.weight`, `lm_head.weight`, ...).
+        `lm_head.weight` may be absent when embeddings are tied."""
+        own = {}
+        for name, t in state.items():
+            own[name[len("model."):] if name.startswith("model.") else name] = t
+        if self.config.tie_word_embeddings:
+            own.pop("lm_head.weight", None)
+            own["lm_head.weight"] = own["embed_tokens.weight"]
+        own.pop("rotary_emb.inv_freq", None)
+        return super().load_state_dict(own, strict=strict, assign=assign)
+
+    # ---- RoPE ----------------------------------------------------------------------------
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin for `positions` [T] -> each [T, D] float32 (cached table, grown on demand)."""
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        dev = self.inv_freq.device
+        if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].device != dev:
+            n = max(need, self.config.max_position_embeddings)
+            pos = torch.arange(n, dtype=torch.float32, device=dev)
+            freqs = pos[:, None] * self.inv_freq[None, :]  # [P, D/2], fp32 like HF
+            emb = torch.cat([freqs, freqs], dim=-1)         # [P, D]
+            self._rope_table = (emb.cos(), emb.sin())
+        cos, sin = self._rope_table
+        return cos[positions], sin[positions]
+
+    def apply_rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate x: [B, H, T, D] by absolute positions [T] (int64), HF rotate-half convention.
+        Returns [B, H, T, D] in x's dtype (cos/sin computed in float32 and cast, as HF)."""
+        cos, sin = self._rope(positions.to(self.inv_freq.device))
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D]
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(self, tokens: Tensor, positions: Tensor | None = None,
+                backend: AttentionBackend | None = None) -> Tensor:
+        """tokens: LongTensor [B, T]; positions: LongTensor [T] of absolute positions (default:
+        continue after what `backend` holds, i.e. `backend.seq_len` if it has one, else 0..T-1);
+        backend: where K/V live (default: a fresh `DenseCausalBackend`).
+        Returns logits [B, T, V] float32."""
+        return self._run(tokens, positions, backend)[0]
+
+    @torch.no_grad()
+    def capture(self, tokens: Tensor, positions: Tensor | None = None,
+                hidden_states: bool = False) -> dict[str, object]:
+        """Run a dense forward and return what attention saw, for evaluation.
+
+        Returns a dict: "q", "k_pre", "k", "v": lists (one per layer) of float32 tensors
+        [B, Hq, T, D] (q, post-RoPE) / [B, Hk, T, D] (k_pre before RoPE, k post-RoPE, v);
+        "logits": [B, T, V] float32; "positions": [T]; and if hidden_states, "hidden_states":
+        list of n_layers + 1 float32 [B, T, hidden] (embeddings, then each block's output).
+        """
+        rec = _CaptureBackend()
+        logits, hs = self._run(tokens, positions, rec, want_hidden=hidden_states)
+        out: dict[str, object] = {"q": rec.q, "k_pre": rec.k_pre, "k": rec.k, "v": rec.v,
+                                  "logits": logits, "positions": rec.positions}
+        if hidden_states:
+            out["hidden_states"] = hs
+        return out
+
+    def _run(self, tokens: Tensor, positions: Tensor | None, backend: AttentionBackend | None,
+             want_hidden: bool = False) -> tuple[Tensor, list[Tensor]]:
+        c = self.config
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be an integer tensor [B, T], got {tuple(tokens.shape)} "
+                             f"{tokens.dtype}")
+        backend = DenseCausalBackend() if backend is None else backend
+        B, T = tokens.shape
+        dev = self.embed_tokens.weight.device
+        if positions is None:
+            start = int(getattr(backend, "seq_len", 0))
+            positions = torch.arange(start, start + T, device=dev)
+        positions = positions.to(device=dev, dtype=torch.int64)
+        if positions.shape != (T,):
+            raise ValueError(f"positions must be [T]={T} int64, got {tuple(positions.shape)}")
+        x = self.embed_tokens(tokens.to(dev))  # [B, T, H]
+        hidden = [x.float()] if want_hidden else []
+        for i, blk in enumerate(self.layers):
+            a, h = blk.self_attn, blk.input_layernorm(x)
+            q = a.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)        # [B, Hq, T, D]
+            k_pre = a.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # [B, Hk, T, D]
+            v = a.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)      # [B, Hk, T, D]
+            q, k = self.apply_rope(q, positions), self.apply_rope(k_pre, positions)
+            o = backend.attend(i, q, k_pre, k, v, positions, self)                  # [B, Hq, T, D]
+            x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+            x = x + blk.mlp(blk.post_attention_layernorm(x))
+            if want_hidden:
+                hidden.append(x.float())
+        return self.lm_head(self.norm(x)).float(), hidden
+
+
+class _CaptureBackend:
+    """Dense attention over the new tokens only that records float32 q, k_pre, k, v per layer."""
+
+    def __init__(self) -> None:
+        self.q: list[Tensor] = []
+        self.k_pre: list[Tensor] = []
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        self.positions: Tensor | None = None
+
+    def attend(self, layer, q, k_pre, k, v, positions, model):  # noqa: D102
+        self.q.append(q.float()), self.k_pre.append(k_pre.float())
+        self.k.append(k.float()), self.v.append(v.float())
+        self.positions = positions
+        return causal_attention(q, k, v, positions, positions, model.config.sliding_window)
