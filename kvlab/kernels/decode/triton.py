@@ -178,19 +178,20 @@ def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale)
                 perm=perm, ts=ts, cfg=cfg, cs=cs[:4] if cfg[26] else cs[:3] + [0], ss=ss[:3])
 
 
-def rotate_inputs(q, k_fp, v_fp, k_spec, v_spec, D):
-    """Hadamard-rotated specs: q -> q @ H for K (scores are invariant), full-precision tokens rotated
-    alike so the kernel sees one space; the caller un-rotates the output with H.T for V."""
+def rotate_inputs(q, ks, vs, k_spec, v_spec, D):
+    """Hadamard-rotated specs: q -> q @ H for K (scores are invariant); the full-precision keys /
+    values in `ks` / `vs` are rotated alike so the kernel sees one space; the caller un-rotates
+    the output with H.T for V. Returns (q, ks, vs)."""
     if "had" not in (k_spec.rotation, v_spec.rotation):
-        return q, k_fp, v_fp
+        return q, ks, vs
     from ...quant.rotation import hadamard
     H = hadamard(D, q.device)
+    rot = (lambda t: None if t is None else t.float() @ H)  # noqa: E731
     if k_spec.rotation == "had":
-        q = q.float() @ H
-        k_fp = None if k_fp is None else k_fp.float() @ H
-    if v_spec.rotation == "had" and v_fp is not None:
-        v_fp = v_fp.float() @ H
-    return q, k_fp, v_fp
+        q, ks = rot(q), [rot(t) for t in ks]
+    if v_spec.rotation == "had":
+        vs = [rot(t) for t in vs]
+    return q, ks, vs
 
 
 def dot_mode(cfg_dot: str | None, asm: bool) -> int:
@@ -219,7 +220,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
     K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale)
     V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale)
-    q, k_fp, v_fp = rotate_inputs(q, k_fp, v_fp, k_spec, v_spec, D)
+    q, (k_fp,), (v_fp,) = rotate_inputs(q, [k_fp], [v_fp], k_spec, v_spec, D)
     out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
     new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
     user_out = out

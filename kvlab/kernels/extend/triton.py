@@ -1,0 +1,139 @@
+"""Triton extend (chunked prefill) attention: a chunk of new queries per sequence attends the
+quantized paged prefix, the full-precision buffer, and the chunk's own full-precision keys
+(causal within the chunk). One program per (sequence, query block, KV head); rows of a block
+are (query, GQA head) pairs, so each K/V tile is dequantized once for the whole group.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..decode.triton import dot_mode, interpreting, prepare, rotate_inputs, softmax_step
+from ..dequant import chan_tile, tok_tile
+from .. import tuning
+
+
+@triton.jit
+def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
+                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, qk_scale,
+                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1,
+                   kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
+                   KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
+                   D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr):
+    b = tl.program_id(0)
+    i0 = tl.program_id(1) * QB
+    hk = tl.program_id(2)
+    q0 = tl.load(QO + b)
+    C = tl.load(QO + b + 1) - q0  # chunk length of this sequence
+    if i0 < C:
+        p0 = tl.load(INDPTR + b)
+        p1 = tl.load(INDPTR + b + 1)
+        L = tl.where(p1 > p0, (p1 - p0 - 1) * P + tl.load(LAST + b), 0).to(tl.int32)
+        IDX = INDICES + p0
+        r = tl.arange(0, R)
+        qi = i0 + r // GROUP  # [R] query index in the chunk
+        heads = hk * GROUP + r % GROUP
+        rm = (r < QB * GROUP) & (qi < C)
+        d = tl.arange(0, D)
+        kperm = tl.load(KPERM + d)
+        vperm = tl.load(VPERM + d)
+        kts = 1.0
+        vts = 1.0
+        if HAS_KTS:
+            kts = tl.load(KTS)
+        if HAS_VTS:
+            vts = tl.load(VTS)
+        q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None], other=0.0)
+        q = q.to(tl.float32) * qk_scale  # [R, D]
+        if DOT == 1:
+            q = q.to(tl.bfloat16)
+        elif DOT == 2:
+            q = q.to(tl.float16)
+        m_i = tl.full([R], float("-inf"), tl.float32)
+        l_i = tl.zeros([R], tl.float32)
+        acc = tl.zeros([R, D], tl.float32)
+        for t0 in range(0, L, BN):  # quantized prefix: visible to every query
+            if KCFG[26]:
+                kt = chan_tile(KC, KS, KZ, KL, IDX, t0, L, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
+            else:
+                kt = tl.trans(tok_tile(KC, KS, KZ, KL, IDX, t0, L, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2,
+                                       KCFG, P, BN, D))
+            if VCFG[26]:
+                v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, L, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
+            else:
+                v = tok_tile(VC, VS, VZ, VL, IDX, t0, L, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+            valid = (t0 + tl.arange(0, BN)) < L
+            m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
+        if HAS_FP:
+            F = tl.load(FPLEN + b)
+            for t0 in range(0, F, BN):
+                t = t0 + tl.arange(0, BN)
+                fm = t < F
+                kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
+                v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+        hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
+        for j0 in range(0, hi, BN):
+            j = j0 + tl.arange(0, BN)
+            jm = j < hi
+            kt = tl.load(KN + (q0 + j)[None, :] * skn0 + hk * skn1 + kperm[:, None], mask=jm[None, :], other=0.0)
+            v = tl.load(VN + (q0 + j)[:, None] * svn0 + hk * svn1 + vperm[None, :], mask=jm[:, None], other=0.0)
+            valid = jm[None, :] & (j[None, :] <= qi[:, None])
+            m_i, l_i, acc = softmax_step(q, kt, v, valid, m_i, l_i, acc, 1.0, 1.0, DOT)
+        o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        tl.store(OUT + (q0 + qi)[:, None] * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty),
+                 mask=rm[:, None])
+
+
+def extend_triton(q, k_new, v_new, qo_indptr, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec,
+                  v_spec, P, *, k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, sm_scale, max_qo_len=None,
+                  config=None, out=None):
+    """See `kvlab.kernels.extend.extend`. Returns [C, Hq, D] in q.dtype."""
+    Ctot, Hq, D = q.shape
+    dtype = q.dtype
+    B = qo_indptr.shape[0] - 1
+    Hk = k_new.shape[1]
+    group = Hq // Hk
+    cfg = {"BLOCK_N": 32, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
+    cfg.update(config or tuning.lookup("extend", k_spec, v_spec, B, Hq, Hk, D, P, q.device) or {})
+    BN = int(cfg["BLOCK_N"])
+    for s in (k_spec, v_spec):
+        if s.axis == "chan":
+            BN = max(BN, s.group)
+    K = prepare(k_pages, k_spec, D, False, q, k_tensor_scale)
+    V = prepare(v_pages, v_spec, D, False, q, v_tensor_scale)
+    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [k_fp, k_new], [v_fp, v_new], k_spec, v_spec, D)
+    out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
+    user_out = out
+    if out is None or out_dtype != dtype:
+        new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))
+        out = new((Ctot, Hq, D), float("nan"), dtype=out_dtype, device=q.device)
+    if max_qo_len is None:
+        max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
+    QB = max(1, int(cfg["BLOCK_M"]) // group)
+    R = max(16, triton.next_power_of_2(QB * group))
+    has_fp = k_fp is not None
+    kf, vf = (k_fp, v_fp) if has_fp else (out, out)
+    kfs = k_fp.stride()[:3] if has_fp else (0, 0, 0)
+    vfs = v_fp.stride()[:3] if has_fp else (0, 0, 0)
+    if B and max_qo_len:
+        _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
+            q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
+            V["lut"], V["perm"], K["ts"] if K["ts"] is not None else out, V["ts"] if V["ts"] is not None else out,
+            kv_indptr, kv_indices, kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
+            sm_scale * 1.4426950408889634, q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
+            v_new.stride(0), v_new.stride(1), out.stride(0), out.stride(1),
+            *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
+            KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=P, BN=BN, HAS_FP=has_fp,
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), False),
+            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+    if v_spec.rotation == "had":
+        from ...quant.rotation import hadamard
+        out = out @ hadamard(D, q.device).T
+    out = out.to(dtype)
+    if user_out is not None and out is not user_out:
+        user_out.copy_(out)
+        return user_out
+    return out
