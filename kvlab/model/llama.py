@@ -146,7 +146,8 @@ class LlamaModel(nn.Module):
         inv_freq = rope_inv_freq(c)
         if rope_freq_factors is not None:
             inv_freq = inv_freq / rope_freq_factors.float()
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
+        # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
+        self.inv_freq = inv_freq  # [D/2] float32, CPU
         self._rope_table: tuple[Tensor, Tensor] | None = None  # cos, sin [P, D] float32
 
     # ---- weights -------------------------------------------------------------------------
@@ -161,7 +162,6 @@ class LlamaModel(nn.Module):
             model = cls(config, rope_freq_factors)
         cast = {k: v.to(device=device, dtype=dtype, copy=copy) for k, v in tensors.items()}
         model.load_state_dict(cast, assign=True)
-        model.inv_freq = model.inv_freq.to(device)
         return model.requires_grad_(False).eval()
 
     def load_state_dict(self, state: dict[str, Tensor], strict: bool = True, assign: bool = False):  # type: ignore[override]
@@ -180,11 +180,11 @@ class LlamaModel(nn.Module):
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin for `positions` [T] -> each [T, D] float32 (cached table, grown on demand)."""
         need = int(positions.max()) + 1 if positions.numel() else 1
-        dev = self.inv_freq.device
+        dev = self.embed_tokens.weight.device
         if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].device != dev:
-            n = max(need, self.config.max_position_embeddings)
+            n = max(4096, 1 << (need - 1).bit_length())  # grow by powers of two, not to max context
             pos = torch.arange(n, dtype=torch.float32, device=dev)
-            freqs = pos[:, None] * self.inv_freq[None, :]  # [P, D/2], fp32 like HF
+            freqs = pos[:, None] * self.inv_freq.to(dev)[None, :]  # [P, D/2], fp32 like HF
             emb = torch.cat([freqs, freqs], dim=-1)         # [P, D]
             self._rope_table = (emb.cos(), emb.sin())
         cos, sin = self._rope_table
@@ -193,7 +193,7 @@ class LlamaModel(nn.Module):
     def apply_rope(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate x: [B, H, T, D] by absolute positions [T] (int64), HF rotate-half convention.
         Returns [B, H, T, D] in x's dtype (cos/sin computed in float32 and cast, as HF)."""
-        cos, sin = self._rope(positions.to(self.inv_freq.device))
+        cos, sin = self._rope(positions.to(self.embed_tokens.weight.device))
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D]
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -40,6 +40,16 @@ def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32") -> 
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
+    if c.rope_parameters.get("rope_type") == "llama3":  # llama.cpp: a rope_freqs tensor of divisors
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        from kvlab.model import LlamaConfig, rope_inv_freq
+
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](c, "cpu")
+        base = rope_inv_freq(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, n_layers=1,
+                                         n_heads=1, n_kv_heads=1, head_dim=scaled.numel() * 2,
+                                         rope_theta=float(c.rope_parameters["rope_theta"])))
+        w.add_tensor("rope_freqs.weight", (base / scaled.float()).numpy().astype(np.float32))
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",

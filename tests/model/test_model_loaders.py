@@ -75,6 +75,7 @@ def test_hf_bf16(make_hf):
     hf, d = make_hf("llama")
     model, ours = _ours(d, dtype=torch.bfloat16)
     assert model.embed_tokens.weight.dtype == torch.bfloat16 and ours.dtype == torch.float32
+    assert model.to(torch.bfloat16).inv_freq.dtype == torch.float32  # RoPE frequencies stay fp32
     assert rel_err(ours, _hf_logits(hf)) < 3e-2
 
 
@@ -89,15 +90,20 @@ def test_permute_roundtrip():
     assert list(gguf_permute(b, 3)[:4]) == [0, 32, 1, 33]
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "F32"), ("llama", "Q8_0"), ("llama", "F16"),
-                                        ("qwen2", "Q4_1")])
-def test_gguf_matches_transformers(make_hf, tmp_path, monkeypatch, arch, qtype):
+LLAMA3 = {"rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8}}
+
+
+@pytest.mark.parametrize("arch,qtype,kw", [("llama", "F32", {}), ("llama", "Q8_0", {"tie_word_embeddings": True}),
+                                           ("llama", "F16", LLAMA3), ("qwen2", "Q4_1", {})],
+                         ids=["llama-F32", "llama-Q8_0-tied", "llama-F16-ropefreqs", "qwen2-Q4_1"])
+def test_gguf_matches_transformers(make_hf, tmp_path, monkeypatch, arch, qtype, kw):
     """A tiny model written like llama.cpp's converter (q/k permuted for 'llama') loads back to
     the same logits as transformers on the weights the file holds."""
     from kvlab.model import gguf_loader
 
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path / "cache"))
-    hf, _ = make_hf(arch, tie_word_embeddings=(qtype == "Q8_0"))
+    hf, _ = make_hf(arch, **kw)
     rounded = write_tiny_gguf(tmp_path / "tiny.gguf", hf, arch, qtype)
     hf.load_state_dict(rounded, strict=False)  # strict=False: a tied lm_head is not listed
     with pytest.warns(UserWarning, match="tokenizer"):  # the tiny file has no vocabulary
