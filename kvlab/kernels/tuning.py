@@ -123,3 +123,92 @@ def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:
     base = best["num_splits"]
     outs = sorted({max(1, base // 2), base, min(128, base * 2)} - {base})
     return [{**best, "num_splits": s} for s in outs]
+
+
+# ---- search -----------------------------------------------------------------------------------------
+def synthetic_cache(k_spec, v_spec, B: int, Hk: int, D: int, P: int, context: int, device="cuda", seed: int = 0):
+    """A timing-only paged cache: random codes, constant finite scales, pages in random order.
+    -> dict(k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_ts, v_ts)."""
+    from ..cache.layout import PageLayout
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = -(-context // P)
+    out = {"kv_indptr": torch.arange(0, B * n + 1, n, dtype=torch.int32, device=device),
+           "kv_indices": torch.randperm(B * n, generator=g).to(torch.int32).to(device),
+           "kv_last_page_len": torch.full((B,), context - (n - 1) * P, dtype=torch.int32, device=device)}
+    for name, spec in (("k", k_spec), ("v", v_spec)):
+        pages = PageLayout(spec, D, P, Hk).allocate(B * n, device)
+        c = pages["codes"]
+        if c.dtype == torch.uint8:
+            c.view(-1)[:] = torch.randint(0, 256, (c.numel(),), dtype=torch.uint8, device=device) & (
+                0x77 if spec.fmt.startswith("fp8") else 0xFF)  # keep fp8 codes finite
+        else:
+            c.normal_()
+        for key, val in (("scales", 0.01), ("zeros", -0.05)):
+            t = pages.get(key)
+            if t is not None:
+                t.fill_(120) if t.dtype == torch.uint8 else t.copy_(torch.full(t.shape, val, device=device).to(t.dtype))
+        out[f"{name}_pages"] = pages
+        has_ts = spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage)
+        out[f"{name}_ts"] = torch.ones(1, device=device) if has_ts else None
+    return out
+
+
+def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: int = 5, save: bool = True,
+         verbose: bool = False) -> tuple[dict, float | None]:
+    """Best config for `op` ("decode") with `scheme` (name, text or KVScheme) at `shape`
+    {"batch", "heads_q", "heads_kv", "head_dim", "page_size", "context" (timing only, not the key)}.
+
+    Times a pruned space (tile x warps x stages [x asm], then splits around the best) with
+    triton.testing.do_bench medians, records the winner in the JSON cache and returns (config, ms).
+    On CPU / under TRITON_INTERPRET=1 returns (default config, None) without timing."""
+    from ..spec import scheme as _scheme
+    if op not in ("decode", "extend"):
+        raise ValueError(f"op={op!r}; allowed: 'decode', 'extend'")
+    sch = _scheme(scheme)
+    B, Hq, Hk = int(shape["batch"]), int(shape["heads_q"]), int(shape["heads_kv"])
+    D, P, ctx = int(shape["head_dim"]), int(shape["page_size"]), int(shape.get("context", 8192))
+    if gpu_name() == "cpu" or op == "extend":
+        cfg = default_config(op, B, Hk, device)
+        if op == "decode":
+            cfg["num_splits"] = auto_splits(B, Hk, device)
+        return cfg, None
+    import triton
+    from .decode import decode
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, ctx, device)
+    q = torch.randn(B, Hq, D, device=device, dtype=torch.bfloat16)
+    fp = dict(k_fp=None, v_fp=None, fp_len=None)
+    if sch.window or sch.sink or sch.k.axis == "chan":
+        W = max(sch.window + sch.sink, 1)
+        fp = dict(k_fp=torch.randn(B, Hk, W, D, device=device, dtype=torch.bfloat16), fp_len=torch.full(
+            (B,), W, dtype=torch.int32, device=device))
+        fp["v_fp"] = torch.randn_like(fp["k_fp"])
+
+    def run(cfg):
+        return lambda: decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                              sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], config=cfg)
+
+    def bench(cands):
+        res = []
+        for cfg in cands:
+            try:
+                ms = triton.testing.do_bench(run(cfg), warmup=warmup, rep=rep, return_mode="median")
+            except Exception as e:  # a config that does not compile or fit is skipped
+                if verbose:
+                    print(f"tune: {cfg} failed: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            if verbose:
+                print(f"tune: {cfg} {ms:.4f} ms")
+            res.append((ms, cfg))
+        return res
+
+    res = bench(search_space(op, B, Hk, sch.k, sch.v, device))
+    if not res:
+        raise RuntimeError(f"no decode config ran for {sch} at {shape}")
+    best_ms, best = min(res, key=lambda r: r[0])
+    res2 = bench(split_space(best, B, Hk, device))
+    if res2:
+        ms2, cfg2 = min(res2, key=lambda r: r[0])
+        if ms2 < best_ms:
+            best_ms, best = ms2, cfg2
+    record(op, sch.k, sch.v, B, Hq, Hk, D, P, best, best_ms, save=save)
+    return best, best_ms

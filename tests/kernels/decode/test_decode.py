@@ -1,6 +1,8 @@
 """Triton decode == float32 reference over the dequantized paged cache (interpreter on CPU)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -89,3 +91,64 @@ def test_reference_matches_oracle_attention():
     s = torch.einsum("hd,hld->hl", q[0], k.repeat_interleave(2, 0)) / 8
     want = torch.einsum("hl,hld->hd", s.softmax(-1), v.repeat_interleave(2, 0))
     torch.testing.assert_close(out[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _bad_case():
+    sch = kvlab.scheme("q4_0")
+    c = make_paged([17, 5], 2, 64, 16, sch.k, sch.v)
+    args, kw = call_args(c)
+    return sch, torch.randn(2, 8, 64), list(args), kw
+
+
+@pytest.mark.parametrize("what,match", [
+    ("hq", "multiple of Hk"), ("rank", "3-d"), ("dtype", "q dtype"), ("indptr", "kv_indptr"),
+    ("pages", "k_pages\\['codes'\\] has shape"), ("mismatch", "pages but v_pages"), ("spec", "zeros"),
+    ("backend", "backend"), ("fp", "together"), ("splits", "num_splits"), ("prerope", "reference"),
+    ("headdim", "head_dim 96"), ("nvfp4_ts", "tensor_scale"),
+])
+def test_decode_rejects_bad_input(what, match):
+    sch, q, args, kw = _bad_case()
+    k_spec, v_spec, extra = sch.k, sch.v, {}
+    if what == "hq":
+        q = torch.randn(2, 7, 64)
+    elif what == "rank":
+        q = q[0]
+    elif what == "dtype":
+        q = q.to(torch.int32)
+    elif what == "indptr":
+        args[2] = args[2][:-1]
+    elif what == "pages":
+        args[0] = {**args[0], "codes": args[0]["codes"][:, :, :, :8]}
+    elif what == "mismatch":
+        args[1] = {k: (v[:-1] if v is not None else None) for k, v in args[1].items()}
+    elif what == "spec":
+        k_spec = kvlab.scheme("q4_1").k
+    elif what == "backend":
+        extra = {"backend": "cuda"}
+    elif what == "fp":
+        kw = {**kw, "k_fp": torch.zeros(2, 2, 4, 64)}
+    elif what == "splits":
+        extra = {"num_splits": 0}
+    elif what == "prerope":
+        k_spec = dataclasses.replace(sch.k, pre_rope=True)
+    elif what == "headdim":
+        q = torch.randn(2, 8, 96)
+        sch = kvlab.scheme("int8:g32")
+        c = make_paged([17, 5], 2, 96, 16, sch.k, sch.v)
+        a, kw = call_args(c)
+        args, k_spec, v_spec = list(a), sch.k, sch.v
+    elif what == "nvfp4_ts":
+        sch = kvlab.scheme("nvfp4")
+        c = make_paged([17, 5], 2, 64, 16, sch.k, sch.v)
+        a, kw = call_args(c)
+        args, k_spec, v_spec, kw = list(a), sch.k, sch.v, {**kw, "k_tensor_scale": None}
+    with pytest.raises(ValueError, match=match):
+        decode(q, *args, k_spec, v_spec, 16, **kw, **extra)
+
+
+def test_head_dim_96_runs_on_reference():
+    sch = kvlab.scheme("q8_0")
+    c = make_paged([17, 5], 2, 96, 16, sch.k, sch.v)
+    args, kw = call_args(c)
+    out = decode(torch.randn(2, 8, 96), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    assert out.shape == (2, 8, 96) and torch.isfinite(out).all()
