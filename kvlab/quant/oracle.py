@@ -78,10 +78,16 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
 
 
 # ---- per-format code computation ------------------------------------------------------------
-def _quant_int(xg, spec: KVQuantSpec, ratio: float):
+def _static(scale, xg) -> torch.Tensor:
+    return torch.as_tensor(scale, dtype=torch.float32, device=xg.device).reshape([1] * xg.dim())
+
+
+def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
     b = spec.bits
     if spec.sym:
-        if spec.rule == "signed":
+        if scale is not None:
+            s_raw = _static(scale, xg)
+        elif spec.rule == "signed":
             s_raw = _reduce(xg, "ext", spec) * ratio / -(2 ** (b - 1))
         else:
             s_raw = _reduce(xg, "amax", spec) * ratio / (2 ** (b - 1) - 1)
@@ -119,7 +125,7 @@ def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
     if not spec.has_scale:
         return fp8_cast(xg, spec.fmt), None, None
     if scale is not None:
-        s_raw = torch.as_tensor(scale, dtype=torch.float32, device=xg.device).reshape([1] * xg.dim())
+        s_raw = _static(scale, xg)
     elif spec.scale_dtype == "e8m0":
         s_raw = _reduce(xg, "amax", spec) * ratio / 2 ** ELEM_EMAX[spec.fmt]
     else:
@@ -176,10 +182,21 @@ def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> QTensor
     `scale` fixes the static scale of an axis-tensor spec (calibrated, as vLLM's k_scale);
     `tensor_scale` fixes NVFP4's fp32 second-level scale (default: amax / (6 * 448) of x).
     """
+    return _quantize(x, spec, scale, tensor_scale, packed=True)
+
+
+def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> torch.Tensor:
+    """dequantize(quantize(x, spec)) without packing the codes (bit-identical, faster)."""
+    return _quantize(x, spec, scale, tensor_scale, packed=False)
+
+
+def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
     spec = as_spec(spec)
     check_input(x, spec)
     shape, dtype = tuple(x.shape), x.dtype
     if spec.is_float_storage:
+        if not packed:
+            return x.to(FLOAT_STORAGE[spec.fmt]).to(x.dtype)
         codes = x.to(FLOAT_STORAGE[spec.fmt]).contiguous().view(torch.uint8)
         return QTensor(codes.reshape(*shape[:-1], 1, -1), None, None, None, spec, shape, dtype)
     xf = x.float()
@@ -194,13 +211,14 @@ def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> QTensor
 
     def run(ratio):
         if spec.fmt == "int":
-            return _quant_int(xg, spec, ratio)
+            return _quant_int(xg, spec, ratio, scale)
         if spec.fmt in FP8_MAX:
             return _quant_fp8(xg, spec, ratio, scale)
         return _quant_codebook(xg, spec, ratio, ts)
 
-    if scale is not None and not (spec.axis == "tensor" and spec.fmt in FP8_MAX and spec.has_scale):
-        raise ValueError("scale= fixes a static per-tensor scale; it needs an fp8 spec with axis tensor and a scale rule")
+    if scale is not None and not (spec.axis == "tensor" and spec.has_scale and spec.sym and spec.fmt in ("int", *FP8_MAX)):
+        raise ValueError("scale= fixes a static per-tensor scale; it needs a symmetric int or fp8 spec with axis "
+                         "tensor and a scale rule")
     u, s_st, m_st = run(1.0)
     if spec.rule == "mse":
         best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)
@@ -212,6 +230,9 @@ def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> QTensor
             s_st = torch.where(better, s2, s_st)
             m_st = None if m_st is None else torch.where(better, m2, m_st)
             best = torch.where(better, err, best)
+    if not packed:
+        y = ungroup(_values(u, s_st, m_st, spec, ts), spec, shape)
+        return (unrotate(y) if spec.rotation == "had" else y).to(dtype)
     squeeze = (lambda t: None if t is None else (t.reshape(()) if spec.axis == "tensor" else t.squeeze(-1)))
     return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype)
 

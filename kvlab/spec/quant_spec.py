@@ -122,6 +122,9 @@ class KVQuantSpec:
         if self.rule == "signed" and self.scale_dtype in ("e8m0", "e4m3"):
             raise ValueError(f"scale rule 'signed' gives negative scales, which {self.scale_dtype} cannot hold; "
                              "allowed scale dtypes: f16, bf16, f32")
+        if not self.sym and self.axis == "tensor":
+            raise ValueError("axis tensor holds one static (calibrated) symmetric scale; asym is allowed with axis "
+                             "tok, chan or head")
         if not self.sym and self.fmt != "int":
             raise ValueError(f"asym (zero point) is allowed only for int formats, not {self.fmt}")
         if self.scale_dtype in ("e8m0", "e4m3") and self.fmt == "int" and not self.sym:

@@ -175,3 +175,12 @@ def test_dtype_and_shape_preserved():
     for name in ("q4_0", "kivi4", "nvfp4", "bf16"):
         y = dequantize(quantize(x, kvlab.scheme(name).v))
         assert y.shape == x.shape and y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_PRESETS] + ["int3:g32:chan:asym:rule=mse", "int5:head:asym"])
+def test_fake_quantize_equals_round_trip(name):
+    from kvlab.quant import fake_quantize
+    s = kvlab.scheme(name)
+    x = _x(11, n=64, d=128).to(torch.bfloat16)
+    for spec in (s.k, s.v):
+        assert torch.equal(fake_quantize(x, spec), dequantize(quantize(x, spec)))

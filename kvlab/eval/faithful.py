@@ -1,0 +1,147 @@
+"""Decode-faithful attention through a quantized cache, computed in parallel.
+
+What a decoding engine sees at step t: every key/value 0..t as its cache holds them after token
+t was stored. A token is held in full precision while it is one of the first `sink` tokens or
+one of the `window` most recent ones, and (for channel-axis specs) while its group of G tokens
+has not entirely left the window; otherwise it is held quantized. Quantizing one token (or one
+completed channel group) never depends on later tokens, so the quantized history is one fixed
+tensor and step t only chooses, key by key, between the full-precision and the quantized copy.
+That makes a whole sequence one parallel pass, equal to incremental decode (tested against the
+paged pool). Static per-tensor scales (axis tensor, NVFP4's fp32 scale) come from a separate
+calibration pass (`calibrate`), never from the text being scored.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..quant import fake_quantize, quantize
+from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
+
+
+def fp_mask(spec: KVQuantSpec, sch: KVScheme, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """[T, S] bool: True where query at q_pos sees key at k_pos in full precision."""
+    t, s = q_pos[:, None], k_pos[None, :]
+    if spec.is_float_storage:
+        return torch.ones(t.shape[0], s.shape[1], dtype=torch.bool, device=q_pos.device)
+    fp = (s < sch.sink) | (s > t - sch.window)
+    if spec.axis == "chan":
+        G = spec.group
+        group_end = sch.sink + ((s - sch.sink).clamp(min=0) // G + 1) * G - 1
+        fp |= group_end > t - sch.window
+    return fp
+
+
+def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict | None = None) -> Tensor:
+    """Dequantized copy of x [B, H, S, D] as the cache would hold each token once quantized.
+
+    Tokens that can never be quantized yet (sinks, an unfinished channel group) keep x's values
+    (the mask decides whether they are read). float32.
+    """
+    x = x.float()
+    if spec.is_float_storage:
+        return fake_quantize(x, spec).float()
+    out = x.clone()
+    S = x.shape[2]
+    lo = min(sch.sink, S)
+    hi = S if spec.axis != "chan" else lo + (S - lo) // spec.group * spec.group
+    if hi > lo:
+        out[:, :, lo:hi] = fake_quantize(x[:, :, lo:hi].contiguous(), spec, **(calib or {})).float()
+    return out
+
+
+class DecodeFaithfulBackend:
+    """`AttentionBackend` that scores a quantized cache decode-faithfully (see module doc).
+
+    Works for a whole sequence at once (parallel scoring) and incrementally (prefill, then one
+    token at a time: keeps full-precision history and re-derives the quantized copy).
+    calib: {layer: {"k": {...}, "v": {...}}} static-scale kwargs for `quantize` (see `calibrate`).
+    """
+
+    def __init__(self, scheme, n_layers: int, calib: dict | None = None, q_chunk: int = 2048) -> None:
+        self.scheme = to_scheme(scheme)
+        self.n_layers = n_layers
+        self.calib = calib or {}
+        self.q_chunk = q_chunk
+        self.hist: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # layer -> k_pre, k, v, pos
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.hist[0][3].numel()) if 0 in self.hist else 0
+
+    def reset(self) -> None:
+        self.hist.clear()
+
+    def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
+        if layer in self.hist:
+            hk_pre, hk, hv, hpos = self.hist[layer]
+            k_pre, k, v = (torch.cat([a, b], dim=2) for a, b in ((hk_pre, k_pre), (hk, k), (hv, v)))
+            k_pos = torch.cat([hpos, positions])
+        else:
+            k_pos = positions
+        self.hist[layer] = (k_pre, k, v, k_pos)
+        k_spec, v_spec = self.scheme.for_layer(layer, self.n_layers)
+        cal = self.calib.get(layer, {})
+        if k_spec.pre_rope:
+            kq = model.apply_rope(quantized_history(k_pre, k_spec, self.scheme, cal.get("k")), k_pos)
+        else:
+            kq = quantized_history(k, k_spec, self.scheme, cal.get("k"))
+        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"))
+        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.scheme, self.q_chunk)
+
+
+def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, sch, q_chunk: int = 2048) -> Tensor:
+    """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
+
+    q [B, Hq, T, D]; k, v, kq, vq [B, Hk, S, D]; q_pos [T], k_pos [S]. Returns [B, Hq, T, D] in q.dtype.
+    Each (K copy, V copy) combination that some pair uses becomes one block of keys in a single
+    SDPA call whose boolean mask gives every pair exactly one block; when no pair reads full
+    precision this is plain causal SDPA over the quantized copy.
+    """
+    B, Hq, T, D = q.shape
+    gqa = Hq != k.shape[1]
+    out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
+    for i in range(0, T, q_chunk):
+        qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
+        causal = k_pos[None, :] <= pc[:, None]                                   # [t, S]
+        fk, fv = fp_mask(k_spec, sch, pc, k_pos) & causal, fp_mask(v_spec, sch, pc, k_pos) & causal
+        keys, vals, masks = [], [], []
+        for kk, vv, m in ((kq, vq, causal & ~fk & ~fv), (k, v, fk & fv), (kq, v, ~fk & fv), (k, vq, fk & ~fv)):
+            if bool(m.any()):
+                keys.append(kk), vals.append(vv), masks.append(m)
+        if len(keys) == 1 and masks[0] is not None and torch.equal(pc, k_pos) and torch.equal(masks[0], causal):
+            out[:, :, i:i + q_chunk] = F.scaled_dot_product_attention(qc, keys[0].float(), vals[0].float(),
+                                                                     is_causal=True, enable_gqa=gqa)
+            continue
+        kc = torch.cat([t.float() for t in keys], dim=2)                        # [B, Hk, nS, D]
+        vc = torch.cat([t.float() for t in vals], dim=2)
+        out[:, :, i:i + q_chunk] = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=torch.cat(masks, dim=1),
+                                                                 enable_gqa=gqa)
+    return out.to(q.dtype)
+
+
+def needs_calibration(spec: KVQuantSpec) -> bool:
+    return spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage)
+
+
+@torch.no_grad()
+def calibrate(model, tokens: Tensor, scheme) -> dict:
+    """Static per-tensor scales per layer from a calibration pass (a different text than scored).
+
+    Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale= or scale=)."""
+    sch = to_scheme(scheme)
+    n = model.config.n_layers
+    specs = [sch.for_layer(i, n) for i in range(n)]
+    if not any(needs_calibration(s) for pair in specs for s in pair):
+        return {}
+    cap = model.capture(tokens)
+    out = {}
+    for i, (ks, vs) in enumerate(specs):
+        out[i] = {}
+        for name, spec, x in (("k", ks, cap["k_pre"][i] if ks.pre_rope else cap["k"][i]), ("v", vs, cap["v"][i])):
+            if not needs_calibration(spec):
+                continue
+            qt = quantize(x.contiguous(), spec)
+            out[i][name] = {"tensor_scale": qt.tensor_scale} if spec.tensor_scale else {"scale": qt.scales.float()}
+    return out

@@ -1,0 +1,59 @@
+"""Passkey retrieval through a quantized cache: a number hidden at a depth of filler text.
+
+The prompt (after Mohtashami & Jaggi 2023): filler sentences, "The pass key is NNNNN. Remember
+it. NNNNN is the pass key." at a fraction `depth` of the context, more filler, then "What is the
+pass key? The pass key is". A hit is the greedy continuation containing the number.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..spec import scheme as to_scheme
+from .faithful import DecodeFaithfulBackend
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    return list(getattr(enc, "ids", enc))
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> torch.Tensor:
+    """Token ids [~length] with the key sentence at fraction `depth` (0 = start, 1 = end)."""
+    head = _ids(tokenizer, "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. ")
+    needle = _ids(tokenizer, f"The pass key is {key}. Remember it. {key} is the pass key. ")
+    tail = _ids(tokenizer, "What is the pass key? The pass key is")
+    fill = _ids(tokenizer, FILLER)
+    n_fill = max(0, length - len(head) - len(needle) - len(tail))
+    filler = (fill * (n_fill // len(fill) + 1))[:n_fill]
+    cut = int(round(depth * n_fill))
+    return torch.tensor(head + filler[:cut] + needle + filler[cut:] + tail, dtype=torch.int64)
+
+
+@torch.no_grad()
+def passkey(model, tokenizer, scheme, lengths=(512, 1024), depths=(0.1, 0.5, 0.9), seed: int = 0,
+            n_new: int = 8) -> dict:
+    """Passkey hits of `scheme` over lengths x depths. Returns {"hits", "trials", "detail": [...]}."""
+    sch = to_scheme(scheme)
+    c = model.config
+    if max(lengths) + n_new > c.max_position_embeddings:
+        raise ValueError(f"passkey length {max(lengths)} exceeds the model's context {c.max_position_embeddings}")
+    rng = random.Random(seed)
+    dev = next(model.parameters()).device
+    detail = []
+    for length in lengths:
+        for depth in depths:
+            key = rng.randint(10000, 99999)
+            ids = passkey_prompt(tokenizer, length, depth, key)[None].to(dev)
+            backend = DecodeFaithfulBackend(sch, c.n_layers)
+            gen = []
+            for _ in range(n_new):
+                nxt = model(ids, backend=backend)[0, -1].argmax().view(1, 1)
+                gen.append(int(nxt))
+                ids = nxt
+            text = tokenizer.decode(gen)
+            detail.append({"length": length, "depth": depth, "key": key, "hit": str(key) in text.replace(" ", "")})
+    return {"hits": sum(d["hit"] for d in detail), "trials": len(detail), "detail": detail}

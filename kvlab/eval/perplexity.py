@@ -1,0 +1,133 @@
+"""Model-level quality of a scheme: perplexity, KL to the full-precision model, top-1 and greedy
+agreement, over disjoint text segments (decode-faithful, see faithful.py).
+
+A quantized forward is chaotic (a 1e-6 input change moves per-token int4 PPL by ~0.5%), so every
+number is a mean +- sd over several disjoint segments, and carries its text, segment count,
+token count and seed.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..spec import scheme as to_scheme
+from .faithful import DecodeFaithfulBackend, calibrate
+
+TEXTS = ("pydoc", "license")
+
+
+_TOKENS_CACHE: dict = {}
+
+
+def text_tokens(tokenizer, text: str = "pydoc") -> torch.Tensor:
+    """All tokens (no BOS) of an offline text: 'pydoc' (pydoc_data.topics) or 'license'. Cached."""
+    from ..model.text import license_text, pydoc_topics_text
+    if text not in TEXTS:
+        raise ValueError(f"unknown text {text!r}; allowed: {', '.join(TEXTS)}")
+    key = (id(tokenizer), text)
+    if key not in _TOKENS_CACHE:
+        raw = pydoc_topics_text() if text == "pydoc" else license_text()
+        enc = tokenizer.encode(raw, add_special_tokens=False)
+        _TOKENS_CACHE[key] = torch.tensor(list(getattr(enc, "ids", enc)), dtype=torch.int64)
+    return _TOKENS_CACHE[key]
+
+
+def segments(tokens: torch.Tensor, n_tokens: int, n_segments: int, seed: int = 0) -> list[torch.Tensor]:
+    """`n_segments` disjoint slices of `n_tokens`: seed 0 takes the first ones in order, another
+    seed a seeded random choice of slots."""
+    slots = tokens.numel() // n_tokens
+    if slots < n_segments:
+        raise ValueError(f"text has {tokens.numel()} tokens: too short for {n_segments} segments of {n_tokens} "
+                         f"(at most {slots}); lower --tokens or --segments")
+    idx = list(range(n_segments)) if seed == 0 else \
+        torch.randperm(slots, generator=torch.Generator().manual_seed(seed))[:n_segments].tolist()
+    return [tokens[i * n_tokens:(i + 1) * n_tokens] for i in idx]
+
+
+@dataclass
+class _Ref:
+    logits: torch.Tensor  # [T, V] float32 logits of the full-precision model
+    nll: float
+
+
+_REF_CACHE: dict = {}
+
+
+@torch.no_grad()
+def reference_logits(model, seg: torch.Tensor) -> _Ref:
+    """Full-precision logits of a segment (cached per model and segment)."""
+    key = (id(model), seg.numel(), hash(tuple(seg[:64].tolist())), hash(tuple(seg[-64:].tolist())))
+    if key not in _REF_CACHE:
+        dev = next(model.parameters()).device
+        lg = model(seg[None].to(dev))[0].float()
+        _REF_CACHE[key] = _Ref(lg, F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
+    return _REF_CACHE[key]
+
+
+@torch.no_grad()
+def score_segment(model, seg: torch.Tensor, scheme, calib: dict | None = None) -> dict:
+    """PPL, KL(full || quantized), top-1 agreement of one segment [T] (tokens, no BOS)."""
+    dev = next(model.parameters()).device
+    ref = reference_logits(model, seg)
+    backend = DecodeFaithfulBackend(scheme, model.config.n_layers, calib)
+    lg = model(seg[None].to(dev), backend=backend)[0].float()
+    tgt = seg[1:].to(dev)
+    nll = F.cross_entropy(lg[:-1], tgt).item()
+    lp_ref, lp = F.log_softmax(ref.logits[:-1], -1), F.log_softmax(lg[:-1], -1)
+    kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
+    top1 = (ref.logits[:-1].argmax(-1) == lg[:-1].argmax(-1)).float().mean().item()
+    ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())
+    return {"ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta_pct": 100 * (ppl / ppl_ref - 1), "kl": kl, "top1": top1}
+
+
+@torch.no_grad()
+def greedy_agreement(model, prompt: torch.Tensor, scheme, n_new: int = 32, calib: dict | None = None) -> int:
+    """Tokens generated greedily after `prompt` [T] before the quantized cache first disagrees with
+    full precision (n_new if never)."""
+    from ..model.llama import DenseCausalBackend
+    dev = next(model.parameters()).device
+    outs = []
+    for backend in (DenseCausalBackend(), DecodeFaithfulBackend(scheme, model.config.n_layers, calib)):
+        tok, gen = prompt[None].to(dev), []
+        for _ in range(n_new):
+            nxt = model(tok, backend=backend)[0, -1].argmax()
+            gen.append(int(nxt))
+            tok = nxt.view(1, 1)
+        outs.append(gen)
+    return next((i for i, (a, b) in enumerate(zip(*outs)) if a != b), n_new)
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: int = 2048, n_segments: int = 4,
+                    seed: int = 0, greedy_tokens: int = 0, calib_text: str = "license", progress=None) -> dict:
+    """Score a scheme over disjoint segments; returns mean and sd of every metric plus provenance."""
+    sch = to_scheme(scheme)
+    c = model.config
+    for layer in range(c.n_layers):
+        for spec in sch.for_layer(layer, c.n_layers):
+            spec.check_head_dim(c.head_dim)
+    if n_tokens > c.max_position_embeddings:
+        raise ValueError(f"{n_tokens} tokens exceed the model's context of {c.max_position_embeddings}")
+    segs = segments(text_tokens(tokenizer, text), n_tokens, n_segments, seed)
+    calib = calibrate(model, text_tokens(tokenizer, calib_text)[:n_tokens][None], sch)
+    rows = []
+    for seg in segs:
+        r = score_segment(model, seg, sch, calib)
+        if greedy_tokens:
+            r["greedy_agree"] = greedy_agreement(model, seg[: min(256, n_tokens // 2)], sch, greedy_tokens, calib)
+        rows.append(r)
+        if progress is not None:
+            progress()
+    out = {"scheme": str(sch), "name": sch.name, "text": text, "segments": n_segments, "tokens": n_tokens,
+           "seed": seed, "calib_text": calib_text if calib else None,
+           "bits_per_element": sch.bits_per_element(c.head_dim),
+           "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=n_tokens, n_layers=c.n_layers)}
+    for key in rows[0]:
+        out[key], out[key + "_sd"] = _ms([r[key] for r in rows])
+    return out
