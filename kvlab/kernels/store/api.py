@@ -76,7 +76,8 @@ def _check_slots(slots: torch.Tensor, n_slots: int, G: int | None) -> None:
           f"[{lo}, {hi}]")
     if G:  # each run of G tokens fills one channel group: consecutive slots from a multiple of G
         s = slots.reshape(-1, G).to(torch.int64)
-        ok = (s[:, 0] % G == 0) & ((s == s[:, :1] + torch.arange(G, device=s.device)).all(1) | (s == -1).all(1))
+        run = (s[:, 0] % G == 0) & (s == s[:, :1] + torch.arange(G, device=s.device)).all(1)
+        ok = run | (s == -1).all(1)
         _need(bool(ok.all()), f"axis chan: each run of {G} tokens needs consecutive slots starting at a multiple of "
               f"{G} (or all -1)")
 

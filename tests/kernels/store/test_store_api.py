@@ -1,0 +1,153 @@
+"""store() input checks (ValueError naming the problem), dispatch, laziness, autotune key, random specs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from store_cases import DEV, assert_same_pages, make_input, run_store
+
+import kvlab
+from kvlab.cache.layout import PageLayout
+from kvlab.kernels.store import store, supports_triton
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def _setup(text="q4_1", T=4, Hk=2, D=64, P=16, N=2):
+    spec = kvlab.scheme(text).k
+    lay = PageLayout(spec, D, P, Hk)
+    return spec, torch.randn(T, Hk, D, device=DEV), lay.allocate(N, DEV), torch.arange(T, device=DEV)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("rank", "x must be a tensor"), ("dtype", "x dtype"), ("heads", "pages\\['codes'\\] has shape"),
+    ("head_dim", "does not divide head_dim"), ("pages_dtype", "dtype"), ("missing_zeros", "zeros"),
+    ("extra_scales", "stores no scales"), ("slot_shape", "slot_mapping must be"), ("slot_dtype", "slot_mapping dtype"),
+    ("slot_range", "slot_mapping values"), ("backend", "backend="), ("page_size", "page_size=4"),
+    ("device", "x on meta"), ("not_dict", "pages must be a dict"),
+])
+def test_bad_inputs(case, match):
+    spec, x, pages, slots = _setup()
+    kw = {}
+    if case == "rank":
+        x = x[0]
+    elif case == "dtype":
+        x = x.to(torch.int32)
+    elif case == "heads":
+        x = torch.randn(4, 3, 64, device=DEV)
+    elif case == "head_dim":
+        x = torch.randn(4, 2, 48, device=DEV)
+    elif case == "pages_dtype":
+        pages["scales"] = pages["scales"].float()
+    elif case == "missing_zeros":
+        pages["zeros"] = None
+    elif case == "extra_scales":
+        spec = kvlab.scheme("fp8_e4m3").k
+        pages = PageLayout(spec, 64, 16, 2).allocate(2, DEV)
+        pages["scales"] = torch.zeros(2, 2, 16, 1, device=DEV)
+    elif case == "slot_shape":
+        slots = slots[:2]
+    elif case == "slot_dtype":
+        slots = slots.float()
+    elif case == "slot_range":
+        slots = slots + 100
+    elif case == "backend":
+        kw["backend"] = "cuda"
+    elif case == "page_size":
+        kw["page_size"] = 4
+    elif case == "device":
+        x = x.to("meta")
+    elif case == "not_dict":
+        pages = pages["codes"]
+    with pytest.raises(ValueError, match=match):
+        store(x, pages, slots, spec, **kw)
+
+
+def test_static_scale_rules():
+    spec, x, pages, slots = _setup("q4_0")
+    with pytest.raises(ValueError, match="takes none|does not take one"):
+        store(x, pages, slots, spec, scale=1.0)
+    with pytest.raises(ValueError, match="has none"):
+        store(x, pages, slots, spec, tensor_scale=1.0)
+    spec, x, pages, slots = _setup("int8:tensor")
+    with pytest.raises(ValueError, match="needs scale="):
+        store(x, pages, slots, spec)
+    spec, x, pages, slots = _setup("nvfp4")
+    with pytest.raises(ValueError, match="needs tensor_scale="):
+        store(x, pages, slots, spec)
+    with pytest.raises(ValueError, match="one value"):
+        store(x, pages, slots, spec, tensor_scale=torch.ones(2))
+    spec = kvlab.parse_spec("nf4:tensor")
+    x = torch.randn(4, 2, 64, device=DEV)
+    with pytest.raises(ValueError, match="axis tensor with nf4"):
+        store(x, {"codes": torch.zeros(2, 2, 16, 32, dtype=torch.uint8)}, slots, spec, scale=1.0)
+
+
+def test_chan_needs_whole_aligned_groups():
+    spec = kvlab.scheme("kivi4").k
+    pages = PageLayout(spec, 64, 32, 2).allocate(2, DEV)
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        store(torch.randn(31, 2, 64, device=DEV), pages, torch.arange(31, device=DEV), spec)
+    with pytest.raises(ValueError, match="consecutive slots"):
+        store(torch.randn(32, 2, 64, device=DEV), pages, torch.arange(32, device=DEV) + 1, spec)
+
+
+def test_triton_needs_gpu_or_interpreter(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    spec, x, pages, slots = _setup()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        store(x, pages, slots, spec, backend="triton")
+
+
+def test_mse_runs_reference():
+    spec = kvlab.parse_spec("int4:g32:asym:rule=mse")
+    assert not supports_triton(spec)[0]
+    x, slots, lay, n_pages, kw = make_input(spec, T=3)
+    assert run_store(x, slots, lay, n_pages, spec, "triton")[1] == "reference"
+    assert run_store(x, slots, lay, n_pages, spec, "auto")[1] == ("triton" if DEV == "cuda" else "reference")
+
+
+def test_autotune_key_and_configs():
+    from kvlab.kernels.store import triton as tk
+    assert "T" not in tk.AUTOTUNE_KEY and {"D", "HK", "FMT", "BITS", "G"} <= set(tk.AUTOTUNE_KEY)
+    chan = tk._prune(tk.CONFIGS, {}, D=64, CHAN=True, GP=32, NGP=1)
+    assert chan and all(c.kwargs["BLOCK_R"] <= 64 for c in chan)
+    wide = tk._prune(tk.CONFIGS, {}, D=256, CHAN=False, GP=32, NGP=8)
+    assert all(c.kwargs["BLOCK_R"] * 256 <= 8192 for c in wide)
+
+
+def test_spec_is_constexprs_only():
+    """A new scheme changes only the constexprs of the one kernel."""
+    from kvlab.kernels.store.triton import kernel_params
+    a, b = kernel_params(kvlab.scheme("q4_0").k, 64), kernel_params(kvlab.parse_spec("int7:g16:asym"), 64)
+    assert a.keys() == b.keys() and a != b
+
+
+def test_import_is_lazy():
+    code = ("import sys, kvlab, kvlab.kernels, kvlab.kernels.store, kvlab.cache; "
+            "assert 'triton' not in sys.modules, 'triton imported eagerly'")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+_spec = st.builds(
+    lambda bits, g, sym, rnd, recip, ggml, sdt: kvlab.parse_spec(
+        f"int{bits}:g{g}:{'sym' if sym else 'asym'}:rnd={rnd}" + (":recip" if recip else "")
+        + (":pack=ggml" if ggml else "") + f":s={sdt if sym or sdt != 'e8m0' else 'f16'}"),
+    st.integers(2, 8), st.sampled_from([8, 16, 32, 64]), st.booleans(), st.sampled_from(["even", "away", "up"]),
+    st.booleans(), st.booleans(), st.sampled_from(["f16", "bf16", "f32", "e8m0"]))
+
+
+@settings(max_examples=12, deadline=None)
+@given(spec=_spec, T=st.integers(1, 20), scale=st.sampled_from([1e-3, 1.0, 37.0]), seed=st.integers(0, 99))
+def test_random_int_specs_bit_exact(spec, T, scale, seed):
+    x, slots, lay, n_pages, kw = make_input(spec, T=T, Hk=1, D=64, seed=seed, scale=scale)
+    assert_same_pages(run_store(x, slots, lay, n_pages, spec, "reference", **kw)[0],
+                      run_store(x, slots, lay, n_pages, spec, "triton", **kw)[0], str(spec))

@@ -1,0 +1,125 @@
+"""Store edge values: all-zero groups, exact .5 ties, signed extremes, NaN / inf groups, tiny and huge
+groups, decode-sized and prefill-sized batches, skipped slots. Triton == reference (oracle)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from store_cases import DEV, POISON, as_bytes, assert_same_pages, make_input, run_store, spec_id, spec_of
+
+from kvlab.cache.layout import PageLayout
+from kvlab.cache.paging import calibrate
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+EDGE_SPECS = ["q4_0", "q4_1", "q8_0", "q5_1", "int3:g32:asym", "int2:g32:asym", "freetoken:q4_0", "freetoken:q6_0",
+              "int4_had", "mxfp4", "nvfp4", "nf4", "iq4nl", "fp8_e4m3", "freetoken:fp8_e4m3", "fp8_e5m2", "bf16",
+              "fp16", "int4:g32:chan:asym", "int4:g32:chan:sym:rnd=away", "int8:tensor", "int5:g16:sym:rnd=up:recip"]
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+
+
+def edge_input(spec, D=64):
+    """x [T, 1, D] of dyadic values (exact .5 ties for many scales) with special groups:
+    tok: (token, group) = (0,0) zeros, (0,1) ties, (1,0) NaN, (1,1) +inf, (2,0) tiny, (2,1) huge,
+    (3,*) signed extremes; chan: channels 0..6 take those roles over the first token group."""
+    g = torch.Generator().manual_seed(7)
+    chan = spec.axis == "chan"
+    G = spec.group if spec.axis in ("tok", "chan") else D
+    T = max(spec.group, 8) if chan else 8
+    x = torch.randint(-16, 17, (T, 1, D), generator=g).float() / 2
+    ties = torch.tensor([7.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -3.5, 5.5, -6.5, 4.5] * 32)
+    special = {"zero": torch.zeros(512), "ties": ties, "tiny": torch.randn(512, generator=g) * 1e-30,
+               "huge": torch.randn(512, generator=g) * 1e6, "ext": torch.tensor([-4.0, 4.0, 1.0, -1.0] * 128),
+               "ext2": torch.tensor([4.0, -4.0, 0.5, 1.0] * 128)}
+    if chan:
+        for c, name in enumerate(special):
+            x[:G, 0, c] = special[name][:G]
+        x[3, 0, 7] = float("nan")
+        x[5, 0, 8] = float("inf")
+    else:
+        Gs = min(G, D // 2) if spec.axis == "tok" else D // 2
+        for (t, grp), name in zip([(0, 0), (0, 1), (2, 0), (2, 1), (3, 0), (3, 1)], special):
+            x[t, 0, grp * Gs:(grp + 1) * Gs] = special[name][:Gs]
+        x[1, 0, 5] = float("nan")
+        x[1, 0, Gs + 3] = float("inf")
+    return x
+
+
+def _nan_aware_equal(a: dict, b: dict, msg: str):
+    for key, ta in a.items():
+        tb = b[key]
+        if ta is None:
+            assert tb is None
+            continue
+        if ta.dtype in _FLOATS:
+            na, nb = torch.isnan(ta.float()), torch.isnan(tb.float())
+            assert torch.equal(na, nb), f"{msg}: {key} NaN positions differ"
+            it = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[ta.element_size()]  # compare bits, not values
+            assert torch.equal(ta.view(it)[~na].cpu(), tb.view(it)[~na].cpu()), f"{msg}: {key} differs"
+            continue
+        assert torch.equal(ta.view(torch.uint8).cpu(), tb.view(torch.uint8).cpu()), f"{msg}: {key} differs"
+
+
+@pytest.mark.parametrize("name", EDGE_SPECS, ids=[f"edge-D64-{spec_id(n)}" for n in EDGE_SPECS])
+def test_edge_values(name):
+    spec = spec_of(name)
+    x = edge_input(spec).to(DEV)
+    T = x.shape[0]
+    P = max(16, spec.group) if spec.axis == "chan" else 16
+    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P  # skip page 0
+    s, ts = calibrate(x, spec)
+    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, tri, name)
+    assert (as_bytes(tri)["codes"][0] == POISON).all()  # page 0 untouched
+    if spec.axis == "tok" and spec.rotation == "none" and spec.has_scale:
+        # the NaN group poisons only itself: token 1's other groups equal a run without the NaN
+        clean = x.clone()
+        clean[1, 0, 5] = 0.0
+        tri2, _ = run_store(clean, slots, lay, n_pages, spec, "triton", **kw)
+        a, b = as_bytes(tri), as_bytes(tri2)
+        GB = spec.group * spec.bits // 8
+        a["codes"][1, 0, 1, :GB] = b["codes"][1, 0, 1, :GB]  # token 1 sits at page 1, offset 1
+        for key in ("scales", "zeros"):
+            if tri[key] is not None:
+                nb = tri[key].element_size()  # the NaN group's own scale / zero bytes
+                a[key][1, 0, 1, :nb] = b[key][1, 0, 1, :nb]
+        for key in a:
+            if a[key] is not None:
+                assert torch.equal(a[key], b[key]), f"{key}: a NaN changed another group"
+        sc = tri["scales"][1, 0, 1, 0]
+        assert int(sc) == 255 if spec.scale_dtype == "e8m0" else torch.isnan(sc.float()), "NaN group's scale"
+
+
+@pytest.mark.parametrize("name", ["q4_0", "kivi4", "mxfp4", "int3:g32:asym", "bf16"])
+def test_decode_batch(name):
+    """T = batch of one token per sequence, slots scattered over pages (chan: one group per sequence)."""
+    spec = spec_of(name)
+    x, slots, lay, n_pages, kw = make_input(spec, T=5, Hk=4, D=64, seed=3)
+    assert_same_pages(run_store(x, slots, lay, n_pages, spec, "reference", **kw)[0],
+                      run_store(x, slots, lay, n_pages, spec, "triton", **kw)[0], name)
+
+
+@pytest.mark.parametrize("name,T", [("q4_0", 300), ("kivi4", 320), ("fp8_e4m3", 257)],
+                         ids=["prefill-T300-q4_0", "prefill-T320-kivi4", "prefill-T257-fp8"])
+def test_prefill(name, T):
+    spec = spec_of(name)
+    x, slots, lay, n_pages, kw = make_input(spec, T=T, Hk=2, D=64, P=16, seed=4)
+    assert_same_pages(run_store(x, slots, lay, n_pages, spec, "reference", **kw)[0],
+                      run_store(x, slots, lay, n_pages, spec, "triton", **kw)[0], name)
+
+
+@pytest.mark.parametrize("name", ["q4_1", "int4:g32:chan:asym"])
+def test_minus_one_slots_skip(name):
+    spec = spec_of(name)
+    x, slots, lay, n_pages, kw = make_input(spec, T=64, seed=5)
+    G = spec.group if spec.axis == "chan" else 1
+    slots = slots.clone().reshape(-1, G)
+    slots[1::2] = -1
+    slots = slots.reshape(-1)
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    assert_same_pages(ref, tri, name)
+    written = int((as_bytes(tri)["codes"] != POISON).any(-1).sum())
+    assert 0 < written
