@@ -199,39 +199,49 @@ def _asm_nibbles(CP, row, rmask, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: t
 
 
 @triton.jit
+def _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG: tl.constexpr, BN: tl.constexpr):
+    """Scales and effective zeros (zero - offset * scale) of BN token rows -> two float32 [BN, NG]."""
+    NG: tl.constexpr = CFG[2]
+    srow = pg * s0 + h * s1 + slot * s2
+    gi = tl.arange(0, NG)
+    s = scale_values(tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0), CFG[24])
+    if CFG[25]:
+        z = tl.load(ZP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0).to(tl.float32)
+    else:
+        z = tl.zeros([BN, NG], tl.float32)
+    if CFG[23] != 0:
+        z = z - CFG[23] * s
+    return s, z
+
+
+@triton.jit
 def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
              BN: tl.constexpr, D: tl.constexpr):
     """Tokens t0..t0+BN of one sequence (page ids at IDX), KV head h -> values [BN, D] (column
     order = perm; float32, fp16 on the asm path, the page dtype for bf16/fp16 pages).
-    Rows past L read nothing and come out 0. Strides c*/s* are in load units / elements."""
+    Rows past L read nothing and come out 0. Strides c*/s* are in load units / elements.
+    (One return at the end: Triton compiles static branches, so no early returns.)"""
     t = t0 + tl.arange(0, BN)
     valid = t < L
     pg = tl.load(IDX + t // P, mask=valid, other=0).to(tl.int64)
     slot = t % P
     row = pg * c0 + h * c1 + slot * c2  # [BN] unit offset of each token's row
     if CFG[0] == 0:
-        return tl.load(CP + row[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
-    NG: tl.constexpr = CFG[2]
-    G: tl.constexpr = CFG[1]
-    if CFG[24] != 0:
-        srow = pg * s0 + h * s1 + slot * s2
-        gi = tl.arange(0, NG)
-        s = scale_values(tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0), CFG[24])  # [BN, NG]
-        if CFG[25]:
-            z = tl.load(ZP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        else:
-            z = tl.zeros([BN, NG], tl.float32)
-        if CFG[23] != 0:
-            z = z - CFG[23] * s
-        if CFG[27]:
-            return _asm_nibbles(CP, row, valid, s, z, CFG, BN, D)
+        res = tl.load(CP + row[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    elif CFG[27]:
+        s, z = _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG, BN)
+        res = _asm_nibbles(CP, row, valid, s, z, CFG, BN, D)
+    else:
         x = code_values(row_codes(CP, row, valid, perm, CFG, BN, D), LUT, CFG[0])
-        x3 = tl.reshape(x, [BN, NG, G]) * s[:, :, None] + z[:, :, None]
-        return tl.reshape(x3, [BN, D])
-    x = code_values(row_codes(CP, row, valid, perm, CFG, BN, D), LUT, CFG[0])
-    if CFG[23] != 0:
-        x = x - CFG[23]
-    return x
+        if CFG[24] != 0:
+            s, z = _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG, BN)
+            x3 = tl.reshape(x, [BN, CFG[2], CFG[1]]) * s[:, :, None] + z[:, :, None]
+            res = tl.reshape(x3, [BN, D])
+        elif CFG[23] != 0:
+            res = x - CFG[23]
+        else:
+            res = x
+    return res
 
 
 @triton.jit
@@ -261,17 +271,19 @@ def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: t
         c = c | (tl.reshape(p, [D, BN]) << CFG[6 + 5 * i])
     x = code_values(c, LUT, CFG[0])
     if CFG[24] == 0:
-        return x - CFG[23]
-    tj = t0 + tl.arange(0, NGT) * G
-    jm = tj < L
-    pj = tl.load(IDX + tj // P, mask=jm, other=0).to(tl.int64)
-    sb = pj * s0 + h * s1 + ((tj % P) // G) * s2
-    s = scale_values(tl.load(SP + sb[None, :] + d[:, None], mask=jm[None, :], other=0), CFG[24])  # [D, NGT]
-    if CFG[25]:
-        z = tl.load(ZP + sb[None, :] + d[:, None], mask=jm[None, :], other=0).to(tl.float32)
+        res = x - CFG[23]
     else:
-        z = tl.zeros([D, NGT], tl.float32)
-    if CFG[23] != 0:
-        z = z - CFG[23] * s
-    x3 = tl.reshape(x, [D, NGT, G]) * s[:, :, None] + z[:, :, None]
-    return tl.reshape(x3, [D, BN])
+        tj = t0 + tl.arange(0, NGT) * G
+        jm = tj < L
+        pj = tl.load(IDX + tj // P, mask=jm, other=0).to(tl.int64)
+        sb = pj * s0 + h * s1 + ((tj % P) // G) * s2
+        s = scale_values(tl.load(SP + sb[None, :] + d[:, None], mask=jm[None, :], other=0), CFG[24])  # [D, NGT]
+        if CFG[25]:
+            z = tl.load(ZP + sb[None, :] + d[:, None], mask=jm[None, :], other=0).to(tl.float32)
+        else:
+            z = tl.zeros([D, NGT], tl.float32)
+        if CFG[23] != 0:
+            z = z - CFG[23] * s
+        x3 = tl.reshape(x, [D, NGT, G]) * s[:, :, None] + z[:, :, None]
+        res = tl.reshape(x3, [D, BN])
+    return res

@@ -154,7 +154,8 @@ def synthetic_cache(k_spec, v_spec, B: int, Hk: int, D: int, P: int, context: in
 
 
 def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: int = 5, save: bool = True,
-         verbose: bool = False) -> tuple[dict, float | None]:
+         verbose: bool = False, candidates: list[dict] | None = None,
+         search_splits: bool = True) -> tuple[dict, float | None]:
     """Best config for `op` ("decode") with `scheme` (name, text or KVScheme) at `shape`
     {"batch", "heads_q", "heads_kv", "head_dim", "page_size", "context" (timing only, not the key)}.
 
@@ -183,9 +184,10 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
             (B,), W, dtype=torch.int32, device=device))
         fp["v_fp"] = torch.randn_like(fp["k_fp"])
 
-    def run(cfg):
-        return lambda: decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                              sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], config=cfg)
+    def run(cfg):  # planned launcher: timing sees the kernels, not the Python checks
+        return decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                      sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], config=cfg,
+                      plan=True)
 
     def bench(cands):
         res = []
@@ -201,11 +203,11 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
             res.append((ms, cfg))
         return res
 
-    res = bench(search_space(op, B, Hk, sch.k, sch.v, device))
+    res = bench(candidates or search_space(op, B, Hk, sch.k, sch.v, device))
     if not res:
         raise RuntimeError(f"no decode config ran for {sch} at {shape}")
     best_ms, best = min(res, key=lambda r: r[0])
-    res2 = bench(split_space(best, B, Hk, device))
+    res2 = bench(split_space(best, B, Hk, device)) if search_splits else []
     if res2:
         ms2, cfg2 = min(res2, key=lambda r: r[0])
         if ms2 < best_ms:

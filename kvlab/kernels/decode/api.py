@@ -106,7 +106,8 @@ def check_common(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
 
 def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size: int,
            *, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None, v_tensor_scale=None, sm_scale=None,
-           backend: str = "triton", num_splits: int | None = None, config: dict | None = None, use_asm=None, out=None):
+           backend: str = "triton", num_splits: int | None = None, config: dict | None = None, use_asm=None, out=None,
+           plan: bool = False):
     """Paged decode attention over a quantized cache.
 
     q:                [B, Hq, D] float32/float16/bfloat16 (one new token per sequence)
@@ -120,6 +121,8 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     config:           {"BLOCK_N", "num_warps", "num_stages", "num_splits", "asm", "dot"} (default: tuned cache)
     use_asm:          fp16 magic-number nibble conversion via inline PTX (GPU only; default from config)
     out:              optional [B, Hq, D] tensor of q.dtype to write into (Triton backend)
+    plan:             return a zero-argument callable that re-launches the kernels on the same buffers
+                      (q read in place each call; checks and page views done once; CUDA-graph friendly)
     Returns [B, Hq, D] in q.dtype: softmax(q K^T * sm_scale) V over all tokens of each sequence.
     """
     B = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 3 else -1
@@ -134,9 +137,11 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
               sm_scale=sm_scale)
     if backend == "reference":
         from .reference import decode_reference
+        if plan:
+            return lambda: decode_reference(*args, **kw)
         return decode_reference(*args, **kw)
     from .triton import decode_triton
     if out is not None:
         _need(isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
               and out.device == q.device, f"out must be a contiguous {tuple(q.shape)} {q.dtype} tensor on {q.device}")
-    return decode_triton(*args, **kw, num_splits=num_splits, config=config, use_asm=use_asm, out=out)
+    return decode_triton(*args, **kw, num_splits=num_splits, config=config, use_asm=use_asm, out=out, plan=plan)

@@ -138,7 +138,11 @@ def interpreting() -> bool:
 @functools.lru_cache(maxsize=256)
 def _cfg(spec, D: int, word_max: int, asm: bool, device: str):
     cfg, perm = tile_config(spec, D, word_max, asm)
-    return cfg, torch.tensor(perm, dtype=torch.int32, device=device)
+    lut = None
+    if spec.fmt in ("nf4", "iq4nl"):
+        from ...quant.formats import codebook
+        lut = codebook(spec.fmt, device)
+    return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut
 
 
 def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale):
@@ -156,17 +160,14 @@ def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale)
             view = codes
     else:
         view = codes
-    cfg, perm = _cfg(spec, D, word, asm, str(q.device))
+    cfg, perm, lut = _cfg(spec, D, word, asm, str(q.device))
     if cfg[3] != word and not spec.is_float_storage:
         view = codes.view(_UNIT[cfg[3]])
     scales, zeros = pages.get("scales"), pages.get("zeros")
     if scales is not None and scales.dtype == torch.float8_e4m3fn:
         scales = scales.view(torch.uint8)  # e4m3 scales travel as bytes (bitcast in-kernel)
     dummy = perm
-    lut = dummy
-    if spec.fmt in ("nf4", "iq4nl"):
-        from ...quant.formats import codebook
-        lut = codebook(spec.fmt, q.device)
+    lut = dummy if lut is None else lut
     ts = None
     if tensor_scale is not None and (spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale)):
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=q.device).reshape(1)
@@ -178,14 +179,19 @@ def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale)
                 perm=perm, ts=ts, cfg=cfg, cs=cs[:4] if cfg[26] else cs[:3] + [0], ss=ss[:3])
 
 
+@functools.lru_cache(maxsize=32)
+def hadamard_cached(D: int, device) -> torch.Tensor:
+    from ...quant.rotation import hadamard
+    return hadamard(D, device)
+
+
 def rotate_inputs(q, ks, vs, k_spec, v_spec, D):
     """Hadamard-rotated specs: q -> q @ H for K (scores are invariant); the full-precision keys /
     values in `ks` / `vs` are rotated alike so the kernel sees one space; the caller un-rotates
     the output with H.T for V. Returns (q, ks, vs)."""
     if "had" not in (k_spec.rotation, v_spec.rotation):
         return q, ks, vs
-    from ...quant.rotation import hadamard
-    H = hadamard(D, q.device)
+    H = hadamard_cached(D, q.device)
     rot = (lambda t: None if t is None else t.float() @ H)  # noqa: E731
     if k_spec.rotation == "had":
         q, ks = rot(q), [rot(t) for t in ks]
@@ -202,8 +208,9 @@ def dot_mode(cfg_dot: str | None, asm: bool) -> int:
 
 
 def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, k_fp, v_fp,
-                  fp_len, k_tensor_scale, v_tensor_scale, sm_scale, num_splits=None, config=None, use_asm=None, out=None):
-    """See `kvlab.kernels.decode.decode`. Returns [B, Hq, D] in q.dtype."""
+                  fp_len, k_tensor_scale, v_tensor_scale, sm_scale, num_splits=None, config=None, use_asm=None, out=None, plan=False):
+    """See `kvlab.kernels.decode.decode`. Returns [B, Hq, D] in q.dtype (plan=True: a callable that
+    re-launches on the same buffers, reading q in place: FlashInfer's plan once / run per step)."""
     B, Hq, D = q.shape
     dtype = q.dtype
     Hk = k_pages["codes"].shape[1]
@@ -220,7 +227,6 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
     K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale)
     V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale)
-    q, (k_fp,), (v_fp,) = rotate_inputs(q, [k_fp], [v_fp], k_spec, v_spec, D)
     out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
     new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
     user_out = out
@@ -230,28 +236,33 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if S > 1:
         op = new((B, Hq, S, D), float("nan"), dtype=torch.float32, device=q.device)
         lse = new((B, Hq, S), float("nan"), dtype=torch.float32, device=q.device)
-    has_fp = k_fp is not None
-    kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    kfs = k_fp.stride()[:3] if has_fp else (0, 0, 0)
-    vfs = v_fp.stride()[:3] if has_fp else (0, 0, 0)
     GP = max(16, triton.next_power_of_2(group))
-    _decode_kernel[(B, Hk, S)](
-        q, out, op, lse, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
-        K["ts"] if K["ts"] is not None else out, V["ts"] if V["ts"] is not None else out,
-        kv_indptr, kv_indices, kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
-        sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
-        KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
-        HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), asm), DIRECT=S == 1,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
-    if S > 1:
-        _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
-                               num_warps=4)
-    if v_spec.rotation == "had":
-        from ...quant.rotation import hadamard
-        out = (out @ hadamard(D, q.device).T)
-    out = out.to(dtype)
-    if user_out is not None and out is not user_out:
-        user_out.copy_(out)
-        return user_out
-    return out
+    q_in, kfp_in, vfp_in = q, k_fp, v_fp
+
+    def launch():
+        q, (k_fp,), (v_fp,) = rotate_inputs(q_in, [kfp_in], [vfp_in], k_spec, v_spec, D)
+        has_fp = k_fp is not None
+        kf, vf = (k_fp, v_fp) if has_fp else (out, out)
+        kfs = k_fp.stride()[:3] if has_fp else (0, 0, 0)
+        vfs = v_fp.stride()[:3] if has_fp else (0, 0, 0)
+        _decode_kernel[(B, Hk, S)](
+            q, out, op, lse, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"],
+            V["perm"], K["ts"] if K["ts"] is not None else out, V["ts"] if V["ts"] is not None else out,
+            kv_indptr, kv_indices, kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
+            sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
+            KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), asm),
+            DIRECT=S == 1, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+        if S > 1:
+            _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
+                                   num_warps=4)
+        res = out
+        if v_spec.rotation == "had":
+            res = (out @ hadamard_cached(D, q.device).T).to(dtype)
+            if user_out is not None:
+                user_out.copy_(res)
+                return user_out
+        return res
+
+    return launch if plan else launch()

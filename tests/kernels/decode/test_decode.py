@@ -152,3 +152,18 @@ def test_head_dim_96_runs_on_reference():
     args, kw = call_args(c)
     out = decode(torch.randn(2, 8, 96), *args, sch.k, sch.v, 16, **kw, backend="reference")
     assert out.shape == (2, 8, 96) and torch.isfinite(out).all()
+
+
+def test_decode_plan_relaunches_on_updated_q():
+    c = CASES[6]  # int4_had: rotation applied inside the planned call
+    B, lens, Hq, Hk, D, P, name, fp, S = c
+    sch = kvlab.scheme(name)
+    cache = make_paged(lens, Hk, D, P, sch.k, sch.v, fp_lens=[2, 3], device=DEV)
+    args, kw = call_args(cache)
+    q = torch.randn(B, Hq, D, device=DEV)
+    run = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=2, plan=True)
+    run()
+    q.copy_(torch.randn(B, Hq, D))
+    got = run()
+    ref = decode(q, *args, sch.k, sch.v, P, **kw, backend="reference")
+    assert (got - ref).abs().max() / ref.abs().max() < TOL
