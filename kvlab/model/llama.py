@@ -34,54 +34,71 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tens
     Query i sees key j iff k_pos[j] <= q_pos[i] (and q_pos[i] - k_pos[j] < sliding_window).
     Returns [B, Hq, T, D] in q's dtype; softmax and dots run in float32.
     """
-    gqa = q.shape[1] != k.shape[1]
-    T = q_pos.numel()
-    if (sliding_window is None and k_pos.numel() == T and torch.equal(q_pos, k_pos)
+    B, Hq, T, D = q.shape
+    Hk, S = k.shape[1], k.shape[2]
+    if (sliding_window is None and S == T and torch.equal(q_pos, k_pos)
             and bool((q_pos[1:] > q_pos[:-1]).all())):
         # plain prefill: the mask is the lower triangle, and is_causal lets SDPA skip its upper half
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
-                                             enable_gqa=gqa)
+                                             enable_gqa=Hq != Hk)
         return out.to(q.dtype)
     allowed = k_pos[None, :] <= q_pos[:, None]  # [T, S]
     if sliding_window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
-    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
-                                         enable_gqa=gqa)
-    return out.to(q.dtype)
+    # explicit GQA: the G query heads of a KV head share one matmul (fast for decode, T small)
+    G = Hq // Hk
+    qg = q.float().reshape(B, Hk, G * T, D)                                # [B, Hk, G*T, D]
+    s = (qg @ k.float().transpose(-1, -2)) * D ** -0.5                      # [B, Hk, G*T, S]
+    s = s.view(B, Hk, G, T, S).masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(s, dim=-1).view(B, Hk, G * T, S) @ v.float()        # [B, Hk, G*T, D]
+    return out.view(B, Hq, T, D).to(q.dtype)
 
 
 class DenseCausalBackend:
     """Default backend: a full-precision per-layer cache of post-RoPE keys and values.
 
     Feeding a prompt of T tokens and then one token at a time gives the same logits as one
-    forward over the whole sequence. Keys/values are kept in the model dtype.
+    forward over the whole sequence. Keys/values are kept in the model dtype, in buffers that
+    grow by doubling (appending a token does not copy the whole cache).
     """
 
     def __init__(self) -> None:
-        self.k: dict[int, Tensor] = {}    # layer -> [B, Hk, S, D] post-RoPE
-        self.v: dict[int, Tensor] = {}    # layer -> [B, Hk, S, D]
-        self.pos: dict[int, Tensor] = {}  # layer -> [S] int64
+        self._k: dict[int, Tensor] = {}    # layer -> [B, Hk, capacity, D] post-RoPE
+        self._v: dict[int, Tensor] = {}    # layer -> [B, Hk, capacity, D]
+        self._pos: dict[int, Tensor] = {}  # layer -> [capacity] int64
+        self._n: dict[int, int] = {}       # layer -> tokens held
 
     @property
     def seq_len(self) -> int:
         """Tokens held for layer 0 (the next default position)."""
-        return int(self.pos[0].numel()) if 0 in self.pos else 0
+        return self._n.get(0, 0)
+
+    def keys(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(k [B, Hk, S, D] post-RoPE, v [B, Hk, S, D], positions [S]) held for `layer` (views)."""
+        n = self._n[layer]
+        return self._k[layer][:, :, :n], self._v[layer][:, :, :n], self._pos[layer][:n]
 
     def reset(self) -> None:
         """Drop every cached key and value."""
-        self.k.clear(), self.v.clear(), self.pos.clear()
+        self._k.clear(), self._v.clear(), self._pos.clear(), self._n.clear()
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                model: "LlamaModel") -> Tensor:
         """See `AttentionBackend.attend`; appends k, v to this layer's cache first."""
-        if layer in self.k:
-            k = torch.cat([self.k[layer], k], dim=2)  # [B, Hk, S+T, D]
-            v = torch.cat([self.v[layer], v], dim=2)
-            k_pos = torch.cat([self.pos[layer], positions])
-        else:
-            k_pos = positions
-        self.k[layer], self.v[layer], self.pos[layer] = k, v, k_pos
-        return causal_attention(q, k, v, positions, k_pos, model.config.sliding_window)
+        n, T = self._n.get(layer, 0), k.shape[2]
+        if layer not in self._k or n + T > self._k[layer].shape[2]:
+            cap = max(2 * n, n + T, 64)
+            kb, vb = k.new_empty(*k.shape[:2], cap, k.shape[3]), v.new_empty(*v.shape[:2], cap, v.shape[3])
+            pb = positions.new_empty(cap)
+            if n:
+                kb[:, :, :n], vb[:, :, :n], pb[:n] = self.keys(layer)
+            self._k[layer], self._v[layer], self._pos[layer] = kb, vb, pb
+        self._k[layer][:, :, n:n + T] = k
+        self._v[layer][:, :, n:n + T] = v
+        self._pos[layer][n:n + T] = positions
+        self._n[layer] = n + T
+        k_all, v_all, k_pos = self.keys(layer)
+        return causal_attention(q, k_all, v_all, positions, k_pos, model.config.sliding_window)
 
 
 class RMSNorm(nn.Module):
