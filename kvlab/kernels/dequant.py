@@ -202,7 +202,7 @@ def _asm_nibbles(CP, row, rmask, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: t
 def _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG: tl.constexpr, BN: tl.constexpr):
     """Scales and effective zeros (zero - offset * scale) of BN token rows -> two float32 [BN, NG]."""
     NG: tl.constexpr = CFG[2]
-    srow = pg * s0 + h * s1 + slot * s2
+    srow = pg * s0 + h * s1 + slot * NG  # a tile's scales are contiguous within each page: wide loads
     gi = tl.arange(0, NG)
     s = scale_values(tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0), CFG[24])
     if CFG[25]:
@@ -225,7 +225,8 @@ def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: 
     valid = t < L
     pg = tl.load(IDX + t // P, mask=valid, other=0).to(tl.int64)
     slot = t % P
-    row = pg * c0 + h * c1 + slot * c2  # [BN] unit offset of each token's row
+    RU: tl.constexpr = D if CFG[0] == 0 else CFG[2] * CFG[20]  # units per row (constexpr: alignment is known)
+    row = pg * c0 + h * c1 + slot * RU  # [BN] unit offset of each token's row
     if CFG[0] == 0:
         res = tl.load(CP + row[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
     elif CFG[27]:
@@ -245,6 +246,29 @@ def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: 
 
 
 @triton.jit
+def _chan_plane(CP, IDX, t0, L, h, c0, c1, W: tl.constexpr, SH: tl.constexpr, OFFU: tl.constexpr,
+                CFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """One bit plane of a channel-axis tile -> int32 [D, BN] codes (shifted into place)."""
+    G: tl.constexpr = CFG[1]
+    WORD: tl.constexpr = CFG[3]
+    NU: tl.constexpr = G * W // 8 // WORD
+    K: tl.constexpr = WORD * 8 // W
+    NGT: tl.constexpr = BN // G
+    d = tl.arange(0, D)
+    cols = tl.arange(0, NGT * NU)
+    tg = t0 + (cols // NU) * G  # first token of each column's group
+    gm = tg < L
+    pg = tl.load(IDX + tg // P, mask=gm, other=0).to(tl.int64)
+    base = pg * c0 + h * c1 + ((tg % P) // G) * (D * CFG[20]) + OFFU + cols % NU
+    u = tl.load(CP + base[None, :] + d[:, None] * CFG[20], mask=gm[None, :], other=0).to(tl.int32)  # [D, NGT*NU]
+    if CFG[22]:
+        u = u ^ (-2139062144 if WORD == 4 else (0x8080 if WORD == 2 else 0x80))
+    sh = tl.arange(0, K) * W
+    p = (u[:, :, None] >> sh[None, None, :]) & ((1 << W) - 1)
+    return tl.reshape(p, [D, BN]) << SH
+
+
+@triton.jit
 def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
               BN: tl.constexpr, D: tl.constexpr):
     """Channel-axis (KIVI) tile: token groups of G inside each channel -> float32 [D, BN] (K^T).
@@ -253,22 +277,11 @@ def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: t
     WORD: tl.constexpr = CFG[3]
     NGT: tl.constexpr = BN // G
     d = tl.arange(0, D)
-    c = tl.zeros([D, BN], tl.int32)
-    for i in tl.static_range(CFG[4]):
-        W: tl.constexpr = CFG[5 + 5 * i]
-        NU: tl.constexpr = G * W // 8 // WORD
-        K: tl.constexpr = WORD * 8 // W
-        cols = tl.arange(0, NGT * NU)
-        tg = t0 + (cols // NU) * G  # first token of each column's group
-        gm = tg < L
-        pg = tl.load(IDX + tg // P, mask=gm, other=0).to(tl.int64)
-        base = pg * c0 + h * c1 + ((tg % P) // G) * c2 + CFG[7 + 5 * i] + cols % NU
-        u = tl.load(CP + base[None, :] + d[:, None] * c3, mask=gm[None, :], other=0).to(tl.int32)  # [D, NGT*NU]
-        if CFG[22]:
-            u = u ^ (-2139062144 if WORD == 4 else (0x8080 if WORD == 2 else 0x80))
-        sh = tl.arange(0, K) * W
-        p = (u[:, :, None] >> sh[None, None, :]) & ((1 << W) - 1)
-        c = c | (tl.reshape(p, [D, BN]) << CFG[6 + 5 * i])
+    c = _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[5], CFG[6], CFG[7], CFG, P, BN, D)
+    if CFG[4] > 1:
+        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[10], CFG[11], CFG[12], CFG, P, BN, D)
+    if CFG[4] > 2:
+        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[15], CFG[16], CFG[17], CFG, P, BN, D)
     x = code_values(c, LUT, CFG[0])
     if CFG[24] == 0:
         res = x - CFG[23]
@@ -276,7 +289,7 @@ def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: t
         tj = t0 + tl.arange(0, NGT) * G
         jm = tj < L
         pj = tl.load(IDX + tj // P, mask=jm, other=0).to(tl.int64)
-        sb = pj * s0 + h * s1 + ((tj % P) // G) * s2
+        sb = pj * s0 + h * s1 + ((tj % P) // G) * D
         s = scale_values(tl.load(SP + sb[None, :] + d[:, None], mask=jm[None, :], other=0), CFG[24])  # [D, NGT]
         if CFG[25]:
             z = tl.load(ZP + sb[None, :] + d[:, None], mask=jm[None, :], other=0).to(tl.float32)

@@ -8,6 +8,7 @@ serves the whole GQA group through one `tl.dot` ([GP, D] x [D, BLOCK_N], GP = gr
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -172,6 +173,11 @@ def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale)
     if tensor_scale is not None and (spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale)):
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=q.device).reshape(1)
     cs = list(view.stride()) + [0] * (5 - view.dim())
+    inner = view.shape[2:]  # within-page dims must be dense: the kernels take their strides as constexprs
+    if any(view.stride(i) != math.prod(inner[i - 1:]) for i in range(2, view.dim())):
+        raise ValueError(f"page codes must be contiguous within a (page, head) tile; got strides {view.stride()}")
+    if scales is not None and (scales.stride(-1) != 1 or scales.stride(2) != math.prod(scales.shape[3:])):
+        raise ValueError(f"page scales must be contiguous within a (page, head) tile; got strides {scales.stride()}")
     ss = list(scales.stride()) if scales is not None else [0, 0, 0]
     if zeros is not None and zeros.stride() != scales.stride():
         raise ValueError("zeros must have the same strides as scales")
