@@ -118,3 +118,39 @@ def read_values(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, sc
         return t.reshape(t.shape[0], -1, head_dim)[:, :n_tokens].float()
     q = read_qtensor(pages, spec, page_ids, n_tokens, head_dim, scale=scale, tensor_scale=tensor_scale)
     return dequantize(q)
+
+
+def calibrate(x: torch.Tensor, spec) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Static scales of `spec` from sample tokens x [..., D] -> (scale, tensor_scale), float32 0-d
+    tensors or None when the spec keeps none.
+
+    scale (axis tensor): as the oracle computes it over x (rotated first if the spec rotates):
+    absmax / qmax (int), signed extreme / -2^(b-1) (int, rule signed), absmax / fp8 max or
+    / 2^emax (e8m0). tensor_scale (NVFP4): absmax / (6 * 448). Only finite values count; an
+    all-zero (or all non-finite) sample gives 1.0 instead of a scale that would zero every code.
+    """
+    from ..quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
+    needs_scale = spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage
+    if not (needs_scale or spec.tensor_scale):
+        return None, None
+    xf = rotate(x) if spec.rotation == "had" else x.float()
+    xf = torch.where(torch.isfinite(xf), xf, torch.zeros_like(xf)).reshape(-1)
+    amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    scale = ts = None
+    if needs_scale:
+        if spec.fmt == "int":
+            b = spec.bits
+            if spec.rule == "signed":
+                s = xf[xf.abs().argmax()] / -(2 ** (b - 1)) if xf.numel() else amax
+            else:
+                s = amax / (2 ** (b - 1) - 1)
+        elif spec.scale_dtype == "e8m0":
+            s = amax / 2 ** ELEM_EMAX[spec.fmt]
+        else:
+            s = amax / FP8_MAX[spec.fmt]
+        scale = torch.where(s != 0, s, one).float().reshape(())
+    if spec.tensor_scale:
+        t = amax / (codebook_absmax(spec.fmt) * 448.0) if spec.fmt in CODEBOOKS else amax
+        ts = torch.where(t > 0, t, one).float().reshape(())
+    return scale, ts

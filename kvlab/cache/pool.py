@@ -1,0 +1,277 @@
+"""`KVPool`: a paged, quantized KV cache for L layers with a full-precision window.
+
+    pool = KVPool("kivi4", n_layers=30, n_kv_heads=3, head_dim=64, n_pages=4096, page_size=32)
+    s = pool.add_sequence()
+    for layer in range(30):
+        pool.append(s, layer, k, v)                 # k, v [T, Hk, D]: prefill or decode (T = 1)
+    bt = pool.block_table([s], layer=0)             # CSR over quantized pages (FlashInfer style)
+    fp = pool.fp_buffer(0, [s])                     # full-precision tokens [B, Hk, W, D] + lengths
+    k, v = pool.dense_kv(s, 0)                      # float32 [Hk, T, D] in position order (reference)
+
+All layers share one page id space and one block table per sequence (as vLLM); each layer has
+its own page tensors (`PageLayout` of its K and V spec). Which tokens stay full precision is
+`kvlab.cache.window` (sinks, recent window, unfinished channel group). Tokens leaving the fp
+buffer are quantized into pages by the store: the torch reference (`backend="reference"`) or the
+Triton kernel (`"triton"`; `"auto"` picks it on CUDA). kvlab.cache does not import kvlab.kernels:
+the Triton store registers itself as a backend when `kvlab.kernels.store` is imported, which
+the pool does on first use of that backend. Keys are stored as given: post-RoPE, or pre-RoPE when
+the K spec says `prerope` (the attention side then applies RoPE at positions `sink + i` for page
+tokens and `positions` of the fp buffer). Inputs are cast to the fp dtype on entry, so a token
+is quantized from the same values whether it went through the window or straight to pages.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import torch
+
+from .block_table import slots_of
+from .capacity import pages_that_fit
+from .layout import PageLayout
+from .paging import calibrate, write_tokens
+from .pool_views import FpView, LayerCache, PoolViews, needs_static
+from .window import FpPolicy, plan_append
+
+_STORE_BACKENDS: dict = {}
+
+
+def register_store_backend(name: str, fn) -> None:
+    """Register fn(x, pages, slots, spec, page_size, scale, tensor_scale) as a store backend."""
+    _STORE_BACKENDS[name] = fn
+
+
+def _reference_store(x, pages, slots, spec, page_size, scale, tensor_scale) -> None:
+    write_tokens(x, pages, slots, spec, page_size, scale=scale, tensor_scale=tensor_scale)
+
+
+@dataclass
+class _Seq:
+    row: int
+    n_layers: int
+    pages: list = field(default_factory=list)
+    n: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.n = [0] * self.n_layers
+        self.rows = [[] for _ in range(self.n_layers)]
+
+
+class KVPool(PoolViews):
+    """Paged KV cache: N pages of P tokens, L layers, Hk heads of head_dim D (see module doc).
+
+    scheme: KVScheme or text; fp_dtype: dtype of full-precision tokens (default bf16 on CUDA,
+    float32 on CPU); max_seqs: live sequences at once (rows of the fp buffer);
+    backend: "reference" | "triton" | "auto" | a callable (see `register_store_backend`).
+    """
+
+    def __init__(self, scheme, n_layers: int, n_kv_heads: int, head_dim: int, n_pages: int, page_size: int = 16, *,
+                 max_seqs: int = 64, device="cpu", fp_dtype: torch.dtype | None = None, backend="reference"):
+        from ..spec import scheme as as_scheme
+        for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                        ("n_pages", n_pages), ("page_size", page_size), ("max_seqs", max_seqs)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        self.scheme = as_scheme(scheme)
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.n_pages, self.page_size, self.max_seqs = n_pages, page_size, max_seqs
+        self.device = torch.empty(0, device=device).device
+        self.fp_dtype = fp_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.policy = FpPolicy.of(self.scheme, n_layers)
+        self.specs = [self.scheme.for_layer(i, n_layers) for i in range(n_layers)]
+        for i, pair in enumerate(self.specs):
+            for s in pair:
+                if s.axis == "tensor" and not (s.is_float_storage or s.fmt == "int" or s.fmt.startswith("fp8")):
+                    raise ValueError(f"layer {i}: axis tensor with {s.fmt} is not supported by the pool (no static "
+                                     "codebook scale); use axis tok, head or chan")
+        self.layouts = [tuple(PageLayout(s, head_dim, page_size, n_kv_heads) for s in pair) for pair in self.specs]
+        self.k_pages = [kl.allocate(n_pages, self.device) for kl, _ in self.layouts]
+        self.v_pages = [vl.allocate(n_pages, self.device) for _, vl in self.layouts]
+        W = self.policy.capacity
+        shape = (max_seqs, n_kv_heads, W, head_dim)
+        self.k_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
+        self.v_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
+        self._static = [{"k": None, "v": None, "k_ts": None, "v_ts": None, "set": False} for _ in range(n_layers)]
+        self._free = list(range(n_pages))[::-1]
+        self._free_rows = list(range(max_seqs))[::-1]
+        self._seqs: dict[int, _Seq] = {}
+        self._next_id = 0
+        self.backend = backend
+        self._store_fn = self._resolve(backend)
+
+    @classmethod
+    def from_memory(cls, gib: float, scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size: int = 16,
+                    **kw) -> "KVPool":
+        """A pool using at most `gib` GiB (pages + fp buffers of max_seqs sequences + static scales)."""
+        from ..spec import scheme as as_scheme
+        dev = torch.empty(0, device=kw.get("device", "cpu")).device
+        fp = kw.get("fp_dtype") or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        n = pages_that_fit(gib, as_scheme(scheme), n_layers, n_kv_heads, head_dim, page_size,
+                           n_seqs=kw.get("max_seqs", 64), fp_bytes=torch.empty(0, dtype=fp).element_size())
+        if n < 1:
+            raise ValueError(f"{gib} GiB does not hold one page plus the fp buffers; lower max_seqs or raise gib")
+        return cls(scheme, n_layers, n_kv_heads, head_dim, n, page_size, **kw)
+
+    def _resolve(self, backend):
+        if callable(backend):
+            return backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "reference"
+        if backend == "reference":
+            return _reference_store
+        if backend != "triton":
+            raise ValueError(f"backend={backend!r}; allowed: 'reference', 'triton', 'auto' or a callable")
+        if "triton" not in _STORE_BACKENDS:
+            importlib.import_module("kvlab.kernels.store")  # registers "triton" (a plugin, not a layer import)
+        return _STORE_BACKENDS["triton"]
+
+    # ---- sequences ----------------------------------------------------------------------
+    def add_sequence(self) -> int:
+        """A new empty sequence; returns its id."""
+        if not self._free_rows:
+            raise ValueError(f"max_seqs={self.max_seqs} sequences are live; free one or build the pool with more")
+        sid, self._next_id = self._next_id, self._next_id + 1
+        self._seqs[sid] = _Seq(self._free_rows.pop(), self.n_layers)
+        return sid
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's pages and fp rows (they are reusable at once)."""
+        st = self._seq(seq_id)
+        self._free.extend(reversed(st.pages))
+        self._free_rows.append(st.row)
+        del self._seqs[seq_id]
+
+    def _seq(self, seq_id) -> _Seq:
+        if seq_id not in self._seqs:
+            raise ValueError(f"unknown sequence id {seq_id!r}; live ids: {sorted(self._seqs)[:16]}")
+        return self._seqs[seq_id]
+
+    def _layer(self, layer) -> int:
+        if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
+        return layer
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return sorted(self._seqs)
+
+    @property
+    def n_free_pages(self) -> int:
+        return len(self._free)
+
+    def pages_of(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).pages)
+
+    def seq_len(self, seq_id: int, layer: int = 0) -> int:
+        return self._seq(seq_id).n[self._layer(layer)]
+
+    def n_quantized(self, seq_id: int, layer: int = 0) -> int:
+        return self.policy.n_quantized(self.seq_len(seq_id, layer))
+
+    # ---- static scales ------------------------------------------------------------------
+    def set_static_scales(self, layer: int, *, k_scale=None, v_scale=None, k_tensor_scale=None,
+                          v_tensor_scale=None) -> None:
+        """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`) before its first
+        append; unset ones are calibrated from the first tokens appended to the layer."""
+        st = self._static[self._layer(layer)]
+        if st["set"]:
+            raise ValueError(f"layer {layer} already holds tokens; static scales are fixed before the first append")
+        kspec, vspec = self.specs[layer]
+        for key, val, spec, idx in (("k", k_scale, kspec, 0), ("v", v_scale, vspec, 0),
+                                    ("k_ts", k_tensor_scale, kspec, 1), ("v_ts", v_tensor_scale, vspec, 1)):
+            if val is None:
+                continue
+            if not needs_static(spec)[idx]:
+                raise ValueError(f"layer {layer} {key[0].upper()} spec {spec} takes no {'tensor_' * idx}scale")
+            st[key] = torch.as_tensor(val, dtype=torch.float32).reshape(()).to(self.device)
+
+    def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        st = self._static[layer]
+        for key, x, spec in (("k", k, self.specs[layer][0]), ("v", v, self.specs[layer][1])):
+            scale, ts = calibrate(x, spec)
+            st[key] = st[key] if st[key] is not None else scale
+            st[key + "_ts"] = st[key + "_ts"] if st[key + "_ts"] is not None else ts
+        st["set"] = True
+
+    # ---- appending ----------------------------------------------------------------------
+    def _check_kv(self, name: str, t, T: int | None = None) -> None:
+        if not isinstance(t, torch.Tensor) or t.dim() != 3 or tuple(t.shape[1:]) != (self.n_kv_heads, self.head_dim):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a tensor [T, {self.n_kv_heads}, {self.head_dim}] (tokens, KV heads, "
+                             f"head_dim), got {got}")
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"{name} dtype {t.dtype}; allowed: float32, float16, bfloat16")
+        if t.device != self.device:
+            raise ValueError(f"{name} is on {t.device}; the pool is on {self.device}")
+        if T is not None and t.shape[0] != T:
+            raise ValueError(f"k has {T} tokens but {name} has {t.shape[0]}")
+
+    def append(self, seq_id: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append new tokens k, v [T, Hk, D] (float32/16/bf16, keys post-RoPE unless the K spec is
+        prerope) to `layer` of a sequence: prefill (T in the thousands) or decode (T = 1).
+        Tokens that leave the full-precision window are quantized into pages now."""
+        self._append([(seq_id, k, v)], layer)
+
+    def append_batch(self, seq_ids, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Decode step: one new token per sequence, k, v [B, Hk, D]; one store launch for the batch."""
+        self._check_kv("k", k)
+        if len(seq_ids) != k.shape[0]:
+            raise ValueError(f"{len(seq_ids)} sequence ids for {k.shape[0]} tokens")
+        self._check_kv("v", v, k.shape[0])
+        self._append([(s, k[b:b + 1], v[b:b + 1]) for b, s in enumerate(seq_ids)], layer)
+
+    def _append(self, items, layer: int) -> None:
+        layer = self._layer(layer)
+        if len({s for s, _, _ in items}) != len(items):
+            raise ValueError("a sequence id appears twice in one batch")
+        for s, k, v in items:  # validate everything before touching any state
+            self._seq(s)
+            self._check_kv("k", k)
+            self._check_kv("v", v, k.shape[0])
+        items = [(s, k.to(self.fp_dtype), v.to(self.fp_dtype)) for s, k, v in items if k.shape[0]]
+        if not items:
+            return
+        P = self.page_size
+        plans = [plan_append(self.policy, self._seqs[s].rows[layer], self._seqs[s].n[layer], k.shape[0])
+                 for s, k, _ in items]
+        need = [max(0, -(-p.q_range[1] // P) - len(self._seqs[s].pages)) for (s, _, _), p in zip(items, plans)]
+        if sum(need) > len(self._free):
+            raise ValueError(f"out of pages: this append needs {sum(need)} more pages of {P} tokens, "
+                             f"{len(self._free)} of {self.n_pages} are free; free sequences or build a larger pool")
+        if not self._static[layer]["set"]:
+            self._calibrate(layer, torch.cat([k for _, k, _ in items]), torch.cat([v for _, _, v in items]))
+        for (s, _, _), n in zip(items, need):
+            self._seqs[s].pages.extend(self._free.pop() for _ in range(n))
+        kf, vf = self.k_fp[layer], self.v_fp[layer]
+        xs_k, xs_v, slots, moves, writes, new_k, new_v = [], [], [], [], [], [], []
+        for (s, k, v), p in zip(items, plans):
+            st = self._seqs[s]
+            if p.q_range[1] > p.q_range[0]:
+                old = torch.tensor(p.quant_rows, dtype=torch.long, device=self.device)
+                a, b = p.quant_new
+                xs_k += [kf[st.row][:, old].transpose(0, 1), k[a:b]]  # [Tq, Hk, D] in position order
+                xs_v += [vf[st.row][:, old].transpose(0, 1), v[a:b]]
+                slots += slots_of(st.pages, *p.q_range, P)
+            moves += [(st.row, src, dst) for src, dst in p.moves]
+            writes += [(st.row, dst) for _, dst in p.writes]
+            idx = torch.tensor([i for i, _ in p.writes], dtype=torch.long, device=self.device)
+            new_k.append(k[idx])
+            new_v.append(v[idx])
+        if slots:
+            sl = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            st_ = self._static[layer]
+            for xs, spec, pages, key in ((xs_k, self.specs[layer][0], self.k_pages[layer], "k"),
+                                         (xs_v, self.specs[layer][1], self.v_pages[layer], "v")):
+                self._store_fn(torch.cat(xs), pages, sl, spec, P, st_[key], st_[key + "_ts"])
+        if moves:
+            r, src, dst = (torch.tensor(c, dtype=torch.long, device=self.device) for c in zip(*moves))
+            for buf in (kf, vf):
+                buf[r, :, dst] = buf[r, :, src].clone()
+        if writes:
+            r, dst = (torch.tensor(c, dtype=torch.long, device=self.device) for c in zip(*writes))
+            kf[r, :, dst] = torch.cat(new_k)
+            vf[r, :, dst] = torch.cat(new_v)
+        for (s, k, _), p in zip(items, plans):
+            self._seqs[s].n[layer] += k.shape[0]
+            self._seqs[s].rows[layer] = p.rows

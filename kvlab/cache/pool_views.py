@@ -1,0 +1,135 @@
+"""Read side of `KVPool`: block tables, slots, fp-buffer views, dense reference K/V, byte counts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .block_table import BlockTable, build_block_table, slots_of
+from .capacity import fp_token_bytes, layout_page_bytes
+from .paging import read_values
+
+
+def needs_static(spec) -> tuple[bool, bool]:
+    """(needs a static axis-tensor scale, needs an NVFP4 tensor scale)."""
+    return spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage, spec.tensor_scale
+
+
+@dataclass
+class LayerCache:
+    """Everything attention needs of one layer. scale: the raw static scale the store uses;
+    tensor_scale: the float32 multiplier attention applies (NVFP4 ts, or the stored axis-tensor scale)."""
+    k_spec: object
+    v_spec: object
+    k_pages: dict
+    v_pages: dict
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    k_tensor_scale: torch.Tensor | None
+    v_tensor_scale: torch.Tensor | None
+
+
+@dataclass
+class FpView:
+    """Full-precision tokens of a batch: k, v [B, Hk, W, D] (rows >= length[b] unused), length int32
+    [B], positions int64 [B, W] (-1 where unused). Row order is arbitrary (softmax ignores it)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    length: torch.Tensor
+    positions: torch.Tensor
+
+
+class PoolViews:
+    """Mixin of KVPool (uses its attributes: specs, policy, pages, fp buffers, _seqs, _static)."""
+
+    def _batch(self, seq_ids) -> list[int]:
+        ids = self.seq_ids if seq_ids is None else [int(s) for s in seq_ids]
+        for s in ids:
+            self._seq(s)
+        return ids
+
+    def block_table(self, seq_ids=None, layer: int = 0) -> BlockTable:
+        """CSR table (kv_indptr [B+1], kv_indices [nnz], kv_last_page_len [B], int32) over the
+        quantized pages of `seq_ids` (default: all live, ascending) at `layer` (all layers agree
+        once a step's appends reach them). Page token i sits at position `sink + i`."""
+        ids, layer = self._batch(seq_ids), self._layer(layer)
+        n = [self.policy.n_quantized(self._seqs[s].n[layer]) for s in ids]
+        return build_block_table([self._seqs[s].pages for s in ids], n, self.page_size, self.device)
+
+    def slot_mapping(self, seq_id: int, positions, layer: int = 0) -> torch.Tensor:
+        """int64 slots (page * P + offset) of quantized positions of a sequence."""
+        st, nq = self._seq(seq_id), self.n_quantized(seq_id, layer)
+        idx = [int(p) - self.policy.sink for p in positions]
+        bad = [p for p, i in zip(positions, idx) if not 0 <= i < nq]
+        if bad:
+            raise ValueError(f"positions {bad[:8]} are not in pages (quantized positions: "
+                             f"[{self.policy.sink}, {self.policy.sink + nq}))")
+        return torch.tensor([slots_of(st.pages, i, i + 1, self.page_size)[0] for i in idx], dtype=torch.int64,
+                            device=self.device)
+
+    def fp_buffer(self, layer: int, seq_ids=None) -> FpView:
+        """Full-precision tokens of `seq_ids` (default: all live, ascending) at `layer`: a view of the
+        buffer when the sequences' rows are contiguous and in order, else a gathered copy."""
+        ids, layer = self._batch(seq_ids), self._layer(layer)
+        rows = [self._seqs[s].row for s in ids]
+        W = self.policy.capacity
+        if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+            k, v = self.k_fp[layer][rows[0]:rows[0] + len(rows)], self.v_fp[layer][rows[0]:rows[0] + len(rows)]
+        else:
+            r = torch.tensor(rows, dtype=torch.long, device=self.device)
+            k, v = self.k_fp[layer][r], self.v_fp[layer][r]
+        pos = torch.full((len(ids), W), -1, dtype=torch.int64)
+        for b, s in enumerate(ids):
+            held = self._seqs[s].rows[layer]
+            pos[b, :len(held)] = torch.tensor(held, dtype=torch.int64)
+        length = torch.tensor([len(self._seqs[s].rows[layer]) for s in ids], dtype=torch.int32)
+        return FpView(k, v, length.to(self.device), pos.to(self.device))
+
+    def dense_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) float32 [Hk, T, D] of a sequence at `layer` in position order: dequantized page
+        tokens and full-precision tokens, exactly what attention over the cache sees."""
+        st, layer = self._seq(seq_id), self._layer(layer)
+        n, nq, S = st.n[layer], self.policy.n_quantized(st.n[layer]), self.policy.sink
+        held = torch.tensor(st.rows[layer], dtype=torch.long, device=self.device)
+        out = []
+        for spec, pages, fp, key in ((self.specs[layer][0], self.k_pages[layer], self.k_fp[layer], "k"),
+                                     (self.specs[layer][1], self.v_pages[layer], self.v_fp[layer], "v")):
+            x = torch.empty(self.n_kv_heads, n, self.head_dim, dtype=torch.float32, device=self.device)
+            x[:, S:S + nq] = read_values(pages, spec, st.pages, nq, self.head_dim, scale=self._static[layer][key],
+                                         tensor_scale=self._static[layer][key + "_ts"])
+            x[:, held] = fp[st.row][:, :len(held)].float()
+            out.append(x)
+        return out[0], out[1]
+
+    def layer_cache(self, layer: int) -> LayerCache:
+        """Specs, page tensors and static scales of one layer (what attention kernels take)."""
+        from ..quant.formats import scale_value, store_scale
+        st = self._static[self._layer(layer)]
+        kspec, vspec = self.specs[layer]
+
+        def mult(spec, key):
+            if spec.tensor_scale:
+                return st[key + "_ts"]
+            if needs_static(spec)[0] and st[key] is not None:
+                return scale_value(store_scale(st[key], spec.scale_dtype, elem_fmt=spec.fmt), spec.scale_dtype)
+            return None
+        return LayerCache(kspec, vspec, self.k_pages[layer], self.v_pages[layer], st["k"], st["v"],
+                          mult(kspec, "k"), mult(vspec, "v"))
+
+    # ---- bytes ----------------------------------------------------------------------------
+    def bytes_per_token(self) -> float:
+        """Bytes one quantized token costs: all layers, K + V, codes + scales + zeros (exact:
+        page bytes / P). Full-precision tokens cost `fp_bytes_per_token()` instead."""
+        return sum(layout_page_bytes(kl) + layout_page_bytes(vl) for kl, vl in self.layouts) / self.page_size
+
+    def fp_bytes_per_token(self) -> int:
+        """Bytes one full-precision token costs (all layers, K + V, fp_dtype)."""
+        return fp_token_bytes(self.n_layers, self.n_kv_heads, self.head_dim,
+                              torch.empty(0, dtype=self.fp_dtype).element_size())
+
+    def nbytes(self) -> int:
+        """Bytes the pool allocated: page tensors, fp buffers, static scales (4 bytes each)."""
+        n = sum(t.numel() * t.element_size() for pages in (*self.k_pages, *self.v_pages) for t in pages.values()
+                if t is not None)
+        n += sum(t.numel() * t.element_size() for t in (*self.k_fp, *self.v_fp))
+        return n + 4 * sum(int(a) + int(b) for pair in self.specs for s in pair for a, b in [needs_static(s)])
