@@ -1,0 +1,119 @@
+"""What one cell computes, per stage. Runs in any process (local, worker, Ray task): heavy
+objects (the model, captured Q/K/V) are cached per process."""
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import torch
+
+from ..eval import roundtrip
+from ..eval.distributions import sample
+from ..spec import scheme as to_scheme
+
+
+class Skip(Exception):
+    """A cell this device or scheme cannot run (reported as status 'skipped: ...')."""
+
+
+@functools.lru_cache(maxsize=2)
+def _model(name: str, device: str):
+    from ..model import load_model
+    return load_model(name, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _captured(name: str, device: str, text: str, tokens: int):
+    from ..eval.attention import capture_qkv
+    from ..eval.perplexity import text_tokens
+    model, tok = _model(name, device)
+    ids = text_tokens(tok, text)
+    if ids.numel() < tokens:
+        raise ValueError(f"text {text!r} has {ids.numel()} tokens, fewer than the {tokens} requested")
+    cap = capture_qkv(model, ids[:tokens])
+    return {k: ([t.float() for t in v] if isinstance(v, list) else v) for k, v in cap.items()}
+
+
+def _roundtrip(sch, p, device):
+    d = p["distribution"]
+    out = {}
+    if d == "real":
+        cap = _captured(p["model"], device, "pydoc", min(p["tokens"], 1024))
+        tensors = {"k": torch.cat(cap["k"], 1)[0], "k_pre": torch.cat(cap["k_pre"], 1)[0], "v": torch.cat(cap["v"], 1)[0]}
+        xs = {"k": tensors["k_pre"] if sch.k.pre_rope else tensors["k"], "v": tensors["v"]}  # [L*Hk, T, D]
+    else:
+        x = sample(d, p["tokens"], p["head_dim"], p["seed"], device)
+        xs = {"k": x, "v": x}
+    for name, spec in (("k", sch.k), ("v", sch.v)):
+        x = xs[name]
+        if spec.axis == "chan":
+            x = x[..., : x.shape[-2] - x.shape[-2] % spec.group, :]
+        try:
+            r = roundtrip(x.float(), spec)
+        except ValueError as e:
+            raise Skip(str(e)) from None
+        out.update({f"{name}_{k}": v for k, v in r.items()})
+    for k in ("rel_l1", "rel_l2", "sqnr_db"):
+        out[k] = (out[f"k_{k}"] + out[f"v_{k}"]) / 2
+    out["bits_per_element"] = sch.bits_per_element(xs["k"].shape[-1])
+    return out
+
+
+def _attention(sch, p, device):
+    from ..eval.attention import attention_delta
+    model, _ = _model(p["model"], device)
+    _check_model_fit(sch, model)
+    r = attention_delta(model, _captured(p["model"], device, p["text"], p["tokens"]), sch)
+    return {"attn_k_rel_l2": r["k"], "attn_v_rel_l2": r["v"], "attn_kv_rel_l2": r["kv"],
+            "bits_per_element": sch.bits_per_element(model.config.head_dim)}
+
+
+def _check_model_fit(sch, model):
+    c = model.config
+    for layer in range(c.n_layers):
+        for spec in sch.for_layer(layer, c.n_layers):
+            try:
+                spec.check_head_dim(c.head_dim)
+            except ValueError as e:
+                raise Skip(f"model head_dim {c.head_dim}: {e}") from None
+
+
+def _model_stage(sch, p, device):
+    from ..eval.passkey import passkey
+    from ..eval.perplexity import evaluate_scheme
+    model, tok = _model(p["model"], device)
+    _check_model_fit(sch, model)
+    r = evaluate_scheme(model, tok, sch, text=p["text"], n_tokens=p["tokens"], n_segments=p["segments"],
+                        seed=p["seed"], greedy_tokens=p["greedy"])
+    out = {k: v for k, v in r.items() if isinstance(v, (int, float)) and k not in ("seed",)}
+    if p["passkey"]:
+        pk = passkey(model, tok, sch, lengths=tuple(p["passkey"]), seed=p["seed"])
+        out.update(passkey_hits=pk["hits"], passkey_trials=pk["trials"])
+    return out
+
+
+def _speed(sch, p, device):
+    if device != "cuda":
+        raise Skip("the speed stage needs a CUDA GPU (Triton kernels are timed on the device)")
+    from .speed import speed_cell
+    return speed_cell(sch, p["shape"], p.get("ops", ["decode", "store"]))
+
+
+RUNNERS = {"roundtrip": _roundtrip, "attention": _attention, "model": _model_stage, "speed": _speed}
+
+
+def run_cell(cell: dict, device: str) -> dict:
+    """Run one cell (a `Cell.to_dict()` plus its id) and return its result row."""
+    params = {k: json.loads(v) for k, v in json.loads(cell["params_items"])}
+    t0 = time.perf_counter()
+    row = {k: cell[k] for k in ("cell_id", "index", "scheme", "name", "stage", "shape", "params")}
+    try:
+        row.update(RUNNERS[cell["stage"]](to_scheme(cell["scheme"]), params, device))
+        row["status"] = "ok"
+    except Skip as e:
+        row["status"] = f"skipped: {e}"
+    except Exception as e:  # noqa: BLE001 - one failing cell must not sink the sweep; it is reported
+        row["status"] = f"error: {type(e).__name__}: {e}"
+    row["elapsed_s"] = time.perf_counter() - t0
+    return row
