@@ -120,3 +120,24 @@ def test_gguf_matches_transformers(make_hf, tmp_path, monkeypatch, arch, qtype, 
     assert warm.config == cold.config and warm.tensors.keys() == cold.tensors.keys()
     for k, v in cold.tensors.items():
         assert torch.equal(warm.tensors[k], v), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda(make_hf, dtype):
+    """On a GPU: logits match transformers' (fp32 tight, bf16 loose) and incremental decode
+    through DenseCausalBackend matches the full forward."""
+    from kvlab.model import DenseCausalBackend, load_model
+
+    hf, d = make_hf("qwen2")
+    ref = _hf_logits(hf)
+    model, _ = load_model(d, device="cuda", dtype=dtype, cache=False)
+    ids = IDS.cuda()
+    with torch.inference_mode():
+        full = model(ids)
+        be = DenseCausalBackend()
+        inc = torch.cat([model(ids[:, :9], backend=be)] + [model(ids[:, t:t + 1], backend=be)
+                                                           for t in range(9, ids.shape[1])], 1)
+    assert full.device.type == "cuda" and full.dtype == torch.float32
+    assert rel_err(full.cpu(), ref) < (1e-4 if dtype == torch.float32 else 3e-2)
+    assert rel_err(inc, full) < (1e-5 if dtype == torch.float32 else 3e-2)
