@@ -17,7 +17,7 @@ import os
 import triton
 import triton.language as tl
 
-MAGIC = 8388608.0  # 2^23: adding it to 0 <= a < 2^23 leaves a rounded to an integer, ties to even
+MAGIC = tl.constexpr(8388608.0)  # 2^23: adding it to 0 <= a < 2^23 leaves a rounded to an integer, ties to even
 
 
 def interpreting() -> bool:

@@ -46,8 +46,13 @@ def make_input(spec, T=17, Hk=2, D=64, P=16, n_pages=None, seed=0, scale=3.0, dt
 
 
 def run_store(x, slots, lay, n_pages, spec, backend, **kw):
-    """Pages (poisoned, then stored into) and the backend that ran."""
-    pages = lay.allocate(n_pages, DEV)
+    """Pages (poisoned, then stored into) and the backend that ran. The reference always runs on the
+    CPU: torch's CUDA division by a Python scalar multiplies by its reciprocal (not IEEE division),
+    so only the CPU oracle is GGML-exact, and the kernel follows it."""
+    dev = "cpu" if backend == "reference" else DEV
+    x, slots = x.to(dev), slots.to(dev)
+    kw = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    pages = lay.allocate(n_pages, dev)
     for t in pages.values():
         if t is not None:
             t.view(torch.uint8).fill_(POISON)
