@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     if info.get("substitution"):
         from .substitute import Substitution  # noqa: F401  (message already logged by export)
         print(_sub_line(info["substitution"]), file=sys.stderr)
-    shown = f"{info['scheme_name']} ({info['scheme']})" if info.get("scheme_name") else info["scheme"]
+    name = info.get("scheme_name")
+    shown = f"{name} ({info['scheme']})" if name and name != info["scheme"] else info["scheme"]
     print(f"exported {shown} for {info['engine']} to {a.out}: " + ", ".join(f for f in info["files"].values() if f))
     if info.get("command"):
         print(info["command"])

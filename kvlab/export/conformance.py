@@ -11,7 +11,7 @@
     {role}.{case}.scale     float32 []        a static per-tensor scale that lives outside the rows
     {role}.{case}.tensor_scale  float32 []    NVFP4's second-level scale
 
-role is k or v; the file's metadata key "kvlab" is JSON with the specs, cases, shapes, seeds
+role is k, v, or L<i> for a per-layer override spec; the file's metadata key "kvlab" is JSON with the specs, cases, shapes, seeds
 and a layout description. `check_conformance(dir, encode_fn)` compares an engine's encoder
 with the stored bytes.
 """
@@ -23,6 +23,7 @@ import os
 import numpy as np
 import torch
 
+from ..quant.formats import FP8_MAX, scale_value
 from ..spec import KVQuantSpec, KVScheme
 
 FILENAME = "conformance.safetensors"
@@ -64,7 +65,7 @@ def synthetic(case: str, n: int, d: int, seed: int) -> torch.Tensor:
 
 def rows_for(sch: KVScheme, n: int) -> int:
     """n rounded up to whole channel groups (axis chan quantizes whole groups of G tokens)."""
-    g = max([s.group for s in (sch.k, sch.v) if s.axis == "chan"] or [1])
+    g = max([s.group for s in spec_roles(sch).values() if s.axis == "chan"] or [1])
     return -(-n // g) * g
 
 
@@ -86,13 +87,17 @@ def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, d
         for name in ("scales", "zeros"):
             s = getattr(q, name)
             if s is not None and s.dim() > 0:
-                from ..quant.formats import scale_value
                 t[name] = scale_value(s, spec.scale_dtype).float().reshape(A, -1).contiguous()
     for name, val in static.items():
         t[name] = torch.tensor(val, dtype=torch.float32)
     meta = {"shape": list(x.shape), "bytes_shape": list(b.shape), "block_bytes": block_bytes(spec, x.shape[-1]),
             **static}
     return t, meta
+
+
+def spec_roles(sch: KVScheme) -> dict[str, KVQuantSpec]:
+    """{"k": K spec, "v": V spec, "L<i>": each per-layer override spec (used for K and V of that layer)}."""
+    return {"k": sch.k, "v": sch.v, **{f"L{layer}": spec for layer, spec in sch.overrides}}
 
 
 def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 64, seed: int = 0,
@@ -108,7 +113,8 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
     T = rows_for(sch, rows)
     tensors, cases = {}, []
     todo = []
-    for r, role in enumerate(("k", "v")):
+    specs = spec_roles(sch)
+    for r, role in enumerate(specs):
         for c, case in enumerate(SYNTHETIC):
             s = seed + 100 * r + c
             todo.append((role, case, synthetic(case, T, head_dim, s), {}, {"source": case, "seed": s}))
@@ -117,7 +123,7 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
         x = x[: x.shape[0] // rows_for(sch, 1) * rows_for(sch, 1)]  # whole channel groups
         todo.append((cap["role"], cap["name"], x, cap.get("kwargs", {}), {"source": cap.get("source", "captured")}))
     for role, case, x, kw, info in todo:
-        spec = sch.k if role == "k" else sch.v
+        spec = specs[role]
         x = representable(x)
         t, meta = _case_tensors(x, spec, kw)
         for name, val in t.items():
@@ -127,6 +133,9 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
             "scheme": str(sch), "k_spec": str(sch.k), "v_spec": str(sch.v), "k_spec_dict": sch.k.to_dict(),
             "v_spec_dict": sch.v.to_dict(), "head_dim": head_dim, "rows": T, "seed": seed,
             "k_layout": describe_layout(sch.k, head_dim), "v_layout": describe_layout(sch.v, head_dim),
+            "roles": {role: str(spec) for role, spec in specs.items()},
+            "override_layouts": {role: describe_layout(spec, head_dim) for role, spec in specs.items()
+                                 if role not in ("k", "v")},
             "cases": cases}
     save_file(tensors, os.path.join(out_dir, FILENAME), metadata={"kvlab": json.dumps(meta)})
     return meta
@@ -143,18 +152,19 @@ def read_vectors(path: str) -> tuple[dict, dict]:
     return tensors, meta
 
 
-def check_conformance(path: str, encode_fn, decode_fn=None, roles=("k", "v")) -> dict:
+def check_conformance(path: str, encode_fn, decode_fn=None, roles=None) -> dict:
     """Compare an engine's encoder (and optionally decoder) with stored conformance vectors.
 
     encode_fn(x, info) -> uint8 array of the stored bytes' size: x is float32 [T, D] numpy; info is
     {"role", "case", "spec", "head_dim", "scale" (static per-tensor scale or None), "tensor_scale"}.
     decode_fn(bytes, info) -> float values [T, D], compared exactly (NaN == NaN).
+    roles: check only these roles (default: all, k, v and L<i> overrides).
     Returns {"ok": bool, "cases": [{"role", "case", "ok", "bad_bytes", "first_bad", "decode_bad"}]}.
     """
     tensors, meta = read_vectors(path)
     rows = []
     for c in meta["cases"]:
-        if c["role"] not in roles:
+        if roles is not None and c["role"] not in roles:
             continue
         key = f"{c['role']}.{c['case']}"
         info = {"role": c["role"], "case": c["case"], "spec": c["spec"], "head_dim": meta["head_dim"],
@@ -195,12 +205,17 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
                 "layout": f"raw little-endian {spec.fmt} values, no scale"}
     G = spec.group_size(head_dim)
     b = spec.bits
-    d = {"format": spec.fmt if spec.fmt != "int" else f"int{b}", "bits": b, "axis": spec.axis, "group": G,
-         "block_bytes": block_bytes(spec, head_dim), "bits_per_element": spec.bits_per_element_at(head_dim)}
+    d = {"format": spec.fmt if spec.fmt != "int" else f"int{b}", "bits": b, "axis": spec.axis}
+    if spec.axis == "tensor":
+        d.update(bytes_per_row=head_dim * b // 8, bits_per_element=spec.bits_per_element_at(head_dim),
+                 blocks="codes only, element order; " + (
+                     "one static scale per tensor outside the rows (the .scale tensor; an engine's calibrated "
+                     "k_scale / v_scale)" if spec.has_scale else "no scale (an engine's k_scale = v_scale = 1.0)"))
+        d["scale_rule"], d["codes"] = _rule(spec), _codes(spec)
+        return d
+    d.update(group=G, block_bytes=block_bytes(spec, head_dim), bits_per_element=spec.bits_per_element_at(head_dim))
     if spec.axis == "chan":
         d["blocks"] = f"one block per (group of {G} tokens, channel); rows are token groups, blocks in channel order"
-    elif spec.axis == "tensor":
-        d["blocks"] = "codes only; the one static scale per tensor lives outside the rows (the .scale tensor)"
     else:
         d["blocks"] = f"one block per {G} consecutive elements of a token's head_dim, blocks in row order"
     parts = []
@@ -234,7 +249,7 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
 def _rule(spec: KVQuantSpec) -> str:
     b = spec.bits
     if spec.rule == "unit":
-        return "no scale (values cast directly)"
+        return "no scale (values cast directly, saturating)"
     if spec.rule == "signed":
         return f"scale = x_ext / -{2 ** (b - 1)} (x_ext: the group's element of largest magnitude, sign kept)"
     if spec.rule == "mse":

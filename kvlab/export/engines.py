@@ -30,7 +30,9 @@ SOURCES = {
     "llama.cpp": [
         "ggml-org/llama.cpp common/arg.cpp: kv_cache_types = {F32, F16, BF16, Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, "
         "Q5_1}; -ctk/--cache-type-k, -ctv/--cache-type-v; -fa/--flash-attn [on|off|auto]",
-        "llama.cpp src/llama-context.cpp: 'V cache quantization requires flash_attn' (quantized V needs -fa)",
+        "llama.cpp llama_init_from_model refuses a quantized V cache without flash attention ('V cache "
+        "quantization requires flash_attn'; newer: 'quantized V cache was requested, but this requires Flash "
+        "Attention')",
         "gguf-py gguf/quants.py (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL block layouts; kvlab's GGML presets are "
         "byte-exact with gguf.quants.quantize)",
     ],
@@ -221,20 +223,20 @@ def plan(engine: str | Engine, sch: KVScheme, n_layers: int | None = None) -> Pl
 
 def _plan_overrides(p: Plan, n_layers: int | None) -> None:
     eng, sch = p.engine, p.scheme
-    dense = {s for s in ("bf16", "fp16")}
-    if not eng.skip_layers or not all(str(s) in dense for _, s in sch.overrides):
+    dense = {str(s) for _, s in sch.overrides}
+    if not eng.skip_layers or not (dense <= {"bf16", "fp16"} and len(dense) == 1):
         p.reasons.append("per-layer overrides (" + ", ".join(f"L{l}={s}" for l, s in sch.overrides) + ")"
-                         + (": vLLM can only skip layers back to the model dtype" if eng.skip_layers else ""))
+                         + (": vLLM can only skip layers back to the model dtype (all bf16 or all fp16)"
+                            if eng.skip_layers else ""))
         return
     if any(l < 0 for l, _ in sch.overrides) and n_layers is None:
-        p.reasons.append("per-layer overrides counted from the end need the layer count: pass --model")
-        return
+        raise ValueError("per-layer overrides counted from the end (L-1=...) need the model's layer count: "
+                         "pass --model")
     p.skip_layers = tuple(sorted(l % n_layers if n_layers else l for l, _ in sch.overrides))
 
 
 def candidates(engine: str | Engine) -> list[tuple[str, KVScheme, EngineDType, EngineDType]]:
     """Every (label, scheme, K dtype, V dtype) the engine can run, for substitution."""
-    from ..spec import KVScheme as _S
     eng = get_engine(engine) if isinstance(engine, str) else engine
     ds = [d for d in eng.dtypes if d.candidate]
     out = []
@@ -243,7 +245,7 @@ def candidates(engine: str | Engine) -> list[tuple[str, KVScheme, EngineDType, E
             label = kd.name if kd is vd else f"k={kd.name},v={vd.name}"
             if kd.name == "auto":
                 label = f"auto ({kd.spec})"
-            out.append((label, _S(k=kd.kv_spec, v=vd.kv_spec), kd, vd))
+            out.append((label, KVScheme(k=kd.kv_spec, v=vd.kv_spec), kd, vd))
     return out
 
 
@@ -269,15 +271,17 @@ def flags(p: Plan, scales_file: str | None = None) -> dict:
             out["flags"] += ["-fa", "on"]
             out["notes"].append("-fa on: llama.cpp refuses a quantized V cache without flash attention; builds "
                                 "before the -fa on|off|auto change (Aug 2025) take a bare -fa")
-        if k.name != v.name:
-            out["notes"].append("different K and V types: the CUDA flash-attention kernels for mixed types need "
-                                "a build with -DGGML_CUDA_FA_ALL_QUANTS=ON (CPU and Metal are fine)")
+        if k.name != v.name or k.name not in ("f16", "q4_0", "q8_0"):
+            out["notes"].append(f"K {k.name} / V {v.name}: default CUDA builds have flash-attention kernels only for "
+                                "f16, q4_0 and q8_0 with K and V alike; build with -DGGML_CUDA_FA_ALL_QUANTS=ON "
+                                "for this pair (CPU and Metal are fine)")
         return out
     out["flags"] = ["--kv-cache-dtype", k.name]
-    if k.name == "auto" or (e == "sglang" and k.spec == "fp16"):
+    if k.name == "auto":  # the cache follows the model dtype
         out["flags"] += ["--dtype", "bfloat16" if k.spec == "bf16" else "float16"]
     if e == "vllm" and p.skip_layers:
-        out["flags"] += ["--kv-cache-dtype-skip-layers", *map(str, p.skip_layers)]
+        out["flags"] += ["--dtype", "bfloat16" if str(p.scheme.overrides[0][1]) == "bf16" else "float16",
+                         "--kv-cache-dtype-skip-layers", *map(str, p.skip_layers)]
     if e == "freetoken" and k.name != "auto":
         out["flags"] += ["--attention-backend", "triton"]
         out["notes"].append("FreeToken reads quantized KV only with --attention-backend triton, and only for "

@@ -11,8 +11,8 @@ import shlex
 
 from ..spec import KVScheme, scheme as to_scheme
 from . import calibrate as cal
-from .conformance import FILENAME as VECTORS, write_vectors
-from .engines import ENGINE_NAMES, SOURCES, Plan, flags, get_engine, plan
+from .conformance import FILENAME as VECTORS, describe_layout, rows_for, write_vectors
+from .engines import SOURCES, Plan, flags, get_engine, plan
 from .readme import readme
 from .spec_json import write_scheme_json
 from .substitute import Substitution, model_cost, nearest
@@ -67,7 +67,6 @@ def load(model: str):
 
 def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None) -> list[dict]:
     """Real K/V rows (head 0 of the first, middle and last layer) for the conformance vectors."""
-    from .conformance import rows_for
     ids, prov = cal.calibration_tokens(tok, text, rows_for(sch, rows))
     cap = m.capture(ids[None])
     L = m.config.n_layers
@@ -94,9 +93,7 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
            tuned_path: str | None = None, log=None) -> dict:
     """Export `scheme` for `engine` into `out`; returns the engine.json dict (see module doc for errors)."""
     log = log or (lambda msg: None)
-    eng = get_engine(engine) if engine in ENGINE_NAMES else None
-    if eng is None:
-        raise ValueError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINE_NAMES)}")
+    eng = get_engine(engine)
     sch = to_scheme(scheme)
     out = check_out_dir(out)
     for name, val, lo in (("--vectors", vectors, 1), ("--calib-tokens", calib_tokens, 1), ("--tp-size", tp_size, 1),
@@ -137,6 +134,7 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
         elif p.k.kv_spec.has_scale:
             log("warning: no --model, so no calibrated k/v scales: the engine will use 1.0 (kvlab fp8_e4m3)")
     fl = flags(p, files.get("scales_json") and os.path.join(out, files["scales_json"]))
+    fl["notes"] += _notes(p, scales)
     captured = _captured(m, tok, sch, vectors, calib_text, scales) if m is not None else None
     log("writing conformance vectors ...")
     meta = write_vectors(out, sch, D, vectors, seed, captured)
@@ -158,10 +156,10 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
                              "json_layout": "QuantParamSchema: one factor per layer = max(k_scale, v_scale)",
                              "checkpoint_kv_cache_scheme": cal.KV_CACHE_SCHEME}
     if eng.name == "freetoken" and p.k.name != "auto":
-        from .conformance import describe_layout
         info["freetoken_spec"] = {"kv_cache_dtype": p.k.name, "spec": str(sch.k), **describe_layout(sch.k, D),
-                                  "engine_layout": "codes [.., D*bits/8] and fp16 scales [.., D/32] in separate "
-                                                   "tensors; the .codes/.scales vectors are that split"}
+                                  "engine_layout": "FreeToken's kv_quant keeps codes [.., D*bits/8] and fp16 scales "
+                                                   "[.., D/32] in separate tensors; the .codes/.scales vectors are "
+                                                   "that split"}
     files["readme"] = "README.md"
     files["engine"] = "engine.json"
     with open(os.path.join(out, "README.md"), "w") as f:
@@ -170,6 +168,18 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
         json.dump(info, f, indent=1)
         f.write("\n")
     return info
+
+
+def _notes(p: Plan, scales: dict | None) -> list[str]:
+    """Caveats beyond the flags: format-compatible dtypes, uncalibrated fp8, FreeToken fork differences."""
+    notes = [f"{role}: {d.note}" for role, d in (("K", p.k), ("V", p.v)) if d is not None and not d.exact]
+    if scales and not p.k.kv_spec.has_scale:
+        notes.append("the scheme fp8_e4m3 has scale 1.0 (what the engine stores without the scales); with the "
+                     "calibrated scales it stores kvlab's fp8_e4m3:rule=absmax at each layer's scale")
+    if p.engine.name == "freetoken" and p.k.name == "fp8_e4m3":
+        notes.append("some FreeToken builds store fp8 with one fp32 scale per (token, kv head) row instead of an "
+                     "fp16 scale per 32 elements; check the conformance vectors against yours")
+    return notes
 
 
 def _write_sh(out: str, engine: str, sch: KVScheme, fl: dict) -> str:

@@ -10,7 +10,7 @@ def _layout_lines(role: str, lay: dict) -> list[str]:
 
 def readme(info: dict, meta: dict) -> str:
     e, files = info["engine"], info["files"]
-    name = f" ({info['scheme_name']})" if info.get("scheme_name") else ""
+    name = f" ({info['scheme_name']})" if info.get("scheme_name") not in (None, info["scheme"]) else ""
     out = [f"# kvlab export: `{info['scheme']}`{name} for {e}", "",
            f"kvlab {info['kvlab_version']}, head_dim {info['head_dim']}, "
            f"{info['bits_per_element']:.3f} stored bits per K/V element"
@@ -71,14 +71,16 @@ def readme(info: dict, meta: dict) -> str:
         out += ["", "FreeToken builds differ between forks (some use absmax/8 for q4_0, two's-complement nibbles, "
                 "or scale 1.0 for all-zero blocks); the conformance vectors say which bytes this spec means.", ""]
     out += ["## Conformance vectors", "",
-            f"`{files['conformance']}` holds, for K and V, {len(meta['cases']) // 2} input tensors of "
+            f"`{files['conformance']}` holds, for K and V, {sum(c['role'] == 'k' for c in meta['cases'])} input tensors of "
             f"{meta['rows']} rows x {meta['head_dim']} (synthetic heavy-tailed and edge rows; real captured K/V rows "
             "when a model was given). Inputs are exact in fp32, fp16 and bf16. Per case `{role}.{case}`:", "",
             "- `.input` float32 [T, D]; `.bytes` uint8: what the cache stores (`kvlab.encode`, blocks "
             "[scale][zero][code planes] in row order); `.decoded` float32: what those bytes mean (`kvlab.decode`)",
             "- `.codes` / `.scales` / `.zeros`: the payload and scale values split apart, for engines that keep "
             "scales in a separate tensor; `.scale`: a static per-tensor scale kept outside the rows", "",
-            "Metadata key `kvlab` (JSON): specs, cases (source, seed, shapes) and the layouts below.", "",
+            "Metadata key `kvlab` (JSON): specs, cases (source, seed, shapes) and the layouts below. Roles are "
+            "`k`, `v` and `L<i>` for a per-layer override spec. There are no NaN/Inf inputs (GGML's reference "
+            "leaves them undefined; kvlab's documented behaviour is tested in tests/quant).", "",
             "Check an encoder with kvlab:", "", "```python",
             "from kvlab.export import check_conformance",
             "def my_encode(x, info):          # x: float32 [T, D] numpy; info: role, case, spec, scale, ...",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec import KVQuantSpec, KVScheme
+from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
 from .engines import Plan, candidates
 
 SECOND = "outlier_channels"  # a few channels 5-20x larger: the structure of real keys
@@ -57,7 +57,8 @@ class Substitution:
             lines.append(f"On {q['model']}: KL {b['kl']:.4f}+-{b['kl_sd']:.4f} vs {a['kl']:.4f}+-{a['kl_sd']:.4f}, "
                          f"PPL {b['ppl_delta_pct']:+.2f}% vs {a['ppl_delta_pct']:+.2f}% (+-sd "
                          f"{b['ppl_delta_pct_sd']:.2f} / {a['ppl_delta_pct_sd']:.2f}) over {q['segments']}x"
-                         f"{q['tokens']} tokens of {q['text']}, decode-faithful, calibration on {q['calib_text']}.")
+                         f"{q['tokens']} tokens of {q['text']}, decode-faithful, calibration on {q['calib_text']}; "
+                         f"effective bits/elem there {b['eff_bits_per_element']:.2f} vs {a['eff_bits_per_element']:.2f}.")
         if self.others:
             alts = ", ".join(f"{o['label']} ({o['bits_per_element']:.2f} b/e, rel-L1 {o['rel_l1']:.3f})"
                              for o in self.others[:3])
@@ -107,6 +108,11 @@ def nearest(p: Plan, head_dim: int = 128, dist: str = "student_t4", n: int = 409
     rows.sort(key=lambda r: (r["bits_distance"], r["rel_l1"]))
     best = rows[0]
     chosen = best.pop("_s")
+    try:  # name it after the preset it equals (q4_1), as kvlab.scheme("q4_1") would
+        if to_scheme(best["label"]) == chosen:
+            chosen = KVScheme(k=chosen.k, v=chosen.v, name=best["label"])
+    except ValueError:
+        pass
     others = [{k: v for k, v in r.items() if k != "_s"} for r in rows[1:]]
     m2 = _spec_metrics([req.k, req.v, chosen.k, chosen.v], SECOND, n, head_dim, seed)
     also = {"dist": SECOND, "requested": _pair(m2, req.k, req.v), "chosen": _pair(m2, chosen.k, chosen.v)}

@@ -81,7 +81,8 @@ def test_freetoken_spec_fields(tmp_path):
 
 def test_vllm_skip_layers_for_bf16_overrides(tmp_path):
     info, _ = _exp(tmp_path, "fp8_e5m2,L0=bf16,L3=bf16", "vllm")
-    assert info["flags"][-3:] == ["--kv-cache-dtype-skip-layers", "0", "3"]
+    assert info["flags"] == ["--kv-cache-dtype", "fp8_e5m2", "--dtype", "bfloat16", "--kv-cache-dtype-skip-layers",
+                             "0", "3"]
 
 
 # ---- substitution ------------------------------------------------------------------------------------
@@ -223,3 +224,27 @@ def test_vllm_fp8_with_model_scales(tmp_path):
     c0 = next(c for c in cap if c["role"] == "k" and c["case"] == "captured_L29_h0")
     assert c0["scale"] == pytest.approx(ks[29], rel=1e-6) and meta["head_dim"] == 64
     assert check_conformance(str(out), kvlab_encode_fn)["ok"]
+
+
+def test_tuned_configs_copied_for_this_scheme_only(tmp_path):
+    s, o = kvlab.scheme("q4_0"), kvlab.scheme("q8_0")
+    cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_splits": 8, "asm": True, "ms": 0.5}
+    cache = tmp_path / "tuned.json"
+    cache.write_text(json.dumps({"gpu": "NVIDIA H200", "configs": {
+        f"decode|k={s.k}|v={s.v}|B32|Hq32|Hk8|D128|P16": cfg,
+        f"decode|k={o.k}|v={o.v}|B32|Hq32|Hk8|D128|P16": {**cfg, "asm": False}}}))
+    info, out = _exp(tmp_path, "q4_0", "llama.cpp", tuned_path=str(cache))
+    got = json.load(open(out / "tuned_configs.json"))
+    assert info["files"]["tuned_configs"] == "tuned_configs.json" and got["gpu"] == "NVIDIA H200"
+    assert list(got["configs"]) == [f"decode|k={s.k}|v={s.v}|B32|Hq32|Hk8|D128|P16"]
+    info, out = _exp(tmp_path, "q5_0", "llama.cpp", tuned_path=str(cache))
+    assert info["files"]["tuned_configs"] is None and not (out / "tuned_configs.json").exists()
+
+
+def test_overrides_get_vectors_and_need_layer_count(tmp_path):
+    _, out = _exp(tmp_path, "k=int4:g32:chan:asym,v=q4_0,L0=bf16,L-1=q8_0,window=32", "json", vectors=16)
+    t, meta = read_vectors(str(out))
+    assert set(meta["roles"]) == {"k", "v", "L0", "L-1"} and len(meta["cases"]) == 16
+    assert check_conformance(str(out), kvlab_encode_fn)["ok"]
+    with pytest.raises(ValueError, match="pass --model"):
+        _exp(tmp_path, "fp8_e5m2,L-1=bf16", "vllm")
