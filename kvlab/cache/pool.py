@@ -30,7 +30,7 @@ from .block_table import slots_of
 from .capacity import pages_that_fit
 from .layout import PageLayout
 from .paging import calibrate, write_tokens
-from .pool_views import FpView, LayerCache, PoolViews, needs_static
+from .pool_views import PoolViews, needs_static
 from .window import FpPolicy, plan_append
 
 _STORE_BACKENDS: dict = {}

@@ -87,7 +87,8 @@ class PoolViews:
 
     def dense_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) float32 [Hk, T, D] of a sequence at `layer` in position order: dequantized page
-        tokens and full-precision tokens, exactly what attention over the cache sees."""
+        tokens and full-precision tokens, exactly what attention over the cache sees (keys as
+        stored: pre-RoPE for prerope K specs)."""
         st, layer = self._seq(seq_id), self._layer(layer)
         n, nq, S = st.n[layer], self.policy.n_quantized(st.n[layer]), self.policy.sink
         held = torch.tensor(st.rows[layer], dtype=torch.long, device=self.device)

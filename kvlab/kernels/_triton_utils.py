@@ -6,7 +6,9 @@ interpreter truncates fp32 -> bf16 and rounds fp32 -> fp16/fp8 half-up, and on t
 NaN payload differs from torch's. So every narrowing here is integer arithmetic on the float's
 bits plus exact float ops (power-of-two scaling, the 2^23 round-to-even trick), which give the
 same bits on every backend. Kernels using these must be launched with `enable_fp_fusion=False`
-(a fused multiply-add would skip a rounding the oracle does).
+(a fused multiply-add would skip a rounding the oracle does). On NVIDIA, Triton lowers floor/ceil
+to `cvt.rmi/rpi.ftz`, flushing subnormal inputs; the floors and ceils here only see non-negative
+values, integers +- 0.5 or float64, where the flush cannot change a result.
 
 This module imports Triton; only `triton.py` files import it, lazily.
 """
@@ -120,3 +122,25 @@ def e8m0(s, ELEM_INT: tl.constexpr):
     ei = e.to(tl.int32)
     val = tl.where(ei > 0, ei << 23, 0x00400000).to(tl.float32, bitcast=True)  # e = 0: 2^-127 (subnormal)
     return tl.where(ei == 255, float("nan"), val), ei
+
+
+@triton.jit
+def encode_scale(s, SDT: tl.constexpr, ELEM_INT: tl.constexpr):
+    """Raw float32 scales -> (stored value as float32, stored bits in the page's storage type).
+    SDT: 0 f16 (int16 bits), 1 bf16 (int16 bits), 2 f32, 3 e8m0 (uint8), 4 e4m3 saturating (uint8)."""
+    if SDT == 0:
+        v, c = narrow_float(s, 10, -14, 15, 16, 0x7E00)
+        c = c.to(tl.int16)
+    elif SDT == 1:
+        v, c = bf16_round(s)
+        c = c.to(tl.int16)
+    elif SDT == 2:
+        v = s
+        c = s
+    elif SDT == 3:
+        v, c = e8m0(s, ELEM_INT)
+        c = c.to(tl.uint8)
+    else:  # e4m3, saturating (NVFP4 group scales)
+        v, c = narrow_float(tl.where(s > 448.0, 448.0, tl.where(s < -448.0, -448.0, s)), 3, -6, 8, 8, 0x7F)
+        c = c.to(tl.uint8)
+    return v, c

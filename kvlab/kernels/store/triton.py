@@ -21,13 +21,16 @@ reference). The autotune key is (head_dim, n_heads, spec constexprs), never the 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
 from ...quant.packing import plane_order
-from .._triton_utils import bf16_round, e8m0, interpreting, narrow_float, next_pow2, rint_even, round_away, trunc
+from .._triton_utils import (bf16_round, encode_scale, interpreting, narrow_float, next_pow2, rint_even,
+                             round_away, trunc)
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
@@ -48,27 +51,6 @@ def _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G: tl.constexpr, NG: tl.const
         off = r.to(tl.int64) * st + h * sh + (g * G + i) * sd
         m = (r < T) & (g < NG) & (i < G)
     return x_ptr + off, m
-
-
-@triton.jit
-def _to_scale(s, SDT: tl.constexpr, ELEM_INT: tl.constexpr):
-    """Raw float32 scales -> (stored value as float32, stored bits in the page's storage type)."""
-    if SDT == 0:
-        v, c = narrow_float(s, 10, -14, 15, 16, 0x7E00)
-        c = c.to(tl.int16)
-    elif SDT == 1:
-        v, c = bf16_round(s)
-        c = c.to(tl.int16)
-    elif SDT == 2:
-        v = s
-        c = s
-    elif SDT == 3:
-        v, c = e8m0(s, ELEM_INT)
-        c = c.to(tl.uint8)
-    else:  # e4m3, saturating (NVFP4 group scales)
-        v, c = narrow_float(tl.where(s > 448.0, 448.0, tl.where(s < -448.0, -448.0, s)), 3, -6, 8, 8, 0x7F)
-        c = c.to(tl.uint8)
-    return v, c
 
 
 @triton.jit
@@ -214,10 +196,10 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
             s_raw, m_raw = _group_stats(x0, m, i, SYM, RULE, SDIV, GP)
             if HAS_TS:  # NVFP4: group scales live under the fp32 tensor scale
                 s_raw = tl.math.div_rn(s_raw, ones * tl.load(ts_ptr))
-        s_val, s_code = _to_scale(s_raw, SDT, ELEM_INT)
+        s_val, s_code = encode_scale(s_raw, SDT, ELEM_INT)
         m_val = m_raw
         if not SYM:
-            m_val, m_code = _to_scale(m_raw, SDT, True)
+            m_val, m_code = encode_scale(m_raw, SDT, True)
             tl.store(zeros_ptr + unit, m_code, mask=gok)
         if (not STATIC) and RULE != 2:
             tl.store(scales_ptr + unit, s_code, mask=gok)
@@ -237,6 +219,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
 
 
 # ---- host side -----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
 def kernel_params(spec, D: int) -> dict:
     """The constexprs that carry `spec` (rotation already applied, rule != mse) for head_dim D."""
     if spec.is_float_storage:
@@ -276,12 +259,14 @@ def _prune(configs, named_args, **kw):
 
 _TUNED = None
 _CODEBOOKS: dict = {}
+_DUMMY: dict = {}
 
 
 def _tuned():
     global _TUNED
     if _TUNED is None:
-        _TUNED = triton.autotune(CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune})(_store_kernel)
+        prune = {"early_config_prune": _prune}
+        _TUNED = triton.autotune(CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=prune)(_store_kernel)
     return _TUNED
 
 
@@ -318,7 +303,9 @@ def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec,
     codes = _storage_view(pages["codes"], None)
     scales = _storage_view(pages.get("scales"), codes)
     zeros = _storage_view(pages.get("zeros"), codes)
-    dummy = torch.ones(1, dtype=torch.float32, device=x.device)
+    dummy = _DUMMY.get(x.device)
+    if dummy is None:
+        dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
     static = scale if scale is not None else dummy
     ts = tensor_scale if tensor_scale is not None else dummy
     slots = slot_mapping.contiguous()
