@@ -12,7 +12,8 @@ Export a KV-cache scheme for a serving engine. DIR receives:
 
 Engines and their cache dtypes:
   json       any scheme (engine-neutral: spec + conformance vectors)
-  llama.cpp  --cache-type-k/-v f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl (+ -fa on when quantized)
+  llama.cpp  --cache-type-k/-v f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 (byte-exact with kvlab's GGML presets)
+             and iq4_nl (same format; GGML's quantizer may pick other codes), + -fa on when quantized
   vllm       --kv-cache-dtype auto fp8_e4m3 (calibrated per-layer scales) fp8_e5m2
   sglang     --kv-cache-dtype auto bf16 fp8_e4m3 (calibrated scales) fp8_e5m2
   freetoken  --kv-cache-dtype auto q4_0 q6_0 q8_0 fp8_e4m3 (kvlab presets freetoken:*)
@@ -77,7 +78,6 @@ def main(argv=None) -> int:
         print(f"python -m kvlab.export: error: {e}", file=sys.stderr)
         return 2
     if info.get("substitution"):
-        from .substitute import Substitution  # noqa: F401  (message already logged by export)
         print(_sub_line(info["substitution"]), file=sys.stderr)
     name = info.get("scheme_name")
     shown = f"{name} ({info['scheme']})" if name and name != info["scheme"] else info["scheme"]

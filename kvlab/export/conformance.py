@@ -23,7 +23,7 @@ import os
 import numpy as np
 import torch
 
-from ..quant.formats import FP8_MAX, scale_value
+from ..quant.formats import CODEBOOKS, FP8_MAX, scale_value
 from ..spec import KVQuantSpec, KVScheme
 
 FILENAME = "conformance.safetensors"
@@ -233,16 +233,16 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
             "; v = x * (1/scale) with the fp32 reciprocal of the unrounded scale (GGML)" if spec.recip else
             "; v = x / scale with the scale as stored") + f"; codes clamp to [0, {2 ** b - 1}] (unsigned)"
     if b < 8:
-        k = {4: "two", 2: "four", 1: "eight"}
         d["packing"] = (f"bit planes {list(spec.planes)} (lowest bits first); " +
                         ("GGML order: highest plane first; a 4-bit plane puts element j in the low nibble and "
                          f"element j+{G // 2} in the high nibble of byte j; 1-bit planes are little-endian masks"
                          if spec.pack == "ggml" else
                          "lowest plane first; a w-bit plane puts element i in byte i*w//8 at bit (i*w)%8 "
-                         f"({k.get(4)} 4-bit elements per byte: element 2j in the low nibble of byte j)"))
+                         "(4-bit: element 2j in the low nibble of byte j, element 2j+1 in the high nibble)"))
     if spec.rotation == "had":
-        d["rotation"] = ("x is multiplied by the orthonormal Hadamard matrix of size head_dim "
-                         "(kvlab.quant.rotation.hadamard) before grouping; decode multiplies back")
+        d["rotation"] = ("rows are rotated x @ H before grouping, H = kvlab.quant.rotation.hadamard(head_dim) "
+                         "(orthonormal Sylvester Hadamard, block-diagonal when head_dim is not a power of two); "
+                         "decode returns y @ H.T")
     return d
 
 
@@ -251,7 +251,8 @@ def _rule(spec: KVQuantSpec) -> str:
     if spec.rule == "unit":
         return "no scale (values cast directly, saturating)"
     if spec.rule == "signed":
-        return f"scale = x_ext / -{2 ** (b - 1)} (x_ext: the group's element of largest magnitude, sign kept)"
+        lo = -(2 ** (b - 1)) if spec.fmt == "int" else f"{min(CODEBOOKS[spec.fmt]):g} (the codebook's minimum)"
+        return f"scale = x_ext / {lo} (x_ext: the group's element of largest magnitude, sign kept)"
     if spec.rule == "mse":
         return "clipping ratio searched in 1.0..0.5 (step 0.025) for the least squared error"
     if spec.fmt == "int" and not spec.sym:
@@ -260,8 +261,9 @@ def _rule(spec: KVQuantSpec) -> str:
         return f"scale = absmax / {2 ** (b - 1) - 1}"
     if spec.scale_dtype == "e8m0":
         return "scale = 2^(floor(log2 absmax) - emax) as an e8m0 biased exponent (OCP MX)"
-    return "scale = absmax / (the format's largest magnitude)" + (" with an fp32 tensor scale above e4m3 group "
-                                                                 "scales" if spec.tensor_scale else "")
+    top = FP8_MAX.get(spec.fmt, "the largest codebook magnitude")
+    two_level = " (e4m3 group scales under an fp32 tensor scale)" if spec.tensor_scale else ""
+    return f"scale = absmax / {top}{two_level}"
 
 
 def _codes(spec: KVQuantSpec) -> str:

@@ -248,3 +248,12 @@ def test_overrides_get_vectors_and_need_layer_count(tmp_path):
     assert check_conformance(str(out), kvlab_encode_fn)["ok"]
     with pytest.raises(ValueError, match="pass --model"):
         _exp(tmp_path, "fp8_e5m2,L-1=bf16", "vllm")
+
+
+def test_check_conformance_with_decoder(tmp_path):
+    _, out = _exp(tmp_path, "freetoken:q6_0", "freetoken")
+    dec = lambda b, info: kvlab.decode(b, info["spec"], (32, 128)).numpy()  # noqa: E731
+    assert check_conformance(str(out), kvlab_encode_fn, decode_fn=dec)["ok"]
+    bad = lambda b, info: dec(b, info) * 1.001  # noqa: E731
+    rep = check_conformance(str(out), kvlab_encode_fn, decode_fn=bad, roles=("v",))
+    assert not rep["ok"] and {c["role"] for c in rep["cases"]} == {"v"} and rep["cases"][0]["decode_bad"] > 0
