@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..quant.packing import plane_order
+from .dequant_half import byte_tile, half_scales, nibble_tile
 
 KINDS = {"bf16": 0, "fp16": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "fp4_e2m1": 4, "nf4": 5, "iq4nl": 5}
 SCALE_KINDS = {"f16": 1, "bf16": 1, "f32": 1, "e8m0": 2, "e4m3": 3}
@@ -28,7 +29,7 @@ def _tile_order(w: int, G: int, word: int, r: int, strided: bool, asm: bool = Fa
     """Element (within its group) of unit-order column r of a plane of width w."""
     K = word * 8 // w
     u, k = divmod(r, K)
-    if asm:  # asm path emits (unit, j, m) with nibble k = j + 4 m
+    if asm and w == 4:  # asm path emits (unit, j, m) with nibble k = j + 4 m
         j, m = divmod(k, 2)
         k = j + 4 * m
     byte, m = u * word + k // (8 // w), k % (8 // w)
@@ -42,10 +43,11 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
     GGML-strided planes). CFG fields (indices are used in the kernels):
     0 KIND, 1 G, 2 NG, 3 WORD, 4 NP, 5..9 plane0 (W, SHIFT, OFF units, STRIDED, GATHER), 10..14 plane1,
     15..19 plane2, 20 GBU (group bytes in units), 21 FULL (one plane spans the row), 22 XOR8,
-    23 OFFSET (code offset of symmetric ints), 24 SK (scale kind), 25 HAS_ZERO, 26 CHAN, 27 ASM.
+    23 OFFSET (code offset of symmetric ints), 24 SK (scale kind), 25 HAS_ZERO, 26 CHAN, 27 ASM,
+    28 BYTES (one 8-bit plane read as a [BN, NG, G] byte tile; WORD = 1).
     """
     if spec.is_float_storage:
-        return (0, D, 1, 1, 0) + (0,) * 15 + (0, 1, 0, 0, 0, 0, 0, 0), list(range(D))
+        return (0, D, 1, 1, 0) + (0,) * 15 + (0, 1, 0, 0, 0, 0, 0, 0, 0), list(range(D))
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
     GB = G * spec.bits // 8
@@ -55,9 +57,14 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
         planes.append([w, shift, off, strided])
         off += G * w // 8
     word = word_max
+    # one 8-bit plane per token row (q8_0, int8, fp8): read as bytes, one [BN, NG, G] load, no unpacking
+    byte_rows = len(planes) == 1 and planes[0][0] == 8 and spec.axis != "chan" and spec.fmt in (
+        "int", "fp8_e4m3", "fp8_e5m2")
+    if byte_rows:
+        word = 1
     while word > 1 and any(x % word for x in [GB] + [p[2] for p in planes] + [G * p[0] // 8 for p in planes]):
         word //= 2
-    asm = bool(asm and spec.fmt == "int" and spec.bits == 4 and word == 4 and spec.axis != "chan")
+    asm = bool(asm and spec.axis != "chan" and ((spec.fmt == "int" and spec.bits == 4 and word == 4) or byte_rows))
     main = max(planes, key=lambda p: p[0])
     order = [_tile_order(main[0], G, word, r, main[3], asm) for r in range(G)]
     perm = [g * G + order[r] for g in range(NG) for r in range(G)] if spec.axis != "chan" else list(range(D))
@@ -71,7 +78,7 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
     xor8 = int(sym_int and spec.bits == 8)
     sk = SCALE_KINDS[spec.scale_dtype] if spec.has_scale and spec.axis != "tensor" else 0
     cfg = (KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset, sk,
-           int(not spec.sym), int(spec.axis == "chan"), int(asm))
+           int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows))
     return cfg, perm
 
 
@@ -173,32 +180,6 @@ def row_codes(CP, row, rmask, perm, CFG: tl.constexpr, BN: tl.constexpr, D: tl.c
 
 # ---- whole tiles ---------------------------------------------------------------------------------
 @triton.jit
-def _asm_nibbles(CP, row, rmask, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
-    """GPU fast path for 4-bit ints: fp16 magic number (nibble | 0x6400 = 1024 + n), then one
-    f16x2 FMA with scale and zero; two elements per lop3/sub/fma. -> fp16 [BN, D] in (unit, j, m) order."""
-    NG: tl.constexpr = CFG[2]
-    NW: tl.constexpr = D // 8
-    cols = tl.arange(0, NW)
-    u = tl.load(CP + row[:, None] + cols[None, :], mask=rmask[:, None], other=0)  # [BN, NW] int32
-    x = u[:, :, None] >> (tl.arange(0, 4) * 4)[None, None, :]  # [BN, NW, 4]
-    sb = s.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    zb = z.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    s2 = tl.reshape(tl.broadcast_to((sb | (sb << 16))[:, :, None], [BN, NG, NW * 4 // NG]), [BN, NW, 4])
-    z2 = tl.reshape(tl.broadcast_to((zb | (zb << 16))[:, :, None], [BN, NG, NW * 4 // NG]), [BN, NW, 4])
-    a, b = tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t, m;
-        mov.b32 m, 0x64006400;
-        lop3.b32 t, $2, 0x000F000F, m, 0xEA;
-        sub.f16x2 t, t, m;
-        fma.rn.f16x2 t, t, $3, $4;
-        mov.b32 {$0, $1}, t;
-        }""",
-        constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-    return tl.reshape(tl.join(a, b), [BN, D])
-
-
-@triton.jit
 def _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG: tl.constexpr, BN: tl.constexpr):
     """Scales and effective zeros (zero - offset * scale) of BN token rows -> two float32 [BN, NG]."""
     NG: tl.constexpr = CFG[2]
@@ -218,7 +199,7 @@ def _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG: tl.constexpr, BN: t
 def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
              BN: tl.constexpr, D: tl.constexpr):
     """Tokens t0..t0+BN of one sequence (page ids at IDX), KV head h -> values [BN, D] (column
-    order = perm; float32, fp16 on the asm path, the page dtype for bf16/fp16 pages).
+    order = perm; float32, fp16 on the ASM paths, the page dtype for bf16/fp16 pages).
     Rows past L read nothing and come out 0. Strides c*/s* are in load units / elements.
     (One return at the end: Triton compiles static branches, so no early returns.)"""
     t = t0 + tl.arange(0, BN)
@@ -229,9 +210,12 @@ def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: 
     row = pg * c0 + h * c1 + slot * RU  # [BN] unit offset of each token's row
     if CFG[0] == 0:
         res = tl.load(CP + row[:, None] + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
-    elif CFG[27]:
-        s, z = _tok_scales(SP, ZP, pg, slot, h, valid, s0, s1, s2, CFG, BN)
-        res = _asm_nibbles(CP, row, valid, s, z, CFG, BN, D)
+    elif CFG[27]:  # GPU fast paths: fp16 tiles straight from the codes (dequant_half)
+        s, z = half_scales(SP, ZP, pg * s0 + h * s1 + slot * CFG[2], valid, CFG, BN)
+        if CFG[28]:
+            res = byte_tile(CP, row, valid, s, z, CFG, BN, D)
+        else:
+            res = nibble_tile(CP, row, valid, s, z, CFG, BN, D)
     else:
         x = code_values(row_codes(CP, row, valid, perm, CFG, BN, D), LUT, CFG[0])
         if CFG[24] != 0:

@@ -86,7 +86,7 @@ def auto_splits(B: int, Hk: int, device=None, waves: int = 2, max_splits: int = 
 
 
 def default_config(op: str, B: int, Hk: int, device=None) -> dict:
-    return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_splits": None, "asm": False}
+    return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "num_splits": None, "asm": True}
 
 
 def lookup(op: str, k_spec, v_spec, B, Hq, Hk, D, page_size, device=None) -> dict | None:

@@ -128,6 +128,7 @@ def _merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.co
 
 
 # ---- host side ------------------------------------------------------------------------------------
+_OFFLINE = False  # set by sm90_offline: compile GPU paths from CPU tensors
 _UNIT = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
@@ -225,7 +226,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if config is None:
         config = tuning.lookup("decode", k_spec, v_spec, B, Hq, Hk, D, P, q.device)
     cfg.update(config or {})
-    asm = bool(cfg.get("asm", False) if use_asm is None else use_asm) and not interpreting() and q.is_cuda
+    asm = bool(cfg.get("asm", True) if use_asm is None else use_asm) and not interpreting() and (q.is_cuda or _OFFLINE)
     BN = int(cfg["BLOCK_N"])
     for s in (k_spec, v_spec):
         if s.axis == "chan":
@@ -233,6 +234,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
     K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale)
     V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale)
+    half = bool(K["cfg"][27] or V["cfg"][27])  # a fast path makes fp16 tiles: fp16 dots
     out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
     new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
     user_out = out
@@ -258,7 +260,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
-            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), asm),
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), half),
             DIRECT=S == 1, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,

@@ -66,6 +66,19 @@ def test_decode_low_precision_dots(dot):
     assert err < 2e-2
 
 
+@pytest.mark.skipif(DEV == "cpu", reason="the fp16 fast paths (inline PTX) run on the GPU only")
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "int4_had", "q8_0", "int8:g32:asym", "int8:g32", "fp8_e4m3",
+                                  "fp8_e5m2"])
+def test_fast_paths_match_plain(name):
+    """GPU: the fp16 fast paths (use_asm=True) agree with the plain-Triton path and the reference."""
+    c = (2, [17, 300], 32, 8, 128, 16, name, None, 3)
+    ref, plain = _run(c, use_asm=False)
+    _, fast = _run(c, use_asm=True)
+    scale = ref.abs().max().item()
+    assert (fast.float() - ref.float()).abs().max().item() / scale < TOL
+    assert (fast.float() - plain.float()).abs().max().item() / scale < 1e-2
+
+
 def test_reference_matches_oracle_attention():
     """The reference's page gathering equals attention over kvlab.dequantize(kvlab.quantize(x))."""
     torch.manual_seed(0)

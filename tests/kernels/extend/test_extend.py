@@ -58,7 +58,7 @@ def test_extend_without_prefix_is_causal_attention():
     q, kn, vn = torch.randn(9, 4, 64), torch.randn(9, 2, 64), torch.randn(9, 2, 64)
     args, kw = call_args(cache)
     got = extend(q.to(DEV), kn.to(DEV), vn.to(DEV), torch.tensor([0, 9], dtype=torch.int32, device=DEV), *args,
-                 sch.k, sch.v, 16, **kw).cpu()
+                 sch.k, sch.v, 16, **kw, config={"dot": "fp32"}).cpu()  # ieee fp32 dots: 1e-4 checks the masking
     want = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), kn.transpose(0, 1), vn.transpose(0, 1),
                                                             is_causal=True, enable_gqa=True).transpose(0, 1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,147 @@
+"""Offline sm_90 compile of the decode kernels on a machine without a GPU (developer tool).
+
+    python -m kvlab.kernels.decode.sm90_offline q4_0 q8_0 ... [--asm] [--bn 128] [--warps 4] [--sass DIR]
+
+Swaps Triton's active driver for a stub that reports an sm_90 target, runs `decode` on small
+CPU tensors with launches turned into compiles (warmup), and prints registers, spills, shared
+memory and the SASS instruction mix of the main loop of every compiled decode kernel.
+Needs the ptxas / cuobjdump that ship with Triton; run it without TRITON_INTERPRET.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+
+class _StubDriver:
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_device_interface(self):
+        return torch.cuda
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_benchmarker(self):
+        raise RuntimeError("no GPU")
+
+
+def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
+    """-> list of CompiledKernel objects for one decode call (decode kernel [+ merge])."""
+    import triton
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+    import kvlab
+    from . import triton as dt
+    from ..tuning import synthetic_cache
+    sch = kvlab.scheme(scheme)
+    kernels = []
+    orig = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kw):
+        k = orig(self, *args, grid=grid, warmup=True, **kw)
+        kernels.append((self.fn.__name__, k))
+        return k
+    driver.set_active(_StubDriver())
+    JITFunction.run = run
+    dt._OFFLINE = True
+    try:
+        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
+        q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
+        W = max(sch.window + sch.sink, 1) if (sch.window or sch.sink or sch.k.axis == "chan") else 0
+        fp = dict(k_fp=None, v_fp=None, fp_len=None)
+        if W:
+            fp = dict(k_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16), v_fp=torch.randn(B, Hk, W, D,
+                      dtype=torch.bfloat16), fp_len=torch.full((B,), W, dtype=torch.int32))
+        dt.decode_triton(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                         sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                         sm_scale=D ** -0.5, config=config, num_splits=2)
+    finally:
+        JITFunction.run = orig
+        dt._OFFLINE = False
+    return kernels
+
+
+def sass(kernel, what="-sass") -> str:
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "k.cubin")
+        with open(p, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        import triton
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        return subprocess.check_output([tool, what, p], text=True)
+
+
+def resources(kernel) -> str:
+    """'REG:n STACK:n SHARED:n LOCAL:n ...' of the cubin (spills show as LOCAL / STACK)."""
+    m = re.search(r"(REG:\d+.*)", sass(kernel, "-res-usage"))
+    return m.group(1).strip() if m else "?"
+
+
+def loop_mix(text: str) -> tuple[int, collections.Counter]:
+    """Instruction mix of the largest backward-branch loop body in the SASS."""
+    lines = [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
+    best = (0, 0)
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
+        if m and m.group(1):
+            tgt = int(m.group(1), 16)
+            if tgt < addr[i] and addr[i] - tgt > best[1] - best[0]:
+                best = (tgt, addr[i])
+    body = [ln for ln, a in zip(lines, addr) if best[0] <= a <= best[1]]
+    ops = collections.Counter()
+    for ln in body:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
+        if m:
+            ops[m.group(1)] += 1
+    return len(body), ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("schemes", nargs="+")
+    ap.add_argument("--bn", type=int, default=128)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--asm", action="store_true")
+    ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
+    ap.add_argument("--top", type=int, default=14)
+    a = ap.parse_args(argv)
+    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm}
+    for s in a.schemes:
+        for name, k in compile_decode(s, cfg):
+            if name != "_decode_kernel":
+                continue
+            text = sass(k)
+            n, ops = loop_mix(text)
+            md = k.metadata
+            print(f"{s:24s} {resources(k)} smem={md.shared} loop_instrs={n} "
+                  + " ".join(f"{o}:{c}" for o, c in ops.most_common(a.top)))
+            if a.sass:
+                os.makedirs(a.sass, exist_ok=True)
+                with open(os.path.join(a.sass, re.sub(r"[^A-Za-z0-9_]+", "_", s) + ".sass"), "w") as f:
+                    f.write(text)
+                with open(os.path.join(a.sass, re.sub(r"[^A-Za-z0-9_]+", "_", s) + ".ttgir"), "w") as f:
+                    f.write(k.asm["ttgir"])
+
+
+if __name__ == "__main__":
+    main()

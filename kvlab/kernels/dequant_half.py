@@ -1,0 +1,135 @@
+"""GPU fast paths of the tile dequantization: codes -> fp16 dot operands, no fp32 intermediate.
+
+Used by `dequant.tok_tile` when the spec's CFG has ASM set (tile_config(..., asm=True), never
+under TRITON_INTERPRET=1, whose inline-asm support is missing):
+
+- `byte_tile`: one 8-bit plane per row (q8_0, int8, fp8 e4m3/e5m2) read as a [BN, NG, G] byte
+  tile (16-byte vectors per thread, scales broadcast along the last dim without shuffles).
+  int8: inline PTX, 4 codes per instance: PRMT the bytes into the mantissa of 1024.0
+  (0x64 high bytes), one f16x2 subtract of the magic, one f16x2 FMA with scale and zero.
+  fp8: Triton's own fp8 -> fp16 conversion (cvt.rn.f16x2.e4m3x2 on sm_90; e5m2 is a shift).
+- `nibble_tile`: 4-bit ints as int32 words [BN, NG, GW]: OR a nibble pair into 0x6400 halves
+  (lop3), subtract 1024 and FMA with scale/zero in f16x2; columns come out (word, j, m) with
+  nibble j + 4 m (tile_config's perm accounts for it).
+Scales and zeros arrive as float32 [BN, NG] (zero already net of the code offset).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _half2_bits(x):
+    """fp16 [...] -> int32 [...] holding the value twice (an f16x2 operand)."""
+    b = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return b | (b << 16)
+
+
+@triton.jit
+def half_scales(SP, ZP, srow, valid, CFG: tl.constexpr, BN: tl.constexpr):
+    """Scales and zeros of BN token rows (srow: [BN] offsets) -> fp16 [BN, NG] each (zeros 0 if none)."""
+    NG: tl.constexpr = CFG[2]
+    gi = tl.arange(0, NG)
+    if CFG[24] == 0:
+        s = tl.full([BN, NG], 1.0, tl.float16)
+    else:
+        raw = tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0)
+        if CFG[24] == 3:
+            s = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        elif CFG[24] == 2:
+            e = raw.to(tl.int32)
+            s = tl.where(e == 255, float("nan"), (e << 23).to(tl.float32, bitcast=True)).to(tl.float16)
+        else:
+            s = raw.to(tl.float16)
+    if CFG[25]:
+        z = tl.load(ZP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0).to(tl.float16)
+    else:
+        z = tl.zeros([BN, NG], tl.float16)
+    return s, z
+
+
+@triton.jit
+def byte_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """8-bit codes of BN rows (row: [BN] byte offsets; CP a uint8 pointer), fp16 scales / zeros
+    [BN, NG] -> fp16 [BN, D]: s * (code - OFFSET) + z."""
+    G: tl.constexpr = CFG[1]
+    NG: tl.constexpr = CFG[2]
+    cols = tl.arange(0, NG)[:, None] * G + tl.arange(0, G)[None, :]
+    c = tl.load(CP + row[:, None, None] + cols[None, :, :], mask=valid[:, None, None], other=0)  # uint8 [BN, NG, G]
+    if CFG[0] == 2:
+        x = c.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    elif CFG[0] == 3:
+        x = (c.to(tl.uint16) << 8).to(tl.float16, bitcast=True)  # e5m2 is the top byte of an fp16
+    else:
+        s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
+        z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
+        if CFG[22]:  # int8 two's complement: flip to offset binary, subtract 1024 + 128 -> the signed code
+            x = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 u, lo, hi, m;
+                xor.b32 u, $2, 0x80808080;
+                mov.b32 m, 0x64646464;
+                prmt.b32 lo, u, m, 0x4140;
+                prmt.b32 hi, u, m, 0x4342;
+                mov.b32 m, 0x64806480;
+                sub.f16x2 lo, lo, m;
+                sub.f16x2 hi, hi, m;
+                fma.rn.f16x2 $0, lo, $3, $5;
+                fma.rn.f16x2 $1, hi, $4, $6;
+                }""",
+                constraints="=r,=r,r,r,r,r,r", args=[c, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
+        else:  # unsigned codes; a symmetric offset (int8 sym stored unsigned) rides in the zero
+            z3 = z3 - CFG[23] * s3
+            x = tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 lo, hi, m;
+                mov.b32 m, 0x64646464;
+                prmt.b32 lo, $2, m, 0x4140;
+                prmt.b32 hi, $2, m, 0x4342;
+                mov.b32 m, 0x64006400;
+                sub.f16x2 lo, lo, m;
+                sub.f16x2 hi, hi, m;
+                fma.rn.f16x2 $0, lo, $3, $5;
+                fma.rn.f16x2 $1, hi, $4, $6;
+                }""",
+                constraints="=r,=r,r,r,r,r,r", args=[c, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
+    return tl.reshape(x, [BN, D])
+
+
+@triton.jit
+def nibble_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """4-bit int codes of BN rows (row: [BN] int32-word offsets) -> fp16 [BN, D] in (word, j, m) order."""
+    NG: tl.constexpr = CFG[2]
+    GW: tl.constexpr = CFG[20]  # words per group
+    cols = tl.arange(0, NG)[:, None] * GW + tl.arange(0, GW)[None, :]
+    u = tl.load(CP + row[:, None, None] + cols[None, :, :], mask=valid[:, None, None], other=0)  # [BN, NG, GW]
+    x = u[:, :, :, None] >> (tl.arange(0, 4) * 4)[None, None, None, :]  # [BN, NG, GW, 4]
+    s2 = tl.broadcast_to(_half2_bits(s)[:, :, None, None], [BN, NG, GW, 4])
+    z2 = tl.broadcast_to(_half2_bits(z)[:, :, None, None], [BN, NG, GW, 4])
+    # subtracting 1024 + OFFSET (q4_0: 1032 = 0x6408) in f16x2 leaves the signed code, exactly
+    if CFG[23] == 8:
+        a, b = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, m;
+            mov.b32 m, 0x64006400;
+            lop3.b32 t, $2, 0x000F000F, m, 0xEA;
+            mov.b32 m, 0x64086408;
+            sub.f16x2 t, t, m;
+            fma.rn.f16x2 t, t, $3, $4;
+            mov.b32 {$0, $1}, t;
+            }""",
+            constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        a, b = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, m;
+            mov.b32 m, 0x64006400;
+            lop3.b32 t, $2, 0x000F000F, m, 0xEA;
+            sub.f16x2 t, t, m;
+            fma.rn.f16x2 t, t, $3, $4;
+            mov.b32 {$0, $1}, t;
+            }""",
+            constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16),
+            is_pure=True, pack=1)
+    return tl.reshape(tl.join(a, b), [BN, D])
