@@ -70,15 +70,20 @@ def _pct(new: float, old: float) -> str:
     return "n/a" if old == 0 else f"{100 * (new / old - 1):+.0f}%"
 
 
+_MEMO: dict = {}  # (spec, dist, n, d, seed) -> metrics: the oracle is deterministic
+
+
 def _spec_metrics(specs: list[KVQuantSpec], dist: str, n: int, d: int, seed: int) -> dict:
     """Round-trip metrics per distinct spec on one shared sample (chan specs: whole groups)."""
     from ..eval import roundtrip, sample
-    x = sample(dist, n, d, seed)
+    x = None
     out = {}
     for s in specs:
-        if s not in out:
-            xx = x[: n - n % s.group] if s.axis == "chan" else x
-            out[s] = roundtrip(xx, s)
+        key = (s, dist, n, d, seed)
+        if key not in _MEMO:
+            x = sample(dist, n, d, seed) if x is None else x
+            _MEMO[key] = roundtrip(x[: n - n % s.group] if s.axis == "chan" else x, s)
+        out[s] = _MEMO[key]
     return out
 
 

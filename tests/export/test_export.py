@@ -93,7 +93,8 @@ def test_kivi4_on_llama_cpp_names_nearest(tmp_path, capsys):
     msg = str(e.value)
     assert msg.startswith("llama.cpp cannot run kivi4 (128-token full-precision window; K: per-channel groups")
     assert sub.label == "q4_1" and "Nearest: q4_1" in msg and "rel-L1" in msg and "student_t4" in msg
-    assert sub.bits == (5.0, 5.0)
+    assert sub.bits == (5.0, 5.0) and sub.metrics["requested"]["rel_l1"] == pytest.approx(
+        kvlab.eval.roundtrip_scheme("kivi4")["rel_l1"])
     rc = main(["kivi4", "--engine", "llama.cpp", "--out", str(tmp_path / "cli"), "-q"])
     err = capsys.readouterr().err
     assert rc == 3 and "Nearest: q4_1" in err and "--substitute" in err
