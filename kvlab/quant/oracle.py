@@ -78,6 +78,12 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
 
 
 # ---- per-format code computation ------------------------------------------------------------
+def _div(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c with IEEE division on every device (CUDA turns `tensor / python_number` into a
+    multiplication by the reciprocal, which is not GGML's arithmetic)."""
+    return x / torch.tensor(c, dtype=x.dtype, device=x.device)
+
+
 def _static(scale, xg) -> torch.Tensor:
     return torch.as_tensor(scale, dtype=torch.float32, device=xg.device).reshape([1] * xg.dim())
 
@@ -88,16 +94,16 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
         if scale is not None:
             s_raw = _static(scale, xg)
         elif spec.rule == "signed":
-            s_raw = _reduce(xg, "ext", spec) * ratio / -(2 ** (b - 1))
+            s_raw = _div(_reduce(xg, "ext", spec) * ratio, -(2 ** (b - 1)))
         else:
-            s_raw = _reduce(xg, "amax", spec) * ratio / (2 ** (b - 1) - 1)
+            s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** (b - 1) - 1)
         m_raw = None
     else:
         mx, mn = _reduce(xg, "max", spec), _reduce(xg, "min", spec)
         if ratio != 1.0:
             c, h = (mx + mn) / 2, (mx - mn) / 2 * ratio
             mx, mn = c + h, c - h
-        s_raw, m_raw = (mx - mn) / (2 ** b - 1), mn
+        s_raw, m_raw = _div(mx - mn, 2 ** b - 1), mn
     s_st = store_scale(s_raw, spec.scale_dtype)
     m_st = None if m_raw is None else store_scale(m_raw, spec.scale_dtype)
     if spec.recip:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
@@ -127,9 +133,9 @@ def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
     if scale is not None:
         s_raw = _static(scale, xg)
     elif spec.scale_dtype == "e8m0":
-        s_raw = _reduce(xg, "amax", spec) * ratio / 2 ** ELEM_EMAX[spec.fmt]
+        s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** ELEM_EMAX[spec.fmt])
     else:
-        s_raw = _reduce(xg, "amax", spec) * ratio / FP8_MAX[spec.fmt]
+        s_raw = _div(_reduce(xg, "amax", spec) * ratio, FP8_MAX[spec.fmt])
     s_st = store_scale(s_raw, spec.scale_dtype, elem_fmt=spec.fmt)
     s_val = scale_value(s_st, spec.scale_dtype)
     v = torch.where(s_val == 0, torch.zeros_like(xg), xg / s_val)
@@ -141,9 +147,9 @@ def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
     if spec.rule == "signed":
         s_raw = _reduce(xg, "ext", spec) * ratio / cb.min()
     elif spec.scale_dtype == "e8m0":
-        s_raw = _reduce(xg, "amax", spec) * ratio / 2 ** ELEM_EMAX.get(spec.fmt, 0)
+        s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** ELEM_EMAX.get(spec.fmt, 0))
     else:
-        s_raw = _reduce(xg, "amax", spec) * ratio / codebook_absmax(spec.fmt)
+        s_raw = _div(_reduce(xg, "amax", spec) * ratio, codebook_absmax(spec.fmt))
     if ts is not None:
         s_raw = s_raw / ts
     s_st = store_scale(s_raw, spec.scale_dtype, elem_fmt=spec.fmt)
@@ -206,7 +212,7 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
     ts = None
     if spec.tensor_scale:
         ts = torch.as_tensor(tensor_scale if tensor_scale is not None else
-                             xf.abs().amax() / (codebook_absmax(spec.fmt) * 448.0), dtype=torch.float32, device=x.device)
+                             _div(xf.abs().amax(), codebook_absmax(spec.fmt) * 448.0), dtype=torch.float32, device=x.device)
         ts = torch.where(ts > 0, ts, torch.ones_like(ts))
 
     def run(ratio):
