@@ -10,6 +10,7 @@ import statistics
 import torch
 
 from ..spec import scheme as to_scheme
+from ..cache.window import FpPolicy
 from .faithful import faithful_attention, quantized_history
 from .metrics import rel_l2
 
@@ -29,6 +30,7 @@ def attention_delta(model, captured: dict, scheme, calib: dict | None = None) ->
     sch = to_scheme(scheme)
     n = model.config.n_layers
     pos = captured["positions"]
+    policy = FpPolicy.of(sch, n)
     rows = []
     for i in range(n):
         q, k_pre, k, v = (captured[name][i] for name in ("q", "k_pre", "k", "v"))
@@ -38,9 +40,9 @@ def attention_delta(model, captured: dict, scheme, calib: dict | None = None) ->
         if ks.pre_rope:
             kq = model.apply_rope(kq, pos)
         vq = quantized_history(v, vs, sch, cal.get("v"))
-        ref = faithful_attention(q, k, v, k, v, pos, pos, ks, vs, sch)
+        ref = faithful_attention(q, k, v, k, v, pos, pos, ks, vs, policy)
         row = {"layer": i}
         for name, kk, vv in (("k", kq, v), ("v", k, vq), ("kv", kq, vq)):
-            row[name] = rel_l2(ref, faithful_attention(q, k, v, kk, vv, pos, pos, ks, vs, sch))
+            row[name] = rel_l2(ref, faithful_attention(q, k, v, kk, vv, pos, pos, ks, vs, policy))
         rows.append(row)
     return {"layers": rows, **{m: statistics.fmean(r[m] for r in rows) for m in ("k", "v", "kv")}}

@@ -16,21 +16,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..cache.window import FpPolicy
 from ..quant import fake_quantize, quantize
 from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
 
 
-def fp_mask(spec: KVQuantSpec, sch: KVScheme, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """[T, S] bool: True where query at q_pos sees key at k_pos in full precision."""
+def fp_mask(spec: KVQuantSpec, policy: FpPolicy, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """[T, S] bool: True where the query at q_pos reads the key/value at k_pos in full precision.
+
+    The pool's policy (kvlab.cache.window.FpPolicy, one for K and V): with n = t + 1 tokens held,
+    positions [sink, sink + nq(n)) are quantized, nq(n) = floor((n - sink - window) / Gc) * Gc,
+    Gc = lcm of the scheme's channel groups (1 without). bf16/fp16 specs are never quantized.
+    """
     t, s = q_pos[:, None], k_pos[None, :]
     if spec.is_float_storage:
         return torch.ones(t.shape[0], s.shape[1], dtype=torch.bool, device=q_pos.device)
-    fp = (s < sch.sink) | (s > t - sch.window)
-    if spec.axis == "chan":
-        G = spec.group
-        group_end = sch.sink + ((s - sch.sink).clamp(min=0) // G + 1) * G - 1
-        fp |= group_end > t - sch.window
-    return fp
+    nq = (t + 1 - policy.sink - policy.window).clamp(min=0) // policy.group * policy.group
+    return (s < policy.sink) | (s >= policy.sink + nq)
 
 
 def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict | None = None) -> Tensor:
@@ -62,6 +64,7 @@ class DecodeFaithfulBackend:
     def __init__(self, scheme, n_layers: int, calib: dict | None = None, q_chunk: int = 2048) -> None:
         self.scheme = to_scheme(scheme)
         self.n_layers = n_layers
+        self.policy = FpPolicy.of(self.scheme, n_layers)
         self.calib = calib or {}
         self.q_chunk = q_chunk
         self.hist: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # layer -> k_pre, k, v, pos
@@ -88,10 +91,11 @@ class DecodeFaithfulBackend:
         else:
             kq = quantized_history(k, k_spec, self.scheme, cal.get("k"))
         vq = quantized_history(v, v_spec, self.scheme, cal.get("v"))
-        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.scheme, self.q_chunk)
+        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
 
 
-def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, sch, q_chunk: int = 2048) -> Tensor:
+def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,
+                       q_chunk: int = 2048) -> Tensor:
     """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
 
     q [B, Hq, T, D]; k, v, kq, vq [B, Hk, S, D]; q_pos [T], k_pos [S]. Returns [B, Hq, T, D] in q.dtype.
@@ -105,7 +109,7 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, sch, q_chu
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
         causal = k_pos[None, :] <= pc[:, None]                                   # [t, S]
-        fk, fv = fp_mask(k_spec, sch, pc, k_pos) & causal, fp_mask(v_spec, sch, pc, k_pos) & causal
+        fk, fv = fp_mask(k_spec, policy, pc, k_pos) & causal, fp_mask(v_spec, policy, pc, k_pos) & causal
         keys, vals, masks = [], [], []
         for kk, vv, m in ((kq, vq, causal & ~fk & ~fv), (k, v, fk & fv), (kq, v, ~fk & fv), (k, vq, fk & ~fv)):
             if bool(m.any()):

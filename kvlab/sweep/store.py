@@ -65,8 +65,13 @@ class ResultStore:
         """Append one finished cell durably."""
         row = {**row, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         line = json.dumps(row, default=float) + "\n"
+        torn = False
+        if self.journal.exists() and self.journal.stat().st_size:
+            with open(self.journal, "rb") as f:  # a run killed mid-write leaves a line without its newline
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
         with open(self.journal, "a") as f:
-            f.write(line)
+            f.write(("\n" if torn else "") + line)
             f.flush()
             os.fsync(f.fileno())
 

@@ -27,15 +27,20 @@ def cap(smollm2):
 
 
 def test_fp_mask_semantics():
+    from kvlab.cache.window import FpPolicy
     s = kvlab.scheme("k=int4:g8:chan:asym,v=int4:g8:asym,window=3,sink=1")
+    pol = FpPolicy.of(s, 4)
     t = torch.arange(20)
-    mk, mv = fp_mask(s.k, s, t, t), fp_mask(s.v, s, t, t)
-    assert mk[:, 0].all() and mv[:, 0].all()                      # sink
-    assert mv[19, 17:20].all() and not mv[19, 16]                 # window of 3
+    mk, mv = fp_mask(s.k, pol, t, t), fp_mask(s.v, pol, t, t)
+    assert torch.equal(mk, mv)                                    # one boundary for K and V, as the pool
+    assert mk[:, 0].all()                                         # sink
     # channel groups start after the sink: 1..8, 9..16, 17..24; a group is quantized once all of it left the window
     assert not mk[19, 1:17].any() and mk[19, 17:20].all()
     assert mk[18, 9:17].all() and not mk[18, 1:9].any()           # at t=18, token 16 is still in the window
-    assert (mk | ~mv).all()                                       # chan keeps at least V's fp tokens
+    tok = kvlab.scheme("q4_0,window=3,sink=1")
+    m = fp_mask(tok.k, FpPolicy.of(tok, 4), t, t)
+    assert m[19, 0] and not m[19, 1:17].any() and m[19, 17:20].all()
+    assert fp_mask(kvlab.scheme("bf16").k, pol, t, t).all()
 
 
 SCHEMES = ["q4_0", "k=int4:g8:chan:asym,v=int4:g8:asym,window=8",
