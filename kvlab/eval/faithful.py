@@ -35,21 +35,28 @@ def fp_mask(spec: KVQuantSpec, policy: FpPolicy, q_pos: Tensor, k_pos: Tensor) -
     return (s < policy.sink) | (s >= policy.sink + nq)
 
 
-def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict | None = None) -> Tensor:
+def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict | None = None,
+                      prev: Tensor | None = None) -> Tensor:
     """Dequantized copy of x [B, H, S, D] as the cache would hold each token once quantized.
 
     Tokens that can never be quantized yet (sinks, an unfinished channel group) keep x's values
-    (the mask decides whether they are read). float32.
+    (the mask decides whether they are read). float32. `prev`: this function's result for a
+    prefix of x; its finished tokens (whole channel groups) are reused and only the rest is
+    quantized, so one decode step costs O(new tokens).
     """
     x = x.float()
     if spec.is_float_storage:
         return fake_quantize(x, spec).float()
-    out = x.clone()
     S = x.shape[2]
     lo = min(sch.sink, S)
-    hi = S if spec.axis != "chan" else lo + (S - lo) // spec.group * spec.group
-    if hi > lo:
-        out[:, :, lo:hi] = fake_quantize(x[:, :, lo:hi].contiguous(), spec, **(calib or {})).float()
+    G = spec.group if spec.axis == "chan" else 1
+    hi = lo + (S - lo) // G * G
+    start = lo
+    if prev is not None and prev.shape[2] > lo:
+        start = lo + (prev.shape[2] - lo) // G * G  # prev holds final values for [lo, start)
+    out = torch.cat([prev[:, :, :start].float(), x[:, :, start:]], dim=2) if start > lo else x.clone()
+    if hi > start:
+        out[:, :, start:hi] = fake_quantize(x[:, :, start:hi].contiguous(), spec, **(calib or {})).float()
     return out
 
 
@@ -66,8 +73,15 @@ class DecodeFaithfulBackend:
         self.n_layers = n_layers
         self.policy = FpPolicy.of(self.scheme, n_layers)
         self.calib = calib or {}
+        for layer in range(n_layers):
+            for name, spec in zip("kv", self.scheme.for_layer(layer, n_layers)):
+                if needs_calibration(spec) and name not in self.calib.get(layer, {}):
+                    raise ValueError(f"layer {layer} {name.upper()} spec {spec} keeps a static per-tensor scale; pass "
+                                     "calib=calibrate(model, calibration_tokens, scheme) (a scale taken from the scored "
+                                     "text itself would depend on tokens not yet decoded)")
         self.q_chunk = q_chunk
         self.hist: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # layer -> k_pre, k, v, pos
+        self.qhist: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> quantized copies (K source, V)
 
     @property
     def seq_len(self) -> int:
@@ -75,6 +89,7 @@ class DecodeFaithfulBackend:
 
     def reset(self) -> None:
         self.hist.clear()
+        self.qhist.clear()
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
         if layer in self.hist:
@@ -86,11 +101,12 @@ class DecodeFaithfulBackend:
         self.hist[layer] = (k_pre, k, v, k_pos)
         k_spec, v_spec = self.scheme.for_layer(layer, self.n_layers)
         cal = self.calib.get(layer, {})
+        pk, pv = self.qhist.get(layer, (None, None))
+        kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk)
+        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv)
+        self.qhist[layer] = (kq, vq)
         if k_spec.pre_rope:
-            kq = model.apply_rope(quantized_history(k_pre, k_spec, self.scheme, cal.get("k")), k_pos)
-        else:
-            kq = quantized_history(k, k_spec, self.scheme, cal.get("k"))
-        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"))
+            kq = model.apply_rope(kq, k_pos)
         return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
 
 

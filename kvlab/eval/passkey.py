@@ -11,7 +11,7 @@ import random
 import torch
 
 from ..spec import scheme as to_scheme
-from .faithful import DecodeFaithfulBackend
+from .faithful import DecodeFaithfulBackend, calibrate
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -43,12 +43,14 @@ def passkey(model, tokenizer, scheme, lengths=(512, 1024), depths=(0.1, 0.5, 0.9
         raise ValueError(f"passkey length {max(lengths)} exceeds the model's context {c.max_position_embeddings}")
     rng = random.Random(seed)
     dev = next(model.parameters()).device
+    from .perplexity import text_tokens
+    calib = calibrate(model, text_tokens(tokenizer, "license")[:512][None].to(dev), sch)
     detail = []
     for length in lengths:
         for depth in depths:
             key = rng.randint(10000, 99999)
             ids = passkey_prompt(tokenizer, length, depth, key)[None].to(dev)
-            backend = DecodeFaithfulBackend(sch, c.n_layers)
+            backend = DecodeFaithfulBackend(sch, c.n_layers, calib)
             gen = []
             for _ in range(n_new):
                 nxt = model(ids, backend=backend)[0, -1].argmax().view(1, 1)

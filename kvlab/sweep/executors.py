@@ -13,31 +13,44 @@ from .stages import run_cell
 EXECUTORS = ("local", "ray")
 
 
-def _worker_init(queue) -> None:
-    gpu = queue.get()
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+_DEVICE = "cpu"
 
 
-def _run_on_gpu(cell: dict) -> dict:
-    return run_cell(cell, "cuda")
+def _worker_init(queue, device: str, threads: int) -> None:
+    global _DEVICE
+    _DEVICE = device
+    slot = queue.get()
+    if device == "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(slot)  # before torch initialises CUDA in this process
+    import torch
+    torch.set_num_threads(threads)
 
 
-def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None]) -> None:
+def _run(cell: dict) -> dict:
+    return run_cell(cell, _DEVICE)
+
+
+def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], workers: int | None = None) -> None:
+    """Run cells here (workers=1) or in `workers` processes; on CUDA the default is one worker per
+    visible GPU, and several workers per GPU overlap Triton compiles and model stages (timed regions
+    of the speed stage are serialized through a lock file)."""
     n_gpus = 0
     if device == "cuda":
         import torch
         n_gpus = torch.cuda.device_count()
-    if n_gpus <= 1:
+    workers = workers or max(1, n_gpus)
+    if workers <= 1:
         for c in cells:
             on_row(run_cell(c, device))
         return
     import multiprocessing as mp
-    ctx = mp.get_context("spawn")  # CUDA needs spawn; each worker pins one GPU before importing torch
+    ctx = mp.get_context("spawn")  # CUDA needs spawn; each worker pins its GPU before importing torch
     q = ctx.Queue()
-    for i in range(n_gpus):
-        q.put(i)
-    with ctx.Pool(n_gpus, initializer=_worker_init, initargs=(q,)) as pool:
-        for row in pool.imap_unordered(_run_on_gpu, cells):
+    for i in range(workers):
+        q.put(i % max(1, n_gpus))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ctx.Pool(workers, initializer=_worker_init, initargs=(q, device, threads)) as pool:
+        for row in pool.imap_unordered(_run, cells):
             on_row(row)
 
 
@@ -64,11 +77,12 @@ def run_ray(cells: list[dict], device: str, on_row: Callable[[dict], None], addr
             ray.shutdown()
 
 
-def execute(cells: Iterable[dict], device: str, on_row, executor: str = "local", address: str | None = None) -> None:
+def execute(cells: Iterable[dict], device: str, on_row, executor: str = "local", address: str | None = None,
+            workers: int | None = None) -> None:
     """Run `cells` with `executor`, calling on_row(row) in this process for each finished cell."""
     cells = list(cells)
     if executor == "local":
-        run_local(cells, device, on_row)
+        run_local(cells, device, on_row, workers)
     elif executor == "ray":
         run_ray(cells, device, on_row, address)
     else:

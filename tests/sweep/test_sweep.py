@@ -144,3 +144,13 @@ def test_report_command(tmp_path, capsys):
     assert main(["report", str(out)]) == 0
     assert (out / "pareto.csv").exists() and "scheme" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "nothing")]) == 2
+
+
+def test_worker_processes_equal_sequential(tmp_path):
+    cfg = {**SMALL, "schemes": ["q4_0", "nvfp4", "int3:g32:asym:rot=had"],
+           "stages": {"roundtrip": SMALL["stages"]["roundtrip"]}}
+    path = _write(tmp_path, cfg)
+    assert main([path, "--out", str(tmp_path / "seq"), "--quiet"]) == 0
+    assert main([path, "--out", str(tmp_path / "par"), "--quiet", "--workers", "2"]) == 0
+    pd.testing.assert_frame_equal(_stable(pd.read_parquet(tmp_path / "par" / "results.parquet")),
+                                  _stable(pd.read_parquet(tmp_path / "seq" / "results.parquet")))
