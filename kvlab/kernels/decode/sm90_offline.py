@@ -122,10 +122,11 @@ def main(argv=None):
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--asm", action="store_true")
+    ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (ptx .maxnreg)")
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args(argv)
-    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm}
+    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg}
     for s in a.schemes:
         for name, k in compile_decode(s, cfg):
             if name != "_decode_kernel":

@@ -246,6 +246,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
         lse = new((B, Hq, S), float("nan"), dtype=torch.float32, device=q.device)
     GP = max(16, triton.next_power_of_2(group))
     q_in, kfp_in, vfp_in = q, k_fp, v_fp
+    extra = {} if interpreting() or not cfg.get("maxnreg") else {"maxnreg": int(cfg["maxnreg"])}  # register cap (occupancy)
 
     def launch():
         q, (k_fp,), (v_fp,) = rotate_inputs(q_in, [kfp_in], [vfp_in], k_spec, v_spec, D)
@@ -261,7 +262,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), half),
-            DIRECT=S == 1, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+            DIRECT=S == 1, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)

@@ -180,3 +180,16 @@ def test_decode_plan_relaunches_on_updated_q():
     got = run()
     ref = decode(q, *args, sch.k, sch.v, P, **kw, backend="reference")
     assert (got - ref).abs().max() / ref.abs().max() < TOL
+
+
+@pytest.mark.parametrize("cfg", [{"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+                                 {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
+                                 {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}], ids=["bn32", "bn64w8r128", "bn128w8"])
+@pytest.mark.parametrize("name", ["q4_0", "q8_0", "fp8_e4m3"])
+def test_decode_tile_configs(name, cfg):
+    """The run3 sweep's tile shapes (and a register cap, ignored by the interpreter) stay correct."""
+    c = (2, [17, 200], 8, 2, 128, 16, name, None, 3)
+    ref, got = _run(c, config=cfg)
+    assert not torch.isnan(got).any()
+    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    assert err < TOL, f"relative error {err:.2e}"
