@@ -30,6 +30,8 @@ SCHEMES = {"bf16": "bf16", "q8_0": "q8_0", "fp8_e4m3": "fp8_e4m3", "q4_0": "q4_0
            "int4_had": "int4:g32:asym:rot=had", "kivi4": "kivi4", "int3": "int3:g32:asym", "int2": "int2:g32:asym",
            "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
 ASM_SCHEMES = ("q4_0", "q4_1", "int4_had", "q8_0", "fp8_e4m3")  # fp16 fast path vs plain
+ROWFIRST_SCHEMES = ("q8_0", "fp8_e4m3", "q4_0", "q4_1", "int4_had")  # layout "rowfirst" rows (run4)
+ROWFIRST_TILES = ((64, 4, 2), (128, 4, 2))
 HQ, HK, D = 32, 8, 128
 BATCHES, CONTEXTS = (1, 8, 32), (4096, 32768, 131072)
 COLUMNS = ["scheme", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms", "kv_bytes",
@@ -104,13 +106,19 @@ def correctness(out: Path) -> list[dict]:
                 pl = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=4, use_asm=False).float()
                 row["rel_err_asm_vs_plain"] = ((a - pl).abs().max() / pl.abs().max()).item()
                 row["rel_err_asm_vs_reference"] = ((a - ref).abs().max() / ref.abs().max()).item()
+            if name in ROWFIRST_SCHEMES:
+                for bn in (64, 128):
+                    r = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=4, use_asm=True, config={
+                        "BLOCK_N": bn, "num_warps": 4, "num_stages": 2, "layout": "rowfirst"}).float()
+                    row[f"rel_err_rowfirst{bn}_vs_reference"] = ((r - ref).abs().max() / ref.abs().max()).item()
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         print("check", row, flush=True)
         rows.append(row)
     with open(out / "correctness.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["scheme", "rel_err_vs_reference", "rel_err_asm_vs_plain",
-                                          "rel_err_asm_vs_reference", "error"])
+                                          "rel_err_asm_vs_reference", "rel_err_rowfirst64_vs_reference",
+                                          "rel_err_rowfirst128_vs_reference", "error"])
         w.writeheader()
         w.writerows(rows)
     return rows
@@ -155,7 +163,7 @@ def time_cell(name: str, sch, B: int, ctx: int, cfg: dict, use_asm=None) -> floa
 
 
 def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONTEXTS, budget_s: float = 330.0,
-        check: bool = True) -> Path:
+        check: bool = True, rowfirst: bool = True) -> Path:
     """Whole benchmark; returns the output directory."""
     import kvlab
     from kvlab.kernels import tuning
@@ -184,6 +192,9 @@ def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONT
         sch = kvlab.scheme(SCHEMES[name])
         cands = [{**c, "num_splits": tuning.auto_splits(32, HK), "asm": a} for c in BRIEF
                  for a in ((False, True) if name in ASM_SCHEMES else (False,))]
+        if rowfirst and name in ROWFIRST_SCHEMES:  # the tuned row may pick the rowfirst layout
+            cands += [{"BLOCK_N": t[0], "num_warps": t[1], "num_stages": t[2], "num_splits": tuning.auto_splits(32, HK),
+                       "asm": True, "layout": "rowfirst"} for t in ROWFIRST_TILES]
         try:
             cfg, ms = tuning.tune("decode", sch, {"batch": 32, "heads_q": HQ, "heads_kv": HK, "head_dim": D,
                                                   "page_size": page_size(name), "context": 32768},
@@ -205,11 +216,15 @@ def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONT
                 sch = kvlab.scheme(SCHEMES[name])
                 P = page_size(name)
                 nbytes = kv_bytes(sch, B, ctx, P)
-                variants = [(name, None)]
-                if name in ASM_SCHEMES and B == 32 and ctx == 32768:
-                    variants += [(f"{name}[plain]", False), (f"{name}[asm]", True)]
-                for label, asm in variants:
-                    cfg = {**best[name], "num_splits": None if B != 32 else best[name].get("num_splits")}
+                variants = [(name, None, {})]
+                if name in ASM_SCHEMES and B == 32 and ctx == 32768:  # the operand-layout paths (run2/run3)
+                    variants += [(f"{name}[plain]", False, {"layout": "operand"}),
+                                 (f"{name}[asm]", True, {"layout": "operand"})]
+                if rowfirst and name in ROWFIRST_SCHEMES and B in (1, 32) and ctx == 32768:
+                    variants += [(f"{name}[rowfirst]", True, {"layout": "rowfirst", "BLOCK_N": t[0], "num_warps": t[1],
+                                                              "num_stages": t[2]}) for t in ROWFIRST_TILES]
+                for label, asm, over in variants:
+                    cfg = {**best[name], "num_splits": None if B != 32 else best[name].get("num_splits"), **over}
                     row = {"scheme": label, "batch": B, "context": ctx, "heads_q": HQ, "heads_kv": HK, "head_dim": D,
                            "page_size": P, "kv_bytes": nbytes, "cudnn_bf16_ms": cudnn_ms, "flash_bf16_ms": flash_ms,
                            "config": json.dumps({**cfg, **({"asm": asm} if asm is not None else {})}), "error": perr}
@@ -418,6 +433,8 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default=None, help="comma-separated contexts (default 4096,32768,131072)")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds after which remaining cells are skipped")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness pass")
+    ap.add_argument("--no-rowfirst", action="store_true",
+                    help="leave out the layout 'rowfirst' candidates and rows (<scheme>[rowfirst] at B=1/32 x 32K)")
     ap.add_argument("--sweep", action="store_true", help="run3 sweep: tiles x splits at B=32, batch-1 eager/graph")
     ap.add_argument("--procs", type=int, default=12, help="--sweep: parallel compile-warming processes")
     a = ap.parse_args(argv)
@@ -426,7 +443,7 @@ def main(argv=None) -> None:
         return
     ints = (lambda s, d: tuple(int(x) for x in s.split(",")) if s else d)  # noqa: E731
     run(a.out, a.schemes.split(",") if a.schemes else None, ints(a.batches, BATCHES), ints(a.contexts, CONTEXTS),
-        a.budget, not a.no_check)
+        a.budget, not a.no_check, not a.no_rowfirst)
 
 
 if __name__ == "__main__":

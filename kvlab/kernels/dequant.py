@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..quant.packing import plane_order
-from .dequant_half import byte_tile, half_scales, nibble_tile
+from .dequant_half import byte_tile, half_scales, nibble_rows, nibble_tile
 
 KINDS = {"bf16": 0, "fp16": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "fp4_e2m1": 4, "nf4": 5, "iq4nl": 5}
 SCALE_KINDS = {"f16": 1, "bf16": 1, "f32": 1, "e8m0": 2, "e4m3": 3}
@@ -36,7 +36,7 @@ def _tile_order(w: int, G: int, word: int, r: int, strided: bool, asm: bool = Fa
     return byte + m * (G * w // 8) if strided else byte * (8 // w) + m
 
 
-def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tuple, list[int]]:
+def tile_config(spec, D: int, word_max: int = 4, asm: bool = False, rowfirst: bool = False) -> tuple[tuple, list[int]]:
     """(CFG constexpr tuple, perm) for `spec` with head_dim D.
 
     perm[col] = head_dim element held by column col of a dequantized tile (identity except for
@@ -44,10 +44,11 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
     0 KIND, 1 G, 2 NG, 3 WORD, 4 NP, 5..9 plane0 (W, SHIFT, OFF units, STRIDED, GATHER), 10..14 plane1,
     15..19 plane2, 20 GBU (group bytes in units), 21 FULL (one plane spans the row), 22 XOR8,
     23 OFFSET (code offset of symmetric ints), 24 SK (scale kind), 25 HAS_ZERO, 26 CHAN, 27 ASM,
-    28 BYTES (one 8-bit plane read as a [BN, NG, G] byte tile; WORD = 1).
+    28 BYTES (one 8-bit plane read as a [BN, NG, G] byte tile; WORD = 1), 29 ROWS (rowfirst nibble unpack:
+    8 codes per asm instance from one word, `dequant_half.nibble_rows`).
     """
     if spec.is_float_storage:
-        return (0, D, 1, 1, 0) + (0,) * 15 + (0, 1, 0, 0, 0, 0, 0, 0, 0), list(range(D))
+        return (0, D, 1, 1, 0) + (0,) * 15 + (0, 1, 0, 0, 0, 0, 0, 0, 0, 0), list(range(D))
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
     GB = G * spec.bits // 8
@@ -66,9 +67,17 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
         word //= 2
     # fp8 stays on the plain byte-row path: on the H200 (run2) it ran 0.93 ms vs 1.36 ms for the fp16 tile
     # (the fp16 tile is built in the MMA operand layout: V's bytes are read from smem one at a time)
-    asm = bool(asm and spec.fmt == "int" and spec.axis != "chan" and ((spec.bits == 4 and word == 4) or byte_rows))
+    # rowfirst (config "layout"): the fp16 tile is built in the row layout and anchored there, so fp8's
+    # cvt.rn.f16x2.e4m3x2 fast path no longer reads bytes one at a time from smem: allowed again
+    asm = bool(asm and spec.axis != "chan" and ((spec.fmt == "int" and ((spec.bits == 4 and word == 4) or byte_rows))
+                                                or (rowfirst and byte_rows and spec.fmt.startswith("fp8"))))
+    rows4 = asm and rowfirst and not byte_rows  # nibbles, rowfirst: a byte tile, (byte, nibble) column order
+    if rows4:
+        word = 1
     main = max(planes, key=lambda p: p[0])
     order = [_tile_order(main[0], G, word, r, main[3], asm) for r in range(G)]
+    if rows4:  # (byte, nibble) column order of nibble_rows = the plain path's with WORD 1
+        order = [_tile_order(main[0], G, 1, r, main[3]) for r in range(G)]
     perm = [g * G + order[r] for g in range(NG) for r in range(G)] if spec.axis != "chan" else list(range(D))
     fields = []
     for p in planes:
@@ -80,7 +89,7 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False) -> tuple[tup
     xor8 = int(sym_int and spec.bits == 8)
     sk = SCALE_KINDS[spec.scale_dtype] if spec.has_scale and spec.axis != "tensor" else 0
     cfg = (KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset, sk,
-           int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows))
+           int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows), int(rows4))
     return cfg, perm
 
 
@@ -216,6 +225,8 @@ def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: 
         s, z = half_scales(SP, ZP, pg * s0 + h * s1 + slot * CFG[2], valid, CFG, BN)
         if CFG[28]:
             res = byte_tile(CP, row, valid, s, z, CFG, BN, D)
+        elif CFG[29]:
+            res = nibble_rows(CP, row, valid, s, z, CFG, BN, D)
         else:
             res = nibble_tile(CP, row, valid, s, z, CFG, BN, D)
     else:

@@ -133,3 +133,48 @@ def nibble_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl
             constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16),
             is_pure=True, pack=1)
     return tl.reshape(tl.join(a, b), [BN, D])
+
+
+@triton.jit
+def nibble_rows(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """rowfirst variant of `nibble_tile` (config layout 'rowfirst'): the codes are read as a [BN, NG, GB] byte
+    tile (CP uint8, row = [BN] byte offsets; 16-byte vectors per thread as in byte_tile); one asm op per 4
+    bytes moves the high nibbles down (SHF + LOP3), tl.join puts each byte's two nibbles side by side in the
+    thread, and the byte_tile conversion (AND 0x0F, PRMT into 0x64 high bytes, HSUB2 of 1024 + OFFSET, HFMA2
+    with scale / zero) turns them into fp16 that stays contiguous per thread in the row layout.
+    Column order (byte, nibble) = the plain path's with WORD 1 (tile_config's perm)."""
+    G: tl.constexpr = CFG[1]
+    NG: tl.constexpr = CFG[2]
+    GB: tl.constexpr = G // 2
+    cols = tl.arange(0, NG * GB)
+    c = tl.load(CP + row[:, None] + cols[None, :], mask=valid[:, None], other=0)  # uint8 [BN, row bytes]
+    c = tl.reshape(c, [BN, NG, GB])
+    hi = tl.inline_asm_elementwise(asm="shr.b32 $0, $1, 4;", constraints="=r,r", args=[c], dtype=tl.uint8,
+                                   is_pure=True, pack=4)
+    c2 = tl.reshape(tl.join(c, hi), [BN, NG, G])  # low 4 bits of each byte = the code; high bits masked below
+    s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
+    z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
+    if CFG[23] == 8:
+        x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_8, constraints=_NIB_ROWS_CONS, args=[c2, s3, z3],
+                                      dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_0, constraints=_NIB_ROWS_CONS, args=[c2, s3, z3],
+                                      dtype=tl.float16, is_pure=True, pack=4)
+    return tl.reshape(x, [BN, D])
+
+
+_NIB_ROWS = """{
+    .reg .b32 u, lo, hi, m;
+    and.b32 u, $2, 0x0F0F0F0F;
+    mov.b32 m, 0x64646464;
+    prmt.b32 lo, u, m, 0x4140;
+    prmt.b32 hi, u, m, 0x4342;
+    mov.b32 m, MAGIC;
+    sub.f16x2 lo, lo, m;
+    sub.f16x2 hi, hi, m;
+    fma.rn.f16x2 $0, lo, $3, $5;
+    fma.rn.f16x2 $1, hi, $4, $6;
+    }"""
+_NIB_ROWS_ASM_8 = tl.constexpr(_NIB_ROWS.replace("MAGIC", "0x64086408"))  # q4_0: subtract 1024 + 8
+_NIB_ROWS_ASM_0 = tl.constexpr(_NIB_ROWS.replace("MAGIC", "0x64006400"))  # unsigned codes, zero explicit
+_NIB_ROWS_CONS = tl.constexpr("=r,=r,r,r,r,r,r")

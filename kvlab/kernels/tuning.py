@@ -1,6 +1,7 @@
 """Per-GPU tuned kernel configs: search space, JSON cache, `tune()` entry point.
 
-A config is {"BLOCK_N", "num_warps", "num_stages", "num_splits", "asm"}. The cache key is
+A config is {"BLOCK_N", "num_warps", "num_stages", "num_splits", "asm", "layout"} (layout "operand",
+the default, or "rowfirst"). The cache key is
 op | K spec | V spec | B-bucket | Hq | Hk | D | page size (never the sequence length), stored
 per GPU name in ~/.cache/kvlab/tuned_<gpu>.json (override: env KVLAB_TUNED_CONFIGS or
 `set_cache_path`). On CPU / under TRITON_INTERPRET=1, `tune` returns the default without timing.
@@ -123,7 +124,18 @@ def search_space(op: str, B: int, Hk: int, k_spec, v_spec, device=None, asm_ok: 
     quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" for s in (k_spec, v_spec))
     if asm_ok and quant4:
         cands += [{**c, "asm": True} for c in cands[1:4]]
+    if asm_ok and any(rowfirst_ok(s) for s in (k_spec, v_spec)):
+        # layout "rowfirst": dequantize in the load's row layout, 16-bit tile through smem + ldmatrix (run4)
+        cands += [{**cands[i], "asm": True, "layout": "rowfirst"} for i in (1, 3)]
     return cands
+
+
+def rowfirst_ok(spec) -> bool:
+    """Specs whose rowfirst tile runs the fp16 fast path (offline SASS: no byte gathers, STS.128 + LDSM):
+    8-bit ints and fp8 (byte rows) and 4-bit ints along D. Other specs compile under rowfirst but keep
+    2-byte smem traffic (int2/int3/fp4: STS.U16), so the tuner does not try them."""
+    return spec.axis != "chan" and not spec.is_float_storage and (
+        (spec.fmt == "int" and spec.bits in (4, 8)) or spec.fmt in ("fp8_e4m3", "fp8_e5m2"))
 
 
 def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:

@@ -109,6 +109,9 @@ def loop_mix(text: str) -> tuple[int, collections.Counter]:
     body = [ln for ln, a in zip(lines, addr) if best[0] <= a <= best[1]]
     ops = collections.Counter()
     for ln in body:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?((?:LDS|STS|LDSM)(?:\.[A-Z0-9_.]+)?)\s", ln)
+        if m:  # shared-memory traffic with its width (LDS.U8 = byte gathers, LDSM = ldmatrix)
+            ops["  " + m.group(1)] += 1
         m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
         if m:
             ops[m.group(1)] += 1
@@ -122,11 +125,14 @@ def main(argv=None):
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--asm", action="store_true")
+    ap.add_argument("--layout", default=None, choices=["operand", "rowfirst"],
+                    help="tile layout (config 'layout'): rowfirst dequantizes in the load's row layout")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (ptx .maxnreg)")
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args(argv)
-    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg}
+    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
+           "layout": a.layout}
     for s in a.schemes:
         for name, k in compile_decode(s, cfg):
             if name != "_decode_kernel":
@@ -134,8 +140,11 @@ def main(argv=None):
             text = sass(k)
             n, ops = loop_mix(text)
             md = k.metadata
-            print(f"{s:24s} {resources(k)} smem={md.shared} loop_instrs={n} "
-                  + " ".join(f"{o}:{c}" for o, c in ops.most_common(a.top)))
+            smem_ops = {o.strip(): c for o, c in ops.items() if o.startswith("  ")}
+            ops = collections.Counter({o: c for o, c in ops.items() if not o.startswith("  ")})
+            print(f"{s:24s} {resources(k).split(' CONSTANT')[0]} smem={md.shared} loop_instrs={n} "
+                  + " ".join(f"{o}:{c}" for o, c in ops.most_common(a.top)) + "\n    smem ops: "
+                  + " ".join(f"{o}:{c}" for o, c in sorted(smem_ops.items())))
             if a.sass:
                 os.makedirs(a.sass, exist_ok=True)
                 with open(os.path.join(a.sass, re.sub(r"[^A-Za-z0-9_]+", "_", s) + ".sass"), "w") as f:

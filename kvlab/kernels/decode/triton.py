@@ -40,13 +40,26 @@ def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
 
 
 @triton.jit
+def pin(x, ON: tl.constexpr):
+    """Anchor a 16-bit tile in the layout it was computed in (GPU only; ON=0 is a no-op, used under the
+    interpreter). A non-pure inline-asm move cannot be rematerialized, so Triton cannot hoist tl.dot's
+    operand layout above it: the 16-bit row tile is what goes through shared memory (STS, then LDSM /
+    ldmatrix(.trans) into the MMA) instead of the raw codes gathered byte by byte in the operand layout
+    (H200 run3 diagnosis). Checked offline: benchmarks/NOTES_decode.md, run4."""
+    if ON:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
+    return x
+
+
+@triton.jit
 def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
                    INDPTR, INDICES, LAST, KFP, VFP, FPLEN, qk_scale, num_splits,
                    sq0, sq1, so0, so1, kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
                    kf0, kf1, kf2, vf0, vf1, vf2,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                    P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
-                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, DIRECT: tl.constexpr):
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, DIRECT: tl.constexpr,
+                   ROWFIRST: tl.constexpr = 0, PIN: tl.constexpr = 0):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -82,12 +95,16 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
         if KCFG[26]:
             kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
         else:
-            kt = tl.trans(tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2,
-                                   KCFG, P, BN, D))  # [D, BN]
+            kr = tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2, KCFG, P, BN, D)
+            if ROWFIRST and KCFG[0] != 0:  # the dot dtype in the load's row layout, anchored there (pin)
+                kr = pin(kr.to(q.dtype), PIN)
+            kt = tl.trans(kr)  # [D, BN]
         if VCFG[26]:
             v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
         else:
             v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+            if ROWFIRST and VCFG[0] != 0:  # bf16 / fp16 pages: nothing to dequantize, left as is
+                v = pin(v.to(q.dtype), PIN)
         valid = (t0 + tl.arange(0, BN)) < hi
         m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
     if HAS_FP:
@@ -138,8 +155,8 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _cfg(spec, D: int, word_max: int, asm: bool, device: str):
-    cfg, perm = tile_config(spec, D, word_max, asm)
+def _cfg(spec, D: int, word_max: int, asm: bool, device: str, rowfirst: bool = False):
+    cfg, perm = tile_config(spec, D, word_max, asm, rowfirst)
     lut = None
     if spec.fmt in ("nf4", "iq4nl"):
         from ...quant.formats import codebook
@@ -147,7 +164,7 @@ def _cfg(spec, D: int, word_max: int, asm: bool, device: str):
     return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut
 
 
-def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale):
+def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale, rowfirst: bool = False):
     """-> dict of kernel arguments for one cache tensor (unit views, strides, CFG, perm, LUT, tensor scale)."""
     codes = pages["codes"]
     word = 4
@@ -162,7 +179,7 @@ def prepare(pages: dict, spec, D: int, asm: bool, q: torch.Tensor, tensor_scale)
             view = codes
     else:
         view = codes
-    cfg, perm, lut = _cfg(spec, D, word, asm, str(q.device))
+    cfg, perm, lut = _cfg(spec, D, word, asm, str(q.device), rowfirst)
     if cfg[3] != word and not spec.is_float_storage:
         view = codes.view(_UNIT[cfg[3]])
     scales, zeros = pages.get("scales"), pages.get("zeros")
@@ -232,9 +249,15 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
         if s.axis == "chan":
             BN = max(BN, s.group)
     S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
-    K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale)
-    V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale)
+    layout = cfg.get("layout") or "operand"
+    if layout not in ("operand", "rowfirst"):
+        raise ValueError(f"config layout={layout!r}; allowed: 'operand', 'rowfirst'")
+    rowfirst = layout == "rowfirst"
+    K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale, rowfirst)
+    V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale, rowfirst)
     half = bool(K["cfg"][27] or V["cfg"][27])  # a fast path makes fp16 tiles: fp16 dots
+    dot = dot_mode(cfg.get("dot"), half)
+    pin_on = rowfirst and dot != 0 and not interpreting() and (q.is_cuda or _OFFLINE)
     out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
     new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
     user_out = out
@@ -261,8 +284,8 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
-            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), half),
-            DIRECT=S == 1, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra)
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot,
+            DIRECT=S == 1, ROWFIRST=int(rowfirst), PIN=int(pin_on), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)

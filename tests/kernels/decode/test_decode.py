@@ -193,3 +193,58 @@ def test_decode_tile_configs(name, cfg):
     assert not torch.isnan(got).any()
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
     assert err < TOL, f"relative error {err:.2e}"
+
+
+ROWFIRST = {"layout": "rowfirst", "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+ROWFIRST_CASES = [
+    *[(2, [17, 40], 8, 2, 64, 16, s, None, None) for s in
+      ("q8_0", "fp8_e4m3", "q4_0", "q4_1", "int4_had", "int8:g32:asym", "int2:g32:asym", "int3:g32:asym", "mxfp4",
+       "nvfp4", "bf16")],
+    (3, [1, 17, 63], 8, 2, 64, 16, "q4_0", [1, 0, 4], 3),
+    (2, [1, 63], 2, 2, 64, 1, "q8_0", None, 4),
+    (2, [17, 63], 16, 2, 64, 64, "q4_1", None, 2),
+    (2, [17, 63], 8, 1, 128, 16, "fp8_e4m3", None, None),
+    (1, [1000], 8, 2, 64, 16, "q4_0", [9], None),
+    (2, [0, 17], 8, 2, 64, 16, "int4_had", [3, 0], 2),
+    (1, [64], 8, 2, 128, 32, "kivi4", [17], 2),
+]
+
+
+@pytest.mark.parametrize("c", ROWFIRST_CASES, ids=[_id(c) for c in ROWFIRST_CASES])
+def test_decode_rowfirst_matches_reference(c):
+    """config layout 'rowfirst' (dequantize in the load's row layout, pinned there on the GPU) == reference;
+    outputs start NaN-poisoned, odd lengths, page sizes 1/16/32/64, fp tokens."""
+    ref, got = _run(c, config=ROWFIRST)
+    assert not torch.isnan(got).any(), "unwritten or NaN output elements"
+    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+def test_rowfirst_rejects_unknown_layout():
+    with pytest.raises(ValueError, match="layout"):
+        _run(CASES[0], config={"layout": "colfirst"})
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="the fp16 fast paths (inline PTX) run on the GPU only")
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "int4_had", "q8_0", "int8:g32:asym", "int8:g32", "fp8_e4m3",
+                                  "fp8_e5m2", "int2:g32:asym", "nvfp4"])
+@pytest.mark.parametrize("bn", [64, 128])
+def test_rowfirst_fast_matches_operand_layout(name, bn):
+    """GPU: rowfirst (asm fast paths + pin) agrees with the operand-layout path and the reference."""
+    c = (2, [17, 300], 32, 8, 128, 16, name, None, 3)
+    cfg = {"BLOCK_N": bn, "num_warps": 4, "num_stages": 2}
+    ref, old = _run(c, config=cfg, use_asm=True)
+    _, new = _run(c, config={**cfg, "layout": "rowfirst"}, use_asm=True)
+    scale = ref.abs().max().item()
+    assert (new.float() - ref.float()).abs().max().item() / scale < TOL
+    assert (new.float() - old.float()).abs().max().item() / scale < 1e-2
+
+
+def test_tuner_offers_rowfirst_for_fast_path_specs():
+    from kvlab.kernels import tuning
+    for name, want in (("q4_0", True), ("q8_0", True), ("fp8_e4m3", True), ("int4_had", True), ("bf16", False),
+                       ("int3:g32:asym", False), ("kivi4", True)):  # kivi4: V is per-token int4
+        sch = kvlab.scheme(name)
+        cands = tuning.search_space("decode", 32, 8, sch.k, sch.v)
+        assert any(c.get("layout") == "rowfirst" for c in cands) == want, name
+        assert all("context" not in c for c in cands)
