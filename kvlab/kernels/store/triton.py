@@ -167,7 +167,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
     if CHAN:  # one slot per channel group: the page block of G tokens
         slot = tl.load(slot_ptr + grp * G).to(tl.int64)
-        live = (r < D) & (slot >= 0)
+        live = (r < D) & ((r * 0 + slot) >= 0)  # broadcast first: triton 3.9's interpreter rejects scalar & tensor masks
         unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + r  # [BR, 1, 1] group index
     else:
         slot = tl.load(slot_ptr + r, mask=r < T, other=-1).to(tl.int64)  # [BR, 1, 1]
