@@ -14,7 +14,6 @@ DIR/cells.jsonl as they finish and DIR/results.parquet + results.csv are rebuilt
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from importlib import resources
@@ -35,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", choices=["local", "ray"])
     p.add_argument("--address", help="Ray cluster address (with --executor ray; default: start a local one)")
     p.add_argument("--workers", type=int, help="local executor: worker processes (default 1 per GPU, 1 on CPU); "
-                   "several per GPU overlap compiles, timed regions stay serialized")
+                   "several per GPU overlap compiles and model stages; speed cells are timed one at a time at the end")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="override the config's device")
     p.add_argument("--stages", help="comma-separated subset of the config's stages")
     p.add_argument("--limit", type=int, help="run only the first N cells (smoke tests)")
@@ -60,7 +59,6 @@ def run(argv=None) -> int:
     from .config import load_config
     from .executors import execute
     from .pareto import report
-    from .speed import LOCK_ENV
     from .store import ResultStore, run_metadata
     try:
         cfg = load_config(a.config or default_config_path())
@@ -100,7 +98,6 @@ def run(argv=None) -> int:
             bar.set_postfix_str(f"{row['stage']} {row['name']}"[:40])
             bar.update(1)
         try:
-            os.environ[LOCK_ENV] = str((out / ".timing.lock").resolve())
             execute(todo, device, on_row, a.executor, a.address, a.workers)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable
 
-from .stages import run_cell
+from .stages import run_cell, warm_cell
 
 EXECUTORS = ("local", "ray")
 
@@ -30,10 +30,14 @@ def _run(cell: dict) -> dict:
     return run_cell(cell, _DEVICE)
 
 
+def _warm(cell: dict) -> None:
+    warm_cell(cell, _DEVICE)
+
+
 def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], workers: int | None = None) -> None:
     """Run cells here (workers=1) or in `workers` processes; on CUDA the default is one worker per
-    visible GPU, and several workers per GPU overlap Triton compiles and model stages (timed regions
-    of the speed stage are serialized through a lock file)."""
+    visible GPU. With several workers, speed cells are compiled in parallel first and then timed one
+    at a time in this process, after every other cell, so no timing shares the GPU."""
     n_gpus = 0
     if device == "cuda":
         import torch
@@ -49,9 +53,14 @@ def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], wo
     for i in range(workers):
         q.put(i % max(1, n_gpus))
     threads = max(1, (os.cpu_count() or 1) // workers)
+    timed = [c for c in cells if c["stage"] == "speed"]
     with ctx.Pool(workers, initializer=_worker_init, initargs=(q, device, threads)) as pool:
-        for row in pool.imap_unordered(_run, cells):
+        for row in pool.imap_unordered(_run, [c for c in cells if c["stage"] != "speed"]):
             on_row(row)
+        if device == "cuda":
+            pool.map(_warm, timed)
+    for c in timed:
+        on_row(run_cell(c, device))
 
 
 def run_ray(cells: list[dict], device: str, on_row: Callable[[dict], None], address: str | None = None) -> None:

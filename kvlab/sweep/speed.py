@@ -4,35 +4,18 @@ Decode: `kvlab.kernels.tuning.tune` searches tiles/warps/stages/splits (key with
 length), records the winner in the per-GPU tuned-config cache, and returns its median time.
 Store: a `context`-token prefill write through the store kernel (do_bench median).
 Bytes: K+V payload and scales the kernel must read (decode) or read+write (store).
+
+With several workers the executor first runs every speed cell with warm_only=True in parallel
+(Triton compiles land in its on-disk cache), then times the cells one after another in a single
+process, so no timed region shares the GPU with other work.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import os
 
 import torch
 
-LOCK_ENV = "KVLAB_TIMING_LOCK"
-
-
-@contextlib.contextmanager
-def timing_lock():
-    """Serialize timed regions across worker processes that share a GPU (compiles stay parallel).
-
-    The executor points $KVLAB_TIMING_LOCK at a lock file; without it this is a no-op."""
-    path = os.environ.get(LOCK_ENV)
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
+from .stages import Skip
 
 @functools.lru_cache(maxsize=1)
 def copy_bandwidth_tbps() -> float:
@@ -45,28 +28,34 @@ def copy_bandwidth_tbps() -> float:
     return 2 * n / ms / 1e9
 
 
+def _page(sch, P: int) -> int:
+    """Page size used: channel-axis keys need pages holding whole token groups."""
+    return sch.k.group * -(-P // sch.k.group) if sch.k.axis == "chan" and P % sch.k.group else P
+
+
 def kv_bytes(sch, batch: int, context: int, heads_kv: int, head_dim: int) -> float:
     """Bytes of K and V (codes + scales + zeros; fp window at 2 B) the decode reads once."""
     per_el = sch.bits_per_element(head_dim, context=context) / 8
     return 2 * per_el * batch * context * heads_kv * head_dim
 
 
-def speed_cell(sch, shape: dict, ops=("decode", "store")) -> dict:
+def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False) -> dict:
     import triton
 
     from ..cache.layout import PageLayout
     from ..kernels.store import store
     from ..kernels.tuning import tune
-    with timing_lock():
-        out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
+    if sch.k.pre_rope:
+        raise Skip("the Triton decode kernel takes post-RoPE keys; pre-RoPE schemes run on the reference backend")
+    if warm_only:
+        tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1, save=False)
+        return {}
+    out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
     B, L, Hk, D, P = shape["batch"], shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"]
-    if sch.k.axis == "chan" and P % sch.k.group:
-        P = sch.k.group * -(-P // sch.k.group)  # pages hold whole channel groups
-        out["page_size_used"] = P
+    if _page(sch, P) != P:
+        P = out["page_size_used"] = _page(sch, P)
     if "decode" in ops:
-        tune("decode", sch, {**shape, "page_size": P}, rep=1, warmup=1, save=False)  # compile, outside the lock
-        with timing_lock():
-            cfg, ms = tune("decode", sch, {**shape, "page_size": P})
+        cfg, ms = tune("decode", sch, {**shape, "page_size": P})
         nbytes = kv_bytes(sch, B, L, Hk, D)
         out.update(decode_ms=ms, decode_config=str(cfg), kv_bytes=nbytes, decode_tbps=nbytes / ms / 1e9,
                    decode_roofline_frac=(nbytes / (out["copy_tbps"] * 1e9)) / ms)
@@ -81,9 +70,7 @@ def speed_cell(sch, shape: dict, ops=("decode", "store")) -> dict:
         if spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage:
             kw["scale"] = torch.ones((), device="cuda")
         fn = lambda: store(x, pages, slots, spec, page_size=P, check_slots=False, **kw)  # noqa: E731
-        fn()  # compile outside the lock
-        with timing_lock():
-            ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
+        ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
         written = sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
         out.update(store_tokens=T, store_ms=ms, store_gbps=(x.numel() * 2 + written) / ms / 1e6)
     return out

@@ -65,8 +65,10 @@ def _attention(sch, p, device):
     model, _ = _model(p["model"], device)
     _check_model_fit(sch, model)
     r = attention_delta(model, _captured(p["model"], device, p["text"], p["tokens"]), sch)
+    c = model.config
     return {"attn_k_rel_l2": r["k"], "attn_v_rel_l2": r["v"], "attn_kv_rel_l2": r["kv"],
-            "bits_per_element": sch.bits_per_element(model.config.head_dim)}
+            "bits_per_element": sch.bits_per_element(c.head_dim),
+            "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=p["tokens"], n_layers=c.n_layers)}
 
 
 def _check_model_fit(sch, model):
@@ -93,14 +95,24 @@ def _model_stage(sch, p, device):
     return out
 
 
-def _speed(sch, p, device):
+def _speed(sch, p, device, warm_only=False):
     if device != "cuda":
         raise Skip("the speed stage needs a CUDA GPU (Triton kernels are timed on the device)")
     from .speed import speed_cell
-    return speed_cell(sch, p["shape"], p.get("ops", ["decode", "store"]))
+    return speed_cell(sch, p["shape"], p.get("ops", ["decode", "store"]), warm_only)
 
 
 RUNNERS = {"roundtrip": _roundtrip, "attention": _attention, "model": _model_stage, "speed": _speed}
+
+
+def warm_cell(cell: dict, device: str) -> None:
+    """Compile a speed cell's kernels without timing them (parallel warm-up before timing)."""
+    if cell["stage"] == "speed" and device == "cuda":
+        params = {k: json.loads(v) for k, v in json.loads(cell["params_items"])}
+        try:
+            _speed(to_scheme(cell["scheme"]), params, device, warm_only=True)
+        except Exception:  # noqa: BLE001 - the timed run reports it
+            pass
 
 
 def run_cell(cell: dict, device: str) -> dict:
