@@ -271,7 +271,6 @@ def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: t
     """Channel-axis (KIVI) tile: token groups of G inside each channel -> float32 [D, BN] (K^T).
     t0 is a multiple of G; codes [N, Hk, P/G, D, GB] (c3 = channel stride), scales [N, Hk, P/G, D]."""
     G: tl.constexpr = CFG[1]
-    WORD: tl.constexpr = CFG[3]
     NGT: tl.constexpr = BN // G
     d = tl.arange(0, D)
     c = _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[5], CFG[6], CFG[7], CFG, P, BN, D)

@@ -1,7 +1,6 @@
 """SmolLM2-135M-Instruct (GGUF) against transformers, incremental decode, capture, perplexity."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from _model_testlib import needs_smollm2, rel_err

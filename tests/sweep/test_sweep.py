@@ -13,7 +13,7 @@ import yaml
 
 from kvlab.sweep import expand_cells, load_config, parse_config
 from kvlab.sweep.__main__ import main
-from kvlab.sweep.pareto import dominates, frontier, scheme_table
+from kvlab.sweep.pareto import dominates, frontier
 from kvlab.sweep.store import VOLATILE, ResultStore
 
 ROOT = Path(__file__).resolve().parents[2]
