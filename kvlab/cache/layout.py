@@ -87,6 +87,34 @@ class PageLayout:
         """Stored bytes per token per head (codes + scales + zeros)."""
         return self.head_dim * self.spec.bits_per_element_at(self.head_dim) / 8
 
+    def check_pages(self, pages: dict, device, name: str = "pages", other: str = "x") -> int:
+        """Validate a page dict ({"codes", "scales", "zeros"}) against this layout on `device` (the
+        device of the caller's tensor named `other`); raises ValueError naming the bad tensor.
+        Returns the number of pages N."""
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+        need(isinstance(pages, dict) and isinstance(pages.get("codes"), torch.Tensor),
+             f"{name} must be a dict with tensor 'codes' (and 'scales'/'zeros'), as PageLayout.allocate returns")
+        codes, spec = pages["codes"], self.spec
+        N = codes.shape[0] if codes.dim() else 0
+        need(tuple(codes.shape) == self.code_shape(N), f"{name}['codes'] has shape {tuple(codes.shape)}; spec {spec} "
+             f"with head_dim {self.head_dim}, page_size {self.page_size}, {self.n_heads} KV heads needs "
+             f"{self.code_shape(N)}")
+        need(codes.dtype == self.code_dtype, f"{name}['codes'] dtype {codes.dtype}; spec {spec} needs {self.code_dtype}")
+        need(codes.device == torch.device(device), f"{name}['codes'] is on {codes.device}, {other} on {device}")
+        for key in ("scales", "zeros"):
+            t = pages.get(key)
+            if not (self.has_group_scales and (key == "scales" or not spec.sym)):
+                need(t is None, f"{name}[{key!r}] is given but spec {spec} stores no {key} in pages")
+                continue
+            need(isinstance(t, torch.Tensor), f"{name}[{key!r}] (a tensor) is required for spec {spec}")
+            need(tuple(t.shape) == self.scale_shape(N), f"{name}[{key!r}] has shape {tuple(t.shape)}; expected "
+                 f"{self.scale_shape(N)}")
+            need(t.dtype == self.scale_dtype, f"{name}[{key!r}] dtype {t.dtype}; spec {spec} needs {self.scale_dtype}")
+            need(t.device == codes.device, f"{name}[{key!r}] is on {t.device}, {name}['codes'] on {codes.device}")
+        return N
+
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
         """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored)."""
         codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)

@@ -24,28 +24,7 @@ def _need(cond: bool, msg: str) -> None:
 
 def check_pages(name: str, pages, spec: KVQuantSpec, D: int, P: int, Hk: int, device) -> int:
     """Validate one page dict against `PageLayout`; returns the number of pages N."""
-    _need(isinstance(pages, dict) and "codes" in pages, f"{name} must be a dict with 'codes' (and 'scales'/'zeros' "
-          "as PageLayout.allocate returns)")
-    lay = PageLayout(spec, D, P, Hk)
-    codes = pages["codes"]
-    _need(isinstance(codes, torch.Tensor), f"{name}['codes'] must be a tensor")
-    N = codes.shape[0] if codes.dim() else 0
-    _need(tuple(codes.shape) == lay.code_shape(N), f"{name}['codes'] has shape {tuple(codes.shape)}; spec {spec} with "
-          f"head_dim {D}, page_size {P}, {Hk} KV heads needs {lay.code_shape(N)}")
-    _need(codes.dtype == lay.code_dtype, f"{name}['codes'] dtype {codes.dtype}; expected {lay.code_dtype}")
-    _need(codes.device == device, f"{name}['codes'] is on {codes.device}, q is on {device}")
-    for key in ("scales", "zeros"):
-        t = pages.get(key)
-        want = lay.has_group_scales and (key == "scales" or not spec.sym)
-        if not want:
-            _need(t is None, f"{name}[{key!r}] given but spec {spec} stores no {key} in pages")
-            continue
-        _need(isinstance(t, torch.Tensor), f"{name}[{key!r}] is required for spec {spec}")
-        _need(tuple(t.shape) == lay.scale_shape(N), f"{name}[{key!r}] has shape {tuple(t.shape)}; expected "
-              f"{lay.scale_shape(N)}")
-        _need(t.dtype == lay.scale_dtype, f"{name}[{key!r}] dtype {t.dtype}; expected {lay.scale_dtype}")
-        _need(t.device == device, f"{name}[{key!r}] is on {t.device}, q is on {device}")
-    return N
+    return PageLayout(spec, D, P, Hk).check_pages(pages, device, name, other="q")
 
 
 def check_spec(name: str, spec, D: int, backend: str, tensor_scale) -> KVQuantSpec:

@@ -50,22 +50,9 @@ def check_pages(pages, spec, D: int, Hk: int, device, page_size: int | None) -> 
     P = codes.shape[2] * (spec.group if spec.axis == "chan" else 1)
     _need(page_size is None or page_size == P, f"page_size={page_size} but pages['codes'] holds {P} tokens per page")
     lay = PageLayout(spec, D, P, Hk)
-    N = codes.shape[0]
-    _need(tuple(codes.shape) == lay.code_shape(N), f"pages['codes'] has shape {tuple(codes.shape)}; spec {spec} with "
-          f"head_dim {D} and {Hk} KV heads needs {lay.code_shape(N)}")
-    _need(codes.dtype == lay.code_dtype, f"pages['codes'] dtype {codes.dtype}; spec {spec} needs {lay.code_dtype}")
-    for key in ("scales", "zeros"):
-        t = pages.get(key)
-        if not (lay.has_group_scales and (key == "scales" or not spec.sym)):
-            _need(t is None, f"pages[{key!r}] is given but spec {spec} stores no {key} in pages")
-            continue
-        _need(isinstance(t, torch.Tensor), f"pages[{key!r}] (a tensor) is required for spec {spec}")
-        _need(tuple(t.shape) == lay.scale_shape(N), f"pages[{key!r}] has shape {tuple(t.shape)}; expected "
-              f"{lay.scale_shape(N)}")
-        _need(t.dtype == lay.scale_dtype, f"pages[{key!r}] dtype {t.dtype}; spec {spec} needs {lay.scale_dtype}")
+    N = lay.check_pages(pages, device)
     for key in ("codes", "scales", "zeros"):
         t = pages.get(key)
-        _need(t is None or t.device == device, f"pages[{key!r}] is on {getattr(t, 'device', None)}, x on {device}")
         _need(t is None or t.is_contiguous(), f"pages[{key!r}] must be contiguous")
     return lay, N
 
