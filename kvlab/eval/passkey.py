@@ -2,7 +2,8 @@
 
 The prompt (after Mohtashami & Jaggi 2023): filler sentences, "The pass key is NNNNN. Remember
 it. NNNNN is the pass key." at a fraction `depth` of the context, more filler, then "What is the
-pass key? The pass key is". A hit is the greedy continuation containing the number.
+pass key? The pass key is". A hit is the greedy continuation containing the number. Generation is verified
+in one parallel pass against the full-precision continuation (see greedy.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from ..spec import scheme as to_scheme
 from .faithful import DecodeFaithfulBackend, calibrate
+from .greedy import greedy_generate
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -51,11 +53,7 @@ def passkey(model, tokenizer, scheme, lengths=(512, 1024), depths=(0.1, 0.5, 0.9
             key = rng.randint(10000, 99999)
             ids = passkey_prompt(tokenizer, length, depth, key)[None].to(dev)
             backend = DecodeFaithfulBackend(sch, c.n_layers, calib)
-            gen = []
-            for _ in range(n_new):
-                nxt = model(ids, backend=backend)[0, -1].argmax().view(1, 1)
-                gen.append(int(nxt))
-                ids = nxt
+            gen = greedy_generate(model, ids[0], backend, n_new)
             text = tokenizer.decode(gen)
             detail.append({"length": length, "depth": depth, "key": key, "hit": str(key) in text.replace(" ", "")})
     return {"hits": sum(d["hit"] for d in detail), "trials": len(detail), "detail": detail}

@@ -70,34 +70,39 @@ def reference_logits(model, seg: torch.Tensor) -> _Ref:
 @torch.no_grad()
 def score_segment(model, seg: torch.Tensor, scheme, calib: dict | None = None) -> dict:
     """PPL, KL(full || quantized), top-1 agreement of one segment [T] (tokens, no BOS)."""
+    return score_segments(model, [seg], scheme, calib)[0]
+
+
+@torch.no_grad()
+def score_segments(model, segs: list[torch.Tensor], scheme, calib: dict | None = None) -> list[dict]:
+    """score_segment for equal-length segments, scored as one batch [N, T] (one decode-faithful
+    pass: N times fewer kernel launches)."""
     dev = next(model.parameters()).device
-    ref = reference_logits(model, seg)
+    if len({s.numel() for s in segs}) != 1:
+        raise ValueError(f"segments must have one length to be batched, got {sorted({s.numel() for s in segs})}")
+    refs = [reference_logits(model, seg) for seg in segs]
     backend = DecodeFaithfulBackend(scheme, model.config.n_layers, calib)
-    lg = model(seg[None].to(dev), backend=backend)[0].float()
-    tgt = seg[1:].to(dev)
-    nll = F.cross_entropy(lg[:-1], tgt).item()
-    lp_ref, lp = F.log_softmax(ref.logits[:-1], -1), F.log_softmax(lg[:-1], -1)
-    kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
-    top1 = (ref.logits[:-1].argmax(-1) == lg[:-1].argmax(-1)).float().mean().item()
-    ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())
-    return {"ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta_pct": 100 * (ppl / ppl_ref - 1), "kl": kl, "top1": top1}
+    lgs = model(torch.stack(segs).to(dev), backend=backend)
+    rows = []
+    for seg, ref, lg in zip(segs, refs, lgs):
+        lg = lg.float()
+        tgt = seg[1:].to(dev)
+        nll = F.cross_entropy(lg[:-1], tgt).item()
+        lp_ref, lp = F.log_softmax(ref.logits[:-1], -1), F.log_softmax(lg[:-1], -1)
+        kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
+        top1 = (ref.logits[:-1].argmax(-1) == lg[:-1].argmax(-1)).float().mean().item()
+        ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())
+        rows.append({"ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta_pct": 100 * (ppl / ppl_ref - 1), "kl": kl,
+                     "top1": top1})
+    return rows
 
 
 @torch.no_grad()
 def greedy_agreement(model, prompt: torch.Tensor, scheme, n_new: int = 32, calib: dict | None = None) -> int:
     """Tokens generated greedily after `prompt` [T] before the quantized cache first disagrees with
-    full precision (n_new if never)."""
-    from ..model.llama import DenseCausalBackend
-    dev = next(model.parameters()).device
-    outs = []
-    for backend in (DenseCausalBackend(), DecodeFaithfulBackend(scheme, model.config.n_layers, calib)):
-        tok, gen = prompt[None].to(dev), []
-        for _ in range(n_new):
-            nxt = model(tok, backend=backend)[0, -1].argmax()
-            gen.append(int(nxt))
-            tok = nxt.view(1, 1)
-        outs.append(gen)
-    return next((i for i, (a, b) in enumerate(zip(*outs)) if a != b), n_new)
+    full precision (n_new if never). One parallel verification pass (see greedy.py)."""
+    from .greedy import agreement
+    return agreement(model, prompt, DecodeFaithfulBackend(scheme, model.config.n_layers, calib), n_new)
 
 
 def _ms(values: list[float]) -> tuple[float, float]:
@@ -116,13 +121,15 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
         raise ValueError(f"{n_tokens} tokens exceed the model's context of {c.max_position_embeddings}")
     segs = segments(text_tokens(tokenizer, text), n_tokens, n_segments, seed)
     calib = calibrate(model, text_tokens(tokenizer, calib_text)[:n_tokens][None], sch)
-    rows = []
-    for seg in segs:
-        r = score_segment(model, seg, sch, calib)
-        if greedy_tokens:
-            r["greedy_agree"] = greedy_agreement(model, seg[: min(256, n_tokens // 2)], sch, greedy_tokens, calib)
-        rows.append(r)
-        if progress is not None:
+    rows = score_segments(model, segs, sch, calib)
+    if greedy_tokens:
+        from .greedy import agreements
+        prompts = [seg[: min(256, n_tokens // 2)] for seg in segs]
+        backend = DecodeFaithfulBackend(sch, c.n_layers, calib)
+        for r, g in zip(rows, agreements(model, prompts, backend, greedy_tokens)):
+            r["greedy_agree"] = g
+    if progress is not None:
+        for _ in rows:
             progress()
     out = {"scheme": str(sch), "name": sch.name, "text": text, "segments": n_segments, "tokens": n_tokens,
            "seed": seed, "calib_text": calib_text if calib else None,

@@ -217,12 +217,15 @@ class LlamaModel(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------
     def forward(self, tokens: Tensor, positions: Tensor | None = None,
-                backend: AttentionBackend | None = None) -> Tensor:
+                backend: AttentionBackend | None = None, last: int | None = None) -> Tensor:
         """tokens: LongTensor [B, T]; positions: LongTensor [T] of absolute positions (default:
         continue after what `backend` holds, i.e. `backend.seq_len` if it has one, else 0..T-1);
-        backend: where K/V live (default: a fresh `DenseCausalBackend`).
-        Returns logits [B, T, V] float32."""
-        return self._run(tokens, positions, backend)[0]
+        backend: where K/V live (default: a fresh `DenseCausalBackend`); last: compute logits for
+        the last `last` positions only (default all; the LM head of a long prompt is costly).
+        Returns logits [B, T or last, V] float32."""
+        if last is not None and not 1 <= last <= tokens.shape[-1]:
+            raise ValueError(f"last={last} must be between 1 and the {tokens.shape[-1]} tokens given")
+        return self._run(tokens, positions, backend, last=last)[0]
 
     @torch.no_grad()
     def capture(self, tokens: Tensor, positions: Tensor | None = None,
@@ -243,7 +246,7 @@ class LlamaModel(nn.Module):
         return out
 
     def _run(self, tokens: Tensor, positions: Tensor | None, backend: AttentionBackend | None,
-             want_hidden: bool = False) -> tuple[Tensor, list[Tensor]]:
+             want_hidden: bool = False, last: int | None = None) -> tuple[Tensor, list[Tensor]]:
         c = self.config
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor [B, T], got {tuple(tokens.shape)} "
@@ -270,6 +273,8 @@ class LlamaModel(nn.Module):
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             if want_hidden:
                 hidden.append(x.float())
+        if last is not None:
+            x = x[:, -last:]
         return self.lm_head(self.norm(x)).float(), hidden
 
 

@@ -14,6 +14,7 @@ EXECUTORS = ("local", "ray")
 
 
 _DEVICE = "cpu"
+_COST = {"model": 3, "attention": 2, "roundtrip": 1}  # relative cell cost, for scheduling only
 
 
 def _worker_init(queue, device: str, threads: int) -> None:
@@ -54,8 +55,10 @@ def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], wo
         q.put(i % max(1, n_gpus))
     threads = max(1, (os.cpu_count() or 1) // workers)
     timed = [c for c in cells if c["stage"] == "speed"]
+    # longest cells first, so the pool does not end waiting on a few slow model cells
+    rest = sorted((c for c in cells if c["stage"] != "speed"), key=lambda c: _COST.get(c["stage"], 0), reverse=True)
     with ctx.Pool(workers, initializer=_worker_init, initargs=(q, device, threads)) as pool:
-        for row in pool.imap_unordered(_run, [c for c in cells if c["stage"] != "speed"]):
+        for row in pool.imap_unordered(_run, rest):
             on_row(row)
         if device == "cuda":
             pool.map(_warm, timed)

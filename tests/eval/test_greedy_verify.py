@@ -1,0 +1,74 @@
+"""Greedy generation by parallel verification == token-by-token greedy decode through the same
+decode-faithful cache, including rejected drafts (backend truncation) and channel groups."""
+import pytest
+import torch
+
+import kvlab
+from kvlab.eval.faithful import DecodeFaithfulBackend
+from kvlab.eval.greedy import agreement, greedy_generate, reference_greedy, verify
+from kvlab.eval.perplexity import text_tokens
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from kvlab.model import load_model
+    try:
+        return load_model("smollm2")
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"SmolLM2 not installed: {e}")
+
+
+def _incremental(model, prompt, backend, n_new):
+    tok, gen = prompt[None], []
+    for _ in range(n_new):
+        nxt = model(tok, backend=backend)[0, -1].argmax()
+        gen.append(int(nxt))
+        tok = nxt.view(1, 1)
+    return gen
+
+
+SCHEMES = ["q4_0,window=4,sink=2", "k=int4:g8:chan:asym,v=int4:g8:asym,window=5", "kivi2", "int2:g32:asym"]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_verified_greedy_equals_incremental(smollm2, name):
+    model, tok = smollm2
+    s, n = kvlab.scheme(name), model.config.n_layers
+    prompt = text_tokens(tok, "pydoc")[300:360]
+    want = _incremental(model, prompt, DecodeFaithfulBackend(s, n), 8)
+    assert greedy_generate(model, prompt, DecodeFaithfulBackend(s, n), 8) == want
+    # drafts rejected at every position exercise truncate + incremental continuation
+    for k in (0, 3, 7):
+        bad = want[:k] + [(want[k] + 1) % model.config.vocab_size] + want[k + 1:]
+        b = DecodeFaithfulBackend(s, n)
+        assert greedy_generate(model, prompt, b, 8, draft=bad) == want
+        assert b.seq_len == prompt.numel() + 7           # prompt + every generated token but the last
+    j = agreement(model, prompt, DecodeFaithfulBackend(s, n), 8)
+    ref = reference_greedy(model, prompt, 8)
+    assert want[:j] == ref[:j] and (j == 8 or want[j] != ref[j])
+
+
+def test_verify_and_truncate_errors(smollm2):
+    model, tok = smollm2
+    b = DecodeFaithfulBackend(kvlab.scheme("q8_0"), model.config.n_layers)
+    with pytest.raises(ValueError, match="draft"):
+        verify(model, text_tokens(tok, "pydoc")[:8], [], b)
+    model(text_tokens(tok, "pydoc")[:8][None], backend=b)
+    with pytest.raises(ValueError, match="truncate 8 held tokens to 9"):
+        b.truncate(9)
+    with pytest.raises(ValueError, match="last=0"):
+        model(text_tokens(tok, "pydoc")[:8][None], last=0)
+
+
+def test_batched_agreements_equal_single(smollm2):
+    from kvlab.eval.greedy import agreements
+    model, tok = smollm2
+    s, n = kvlab.scheme("int2:g32:asym"), model.config.n_layers
+    text = text_tokens(tok, "pydoc")
+    prompts = [text[i:i + 40] for i in (0, 500, 1000)]
+    single = [agreement(model, p, DecodeFaithfulBackend(s, n), 6) for p in prompts]
+    assert agreements(model, prompts, DecodeFaithfulBackend(s, n), 6) == single
+    with pytest.raises(ValueError, match="one length"):
+        agreements(model, [text[:4], text[:5]], DecodeFaithfulBackend(s, n), 6)
