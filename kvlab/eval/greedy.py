@@ -26,17 +26,27 @@ def _key(model, prompt: Tensor, n_new: int) -> tuple:
 @torch.no_grad()
 def reference_greedy(model, prompt: Tensor, n_new: int) -> list[int]:
     """The full-precision model's greedy continuation of `prompt` [T]: n_new token ids (cached)."""
+    return reference_greedy_batch(model, [prompt], n_new)[0]
+
+
+@torch.no_grad()
+def reference_greedy_batch(model, prompts: list[Tensor], n_new: int) -> list[list[int]]:
+    """reference_greedy for several prompts; those of one length are generated as one batch."""
     from ..model.llama import DenseCausalBackend
-    key = _key(model, prompt, n_new)
-    if key not in _DRAFTS:
-        dev = next(model.parameters()).device
-        backend, tok, gen = DenseCausalBackend(), prompt[None].to(dev), []
+    dev = next(model.parameters()).device
+    todo: dict[int, list[Tensor]] = {}
+    for p in prompts:
+        if _key(model, p, n_new) not in _DRAFTS:
+            todo.setdefault(p.numel(), []).append(p)
+    for group in todo.values():
+        backend, tok, gen = DenseCausalBackend(), torch.stack(group).to(dev), []   # [N, T]
         for _ in range(n_new):
-            nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
-            gen.append(int(nxt))
-            tok = nxt.view(1, 1)
-        _DRAFTS[key] = gen
-    return _DRAFTS[key]
+            nxt = model(tok, backend=backend, last=1)[:, -1].argmax(-1)           # [N]
+            gen.append(nxt)
+            tok = nxt[:, None]
+        for p, row in zip(group, torch.stack(gen, 1).tolist()):
+            _DRAFTS[_key(model, p, n_new)] = row
+    return [list(_DRAFTS[_key(model, p, n_new)]) for p in prompts]
 
 
 @torch.no_grad()
@@ -78,6 +88,35 @@ def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int]
     return gen
 
 
+@torch.no_grad()
+def greedy_generate_batch(model, prompts: list[Tensor], make_backend, n_new: int,
+                          drafts: list[list[int]] | None = None) -> list[list[int]]:
+    """greedy_generate for equal-length prompts: one batched verification pass through
+    `make_backend()`; a prompt whose draft is rejected continues alone (a fresh backend fed
+    prompt + its verified tokens in parallel, then one token at a time). Where a scheme is so
+    noisy that its logits have near-ties, the parallel and the token-by-token pass may round a
+    tie differently; both are decode-faithful."""
+    if len({p.numel() for p in prompts}) != 1:
+        raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
+    dev = next(model.parameters()).device
+    drafts = reference_greedy_batch(model, prompts, n_new) if drafts is None else [d[:n_new] for d in drafts]
+    ids = torch.stack([torch.cat([p, torch.tensor(d[:-1], dtype=torch.int64)]) for p, d in zip(prompts, drafts)])
+    am = model(ids.to(dev), backend=make_backend(), last=n_new).argmax(-1).tolist()   # [N, n_new]
+    out = []
+    for p, d, row in zip(prompts, drafts, am):
+        j = next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new)
+        gen = list(d) if j == n_new else d[:j] + [row[j]]
+        if len(gen) < n_new:
+            backend = make_backend()
+            tok = torch.cat([p, torch.tensor(gen, dtype=torch.int64)])[None].to(dev)
+            while len(gen) < n_new:
+                nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
+                gen.append(int(nxt))
+                tok = nxt.view(1, 1)
+        out.append(gen)
+    return out
+
+
 def agreement(model, prompt: Tensor, backend, n_new: int) -> int:
     """Tokens generated greedily through `backend` (fresh) after `prompt` before the first
     disagreement with the full-precision model (n_new if none): one parallel pass."""
@@ -90,7 +129,7 @@ def agreements(model, prompts: list[Tensor], backend, n_new: int) -> list[int]:
     if len({p.numel() for p in prompts}) != 1:
         raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
     dev = next(model.parameters()).device
-    drafts = [reference_greedy(model, p, n_new) for p in prompts]
+    drafts = reference_greedy_batch(model, prompts, n_new)
     ids = torch.stack([torch.cat([p, torch.tensor(d[:-1], dtype=torch.int64)]) for p, d in zip(prompts, drafts)])
     am = model(ids.to(dev), backend=backend, last=n_new).argmax(-1).tolist()   # [N, n_new]
     return [next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new) for row, d in zip(am, drafts)]

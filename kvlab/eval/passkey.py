@@ -13,7 +13,7 @@ import torch
 
 from ..spec import scheme as to_scheme
 from .faithful import DecodeFaithfulBackend, calibrate
-from .greedy import greedy_generate
+from .greedy import greedy_generate_batch
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -49,11 +49,17 @@ def passkey(model, tokenizer, scheme, lengths=(512, 1024), depths=(0.1, 0.5, 0.9
     calib = calibrate(model, text_tokens(tokenizer, "license")[:512][None].to(dev), sch)
     detail = []
     for length in lengths:
-        for depth in depths:
-            key = rng.randint(10000, 99999)
-            ids = passkey_prompt(tokenizer, length, depth, key)[None].to(dev)
-            backend = DecodeFaithfulBackend(sch, c.n_layers, calib)
-            gen = greedy_generate(model, ids[0], backend, n_new)
-            text = tokenizer.decode(gen)
+        keys = [rng.randint(10000, 99999) for _ in depths]
+        prompts = [passkey_prompt(tokenizer, length, depth, key) for depth, key in zip(depths, keys)]
+        by_len: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_len.setdefault(p.numel(), []).append(i)
+        gens: dict[int, list[int]] = {}
+        for idx in by_len.values():  # one batch per prompt length (the depths of one length, usually)
+            rows = greedy_generate_batch(model, [prompts[i] for i in idx],
+                                         lambda: DecodeFaithfulBackend(sch, c.n_layers, calib), n_new)
+            gens.update(zip(idx, rows))
+        for i, (depth, key) in enumerate(zip(depths, keys)):
+            text = tokenizer.decode(gens[i])
             detail.append({"length": length, "depth": depth, "key": key, "hit": str(key) in text.replace(" ", "")})
     return {"hits": sum(d["hit"] for d in detail), "trials": len(detail), "detail": detail}

@@ -115,18 +115,26 @@ def export_configs(path: str) -> str:
     return path
 
 
-def search_space(op: str, B: int, Hk: int, k_spec, v_spec, device=None, asm_ok: bool = True) -> list[dict]:
-    """Pruned candidates: tile size x warps (stages fixed by tile), splits around the auto count."""
+TILES = ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2))  # BLOCK_N, warps, stages
+QUICK_TILES = ((64, 4, 2), (128, 4, 2))  # every H200 winner of the full space (tuned_configs.json, run4)
+
+
+def search_space(op: str, B: int, Hk: int, k_spec, v_spec, device=None, asm_ok: bool = True,
+                 quick: bool = False) -> list[dict]:
+    """Pruned candidates: tile size x warps (stages fixed by tile), splits at the auto count; the
+    fp16 fast paths (asm, rowfirst) where the spec has them. quick: the two tiles that won every
+    scheme of the full search on H200 (2-4 candidates; what the sweep's speed stage uses)."""
     base = auto_splits(B, Hk, device)
-    cands = []
-    for bn, warps, stages in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2)):
-        cands.append({"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "num_splits": base, "asm": False})
+    tiles = QUICK_TILES if quick else TILES
+    cands = [{"BLOCK_N": bn, "num_warps": w, "num_stages": st, "num_splits": base, "asm": False} for bn, w, st in tiles]
+    big = [c for c in cands if c["BLOCK_N"] >= 64][:3] if not quick else cands[-1:]
     quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" for s in (k_spec, v_spec))
     if asm_ok and quant4:
-        cands += [{**c, "asm": True} for c in cands[1:4]]
+        cands += [{**c, "asm": True} for c in big]
     if asm_ok and any(rowfirst_ok(s) for s in (k_spec, v_spec)):
         # layout "rowfirst": dequantize in the load's row layout, 16-bit tile through smem + ldmatrix (run4)
-        cands += [{**cands[i], "asm": True, "layout": "rowfirst"} for i in (1, 3)]
+        cands += [{**c, "asm": True, "layout": "rowfirst"} for c in cands[:len(tiles)] if c["BLOCK_N"] in
+                  ((128,) if quick else (64, 128)) and c["num_warps"] == 4 and c["num_stages"] == 2]
     return cands
 
 
@@ -174,7 +182,7 @@ def synthetic_cache(k_spec, v_spec, B: int, Hk: int, D: int, P: int, context: in
 
 def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: int = 5, save: bool = True,
          verbose: bool = False, candidates: list[dict] | None = None,
-         search_splits: bool = True) -> tuple[dict, float | None]:
+         search_splits: bool = True, quick: bool = False) -> tuple[dict, float | None]:
     """Best config for `op` ("decode") with `scheme` (name, text or KVScheme) at `shape`
     {"batch", "heads_q", "heads_kv", "head_dim", "page_size", "context" (timing only, not the key)}.
 
@@ -222,11 +230,11 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
             res.append((ms, cfg))
         return res
 
-    res = bench(candidates or search_space(op, B, Hk, sch.k, sch.v, device))
+    res = bench(candidates or search_space(op, B, Hk, sch.k, sch.v, device, quick=quick))
     if not res:
         raise RuntimeError(f"no decode config ran for {sch} at {shape}")
     best_ms, best = min(res, key=lambda r: r[0])
-    res2 = bench(split_space(best, B, Hk, device)) if search_splits else []
+    res2 = bench(split_space(best, B, Hk, device)) if search_splits and not quick else []
     if res2:
         ms2, cfg2 = min(res2, key=lambda r: r[0])
         if ms2 < best_ms:

@@ -72,8 +72,8 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
         r = flat.amin(-1, keepdim=True)
     else:  # "ext": the signed element of largest magnitude (first one on ties, as numpy's argmax)
         r = flat.gather(-1, flat.abs().argmax(-1, keepdim=True))
-    if torch.isnan(flat).any():  # amax/argmax skip or mis-place NaN on some backends: poison explicitly
-        r = torch.where(torch.isnan(flat).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
+    # amax/argmax skip or mis-place NaN on some backends: poison explicitly (branch-free: no device sync)
+    r = torch.where(torch.isnan(flat).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
     return r.reshape([1] * xg.dim()) if spec.axis == "tensor" else r
 
 
@@ -100,7 +100,7 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
         m_raw = None
     else:
         mx, mn = _reduce(xg, "max", spec), _reduce(xg, "min", spec)
-        if ratio != 1.0:
+        if not (isinstance(ratio, float) and ratio == 1.0):  # a float, or [R, 1, ...] ratios (mse search)
             c, h = (mx + mn) / 2, (mx - mn) / 2 * ratio
             mx, mn = c + h, c - h
         s_raw, m_raw = _div(mx - mn, 2 ** b - 1), mn
@@ -226,21 +226,48 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
         raise ValueError("scale= fixes a static per-tensor scale; it needs a symmetric int or fp8 spec with axis "
                          "tensor and a scale rule")
     u, s_st, m_st = run(1.0)
-    if spec.rule == "mse":
-        best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)
-        for r in MSE_RATIOS[1:]:
-            u2, s2, m2 = run(r)
-            err = ((_values(u2, s2, m2, spec, ts) - xg) ** 2).sum(-1, keepdim=True)
-            better = err.sum() < best.sum() if spec.axis == "tensor" else err < best
-            u = torch.where(better, u2, u)
-            s_st = torch.where(better, s2, s_st)
-            m_st = None if m_st is None else torch.where(better, m2, m_st)
-            best = torch.where(better, err, best)
+    if spec.rule == "mse" and scale is None and spec.has_scale:  # a static scale leaves nothing to search
+        u, s_st, m_st = _mse_search(run, xg, spec, ts, u, s_st, m_st)
     if not packed:
         y = ungroup(_values(u, s_st, m_st, spec, ts), spec, shape)
         return (unrotate(y) if spec.rotation == "had" else y).to(dtype)
     squeeze = (lambda t: None if t is None else (t.reshape(()) if spec.axis == "tensor" else t.squeeze(-1)))
     return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype)
+
+
+def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, chunk: int = 7):
+    """rule=mse: per group (or per tensor), the clipping ratio in MSE_RATIOS with the least squared
+    error, the first one on ties. Ratios are evaluated `chunk` at a time as a leading batch
+    dimension [R, ...] (one set of kernels per chunk, not per ratio), same values as one by one."""
+    tensor = spec.axis == "tensor"
+    best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [..., A, B, 1]
+    if tensor:
+        best = best.sum()
+    rest = MSE_RATIOS[1:]
+    if xg.is_cuda and xg.numel() <= 1 << 21:
+        chunk = len(rest)  # one pass (at most 20 x 16 x 2M float32 for a codebook's distance table)
+    for i in range(0, len(rest), chunk):
+        r = torch.tensor(rest[i:i + chunk], dtype=torch.float32, device=xg.device).view(-1, *[1] * xg.dim())
+        u2, s2, m2 = run(r)                                                  # [R, ..., A, B, G]
+        err = ((_values(u2, s2, m2, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [R, ..., A, B, 1]
+        if tensor:
+            tot = err.flatten(1).sum(1)                                      # [R]
+            j = int(tot.argmin())                                            # first minimum
+            if bool(tot[j] < best):
+                best, u, s_st = tot[j], u2[j], s2[j]
+                m_st = None if m2 is None else m2[j]
+            continue
+        e, j = err.min(0, keepdim=True)                                      # first minimum per group
+        better = e[0] < best
+
+        def pick(t2, t):
+            t2 = t2.expand(err.shape[0], *t2.shape[1:]) if t2.shape[0] == 1 else t2
+            idx = j.expand(1, *t2.shape[1:]) if t2.shape[-1] != 1 else j
+            return torch.where(better, t2.gather(0, idx)[0], t)
+        u, s_st = pick(u2, u), pick(s2, s_st)
+        m_st = None if m2 is None else pick(m2, m_st)
+        best = torch.where(better, e[0], best)
+    return u, s_st, m_st
 
 
 def dequantize(q: QTensor) -> torch.Tensor:

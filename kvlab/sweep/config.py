@@ -9,7 +9,8 @@
       roundtrip: {distributions: [student_t4, outlier_channels, real], tokens: 4096, head_dim: 128}
       attention: {tokens: 512}
       model:     {tokens: 512, segments: 2, text: pydoc, greedy: 0, passkey: []}
-      speed:     {shapes: [{batch: 32, context: 32768, heads_q: 32, heads_kv: 8, head_dim: 128, page_size: 16}]}
+      speed:     {shapes: [{batch: 32, context: 32768, heads_q: 32, heads_kv: 8, head_dim: 128, page_size: 16}],
+                  ops: [decode, store], tune: quick}   # tune: quick (2-4 configs) | full (the whole space)
     model: smollm2                # for the real-K/V, attention and model stages
     device: auto                  # auto | cpu | cuda
     gpu_overrides: {...}          # optional: keys replacing stage settings when running on a GPU
@@ -31,14 +32,14 @@ STAGE_KEYS = {
     "roundtrip": {"distributions": list, "tokens": int, "head_dim": int},
     "attention": {"tokens": int, "text": str},
     "model": {"tokens": int, "segments": int, "text": str, "greedy": int, "passkey": list},
-    "speed": {"shapes": list, "ops": list},
+    "speed": {"shapes": list, "ops": list, "tune": str},
 }
 STAGE_DEFAULTS = {
     "roundtrip": {"distributions": ["student_t4", "outlier_channels", "real"], "tokens": 4096, "head_dim": 128},
     "attention": {"tokens": 512, "text": "pydoc"},
     "model": {"tokens": 512, "segments": 2, "text": "pydoc", "greedy": 0, "passkey": []},
     "speed": {"shapes": [{"batch": 32, "context": 32768, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
-                          "page_size": 16}], "ops": ["decode", "store"]},
+                          "page_size": 16}], "ops": ["decode", "store"], "tune": "quick"},
 }
 SHAPE_KEYS = {"batch", "context", "heads_q", "heads_kv", "head_dim", "page_size"}
 TOP_KEYS = {"name", "seed", "schemes", "stages", "model", "device", "gpu_overrides", "description"}
@@ -107,6 +108,8 @@ def _stage(name: str, params) -> dict:
             raise _err(f"stages.{name}.{key}", f"must be {allowed[key].__name__}, got {val!r}")
     out = {**STAGE_DEFAULTS[name], **params}
     if name == "speed":
+        if out["tune"] not in ("quick", "full"):
+            raise _err("stages.speed.tune", f"unknown {out['tune']!r}; allowed: quick (the tiles that win on H200), full")
         for j, shp in enumerate(out["shapes"]):
             if not isinstance(shp, dict) or set(shp) != SHAPE_KEYS:
                 raise _err(f"stages.speed.shapes[{j}]", f"needs exactly the keys {sorted(SHAPE_KEYS)}")

@@ -37,8 +37,9 @@ def _warm(cell: dict) -> None:
 
 def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], workers: int | None = None) -> None:
     """Run cells here (workers=1) or in `workers` processes; on CUDA the default is one worker per
-    visible GPU. With several workers, speed cells are compiled in parallel first and then timed one
-    at a time in this process, after every other cell, so no timing shares the GPU."""
+    visible GPU. With several workers, speed cells are compiled by the pool (ahead of the other
+    cells) and then timed one at a time in this process, after every other cell, so no timing
+    shares the GPU."""
     n_gpus = 0
     if device == "cuda":
         import torch
@@ -58,10 +59,12 @@ def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], wo
     # longest cells first, so the pool does not end waiting on a few slow model cells
     rest = sorted((c for c in cells if c["stage"] != "speed"), key=lambda c: _COST.get(c["stage"], 0), reverse=True)
     with ctx.Pool(workers, initializer=_worker_init, initargs=(q, device, threads)) as pool:
+        # compiles first (CPU-bound, untimed), queued ahead of the other cells
+        warm = pool.map_async(_warm, timed) if device == "cuda" and timed else None
         for row in pool.imap_unordered(_run, rest):
             on_row(row)
-        if device == "cuda":
-            pool.map(_warm, timed)
+        if warm is not None:
+            warm.wait()
     for c in timed:
         on_row(run_cell(c, device))
 

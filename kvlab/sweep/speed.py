@@ -39,7 +39,8 @@ def kv_bytes(sch, batch: int, context: int, heads_kv: int, head_dim: int) -> flo
     return 2 * per_el * batch * context * heads_kv * head_dim
 
 
-def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False) -> dict:
+def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False, quick: bool = True) -> dict:
+    """Tune and time `sch` at `shape`; quick: the tuner's quick space (2-4 configs, no split search)."""
     import triton
 
     from ..cache.layout import PageLayout
@@ -48,14 +49,15 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
     if sch.k.pre_rope:
         raise Skip("the Triton decode kernel takes post-RoPE keys; pre-RoPE schemes run on the reference backend")
     if warm_only:
-        tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1, save=False)
+        tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1, save=False,
+             quick=quick)
         return {}
     out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
     B, L, Hk, D, P = shape["batch"], shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"]
     if _page(sch, P) != P:
         P = out["page_size_used"] = _page(sch, P)
     if "decode" in ops:
-        cfg, ms = tune("decode", sch, {**shape, "page_size": P})
+        cfg, ms = tune("decode", sch, {**shape, "page_size": P}, quick=quick)
         nbytes = kv_bytes(sch, B, L, Hk, D)
         out.update(decode_ms=ms, decode_config=str(cfg), kv_bytes=nbytes, decode_tbps=nbytes / ms / 1e9,
                    decode_roofline_frac=(nbytes / (out["copy_tbps"] * 1e9)) / ms)

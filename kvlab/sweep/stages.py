@@ -99,7 +99,7 @@ def _speed(sch, p, device, warm_only=False):
     if device != "cuda":
         raise Skip("the speed stage needs a CUDA GPU (Triton kernels are timed on the device)")
     from .speed import speed_cell
-    return speed_cell(sch, p["shape"], p.get("ops", ["decode", "store"]), warm_only)
+    return speed_cell(sch, p["shape"], p.get("ops", ["decode", "store"]), warm_only, quick=p.get("tune", "quick") == "quick")
 
 
 RUNNERS = {"roundtrip": _roundtrip, "attention": _attention, "model": _model_stage, "speed": _speed}

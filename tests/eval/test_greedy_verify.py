@@ -72,3 +72,21 @@ def test_batched_agreements_equal_single(smollm2):
     assert agreements(model, prompts, DecodeFaithfulBackend(s, n), 6) == single
     with pytest.raises(ValueError, match="one length"):
         agreements(model, [text[:4], text[:5]], DecodeFaithfulBackend(s, n), 6)
+
+
+def test_batched_generation_equals_incremental(smollm2):
+    """Batched verification; rows whose draft is rejected (forced here, at 0 and 3) continue alone."""
+    from kvlab.eval.greedy import greedy_generate_batch, reference_greedy_batch
+    from kvlab.model.llama import DenseCausalBackend
+    model, tok = smollm2
+    text = text_tokens(tok, "pydoc")
+    prompts = [text[i:i + 48] for i in (100, 700, 1300)]
+    ref = reference_greedy_batch(model, prompts, 6)
+    assert ref == [_incremental(model, p, DenseCausalBackend(), 6) for p in prompts]
+    for name in ("q8_0", "q4_0,window=4"):
+        s, n = kvlab.scheme(name), model.config.n_layers
+        want = [_incremental(model, p, DecodeFaithfulBackend(s, n), 6) for p in prompts]
+        make = lambda: DecodeFaithfulBackend(s, n)  # noqa: E731
+        assert greedy_generate_batch(model, prompts, make, 6) == want
+        bad = [w[:k] + [(w[k] + 1) % 1000] + w[k + 1:] for w, k in zip(want, (0, 3, 5))]
+        assert greedy_generate_batch(model, prompts, make, 6, drafts=bad) == want
