@@ -119,6 +119,9 @@ class DecodeFaithfulBackend:
         return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
 
 
+MAX_SCORES = 1 << 26  # attention scores per SDPA call (256 MB in float32); more queries are split
+
+
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,
                        q_chunk: int = 2048) -> Tensor:
     """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
@@ -132,7 +135,7 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     B, Hq, T, D = q.shape
     prefill = T == k.shape[2] and torch.equal(q_pos, k_pos)
     one = _one_copy(k_spec, v_spec, policy)
-    if prefill and one is not None:
+    if prefill and one is not None and B * Hq * T * T <= MAX_SCORES:
         kk, vv = (k if one[0] else kq), (v if one[1] else vq)
         return _sdpa(q.float(), kk.float(), vv.float(), causal=True).to(q.dtype)
     out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
@@ -147,7 +150,10 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
                 keys.append(kk), vals.append(vv), masks.append(m)
         kc = torch.cat([t.float() for t in keys], dim=2)                        # [B, Hk, nS, D]
         vc = torch.cat([t.float() for t in vals], dim=2)
-        out[:, :, i:i + q_chunk] = _sdpa(qc, kc, vc, mask=torch.cat(masks, dim=1))
+        mask = torch.cat(masks, dim=1)                                           # [t, nS]
+        rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
+        for j in range(0, qc.shape[2], rows):
+            out[:, :, i + j:i + j + rows] = _sdpa(qc[:, :, j:j + rows], kc, vc, mask=mask[j:j + rows])
     return out.to(q.dtype)
 
 
@@ -162,9 +168,9 @@ def _one_copy(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tup
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    """SDPA over q [B, Hq, T, D] and GQA k, v [B, Hk, S, D]. On CUDA the KV heads are expanded:
-    enable_gqa (with float32 or a mask) sends SDPA to its math kernel, which materializes the
-    [B, Hq, T, S] scores; expanded heads keep the memory-efficient kernel."""
+    """SDPA over q [B, Hq, T, D] and GQA k, v [B, Hk, S, D]. On CUDA the KV heads are expanded
+    (enable_gqa with a mask is math-kernel-only). Float32 on H200 (torch 2.11) still ran the math
+    kernel, which materializes [B, Hq, T, S]: callers bound T * S by MAX_SCORES."""
     gqa = q.shape[1] != k.shape[1]
     if gqa and q.is_cuda:
         r = q.shape[1] // k.shape[1]

@@ -39,18 +39,40 @@ def kv_bytes(sch, batch: int, context: int, heads_kv: int, head_dim: int) -> flo
     return 2 * per_el * batch * context * heads_kv * head_dim
 
 
+def _store_fn(sch, shape: dict):
+    """A closure writing a `context`-token (at most 32K) prefill of K through the store kernel;
+    .tokens and .bytes (bf16 read + codes and scales written) ride along."""
+    from ..cache.layout import PageLayout
+    from ..kernels.store import store
+    T, Hk, D, P = min(shape["context"], 32768), shape["heads_kv"], shape["head_dim"], _page(sch, shape["page_size"])
+    x = torch.randn(T, Hk, D, device="cuda", dtype=torch.bfloat16)
+    spec = sch.k
+    pages = PageLayout(spec, D, P, Hk).allocate(-(-T // P), "cuda")
+    slots = torch.arange(T, device="cuda", dtype=torch.int64)
+    kw = {"tensor_scale": torch.ones((), device="cuda")} if spec.tensor_scale else {}
+    if spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage:
+        kw["scale"] = torch.ones((), device="cuda")
+
+    def fn():
+        return store(x, pages, slots, spec, page_size=P, check_slots=False, **kw)
+    fn.tokens = T
+    fn.bytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
+    return fn
+
+
 def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False, quick: bool = True) -> dict:
     """Tune and time `sch` at `shape`; quick: the tuner's quick space (2-4 configs, no split search)."""
     import triton
 
-    from ..cache.layout import PageLayout
-    from ..kernels.store import store
     from ..kernels.tuning import tune
     if sch.k.pre_rope:
         raise Skip("the Triton decode kernel takes post-RoPE keys; pre-RoPE schemes run on the reference backend")
-    if warm_only:
-        tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1, save=False,
-             quick=quick)
+    if warm_only:  # compile (Triton's disk cache) without timing: decode candidates and the store kernel
+        if "decode" in ops:
+            tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1,
+                 save=False, quick=quick)
+        if "store" in ops:
+            _store_fn(sch, shape)()
         return {}
     out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
     B, L, Hk, D, P = shape["batch"], shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"]
@@ -62,17 +84,7 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
         out.update(decode_ms=ms, decode_config=str(cfg), kv_bytes=nbytes, decode_tbps=nbytes / ms / 1e9,
                    decode_roofline_frac=(nbytes / (out["copy_tbps"] * 1e9)) / ms)
     if "store" in ops:
-        T = min(L, 32768)
-        x = torch.randn(T, Hk, D, device="cuda", dtype=torch.bfloat16)
-        spec = sch.k
-        n_pages = -(-T // P)
-        pages = PageLayout(spec, D, P, Hk).allocate(n_pages, "cuda")
-        slots = torch.arange(T, device="cuda", dtype=torch.int64)
-        kw = {"tensor_scale": torch.ones((), device="cuda")} if spec.tensor_scale else {}
-        if spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage:
-            kw["scale"] = torch.ones((), device="cuda")
-        fn = lambda: store(x, pages, slots, spec, page_size=P, check_slots=False, **kw)  # noqa: E731
+        fn = _store_fn(sch, shape)
         ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
-        written = sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
-        out.update(store_tokens=T, store_ms=ms, store_gbps=(x.numel() * 2 + written) / ms / 1e6)
+        out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6)
     return out

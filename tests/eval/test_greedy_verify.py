@@ -90,3 +90,24 @@ def test_batched_generation_equals_incremental(smollm2):
         assert greedy_generate_batch(model, prompts, make, 6) == want
         bad = [w[:k] + [(w[k] + 1) % 1000] + w[k + 1:] for w, k in zip(want, (0, 3, 5))]
         assert greedy_generate_batch(model, prompts, make, 6, drafts=bad) == want
+
+
+@pytest.mark.parametrize("name", ["q8_0", "q4_0,window=6,sink=2", "k=int4:g8:chan:asym,v=int4:g8:asym,window=5"])
+def test_score_bound_splits_queries_without_changing_results(monkeypatch, name):
+    """faithful_attention splits its queries when scores would exceed MAX_SCORES: same output
+    (attention level; through the model a 1e-7 change is amplified by re-quantization)."""
+    import kvlab.eval.faithful as fa
+    from kvlab.cache.window import FpPolicy
+    s = kvlab.scheme(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 8, 80, 64, generator=g), torch.randn(2, 2, 80, 64, generator=g), torch.randn(2, 2, 80, 64, generator=g)
+    kq, vq = fa.quantized_history(k, s.k, s), fa.quantized_history(v, s.v, s)
+    pos, pol = torch.arange(80), FpPolicy.of(s, 4)
+    want = fa.faithful_attention(q, k, v, kq, vq, pos, pos, s.k, s.v, pol)
+    monkeypatch.setattr(fa, "MAX_SCORES", 2 * 8 * 80 * 3)  # a few query rows per SDPA call
+    got = fa.faithful_attention(q, k, v, kq, vq, pos, pos, s.k, s.v, pol, q_chunk=32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    step = torch.cat([fa.faithful_attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], kq[:, :, :t + 1],
+                                            vq[:, :, :t + 1], pos[t:t + 1], pos[:t + 1], s.k, s.v, pol)
+                      for t in range(80)], dim=2)           # one query at a time (the decode-step path)
+    torch.testing.assert_close(step, want, rtol=1e-5, atol=1e-5)
