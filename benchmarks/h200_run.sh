@@ -28,7 +28,7 @@ else
   if [ -n "${BENCH_EVAL:-}" ]; then
     timeout 90 python3 benchmarks/bench_eval.py --device cuda --tokens 8192 --json "$W/bench_eval_h200.json" 2>&1 | tail -16
   fi
-  ( time timeout "${SWEEP_S:-540}" python3 -m kvlab.sweep --device cuda --workers "${WORKERS:-12}" --quiet \
+  ( time timeout "${SWEEP_S:-540}" python3 -m kvlab.sweep --device cuda --workers "${WORKERS:-12}" --quiet ${SWEEP_ARGS:-} \
       --out "$W/default-gpu" ) 2>&1 | tail -40
   python3 - "$W/default-gpu" <<'PY'
 import json, sys, collections

@@ -153,7 +153,8 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
         mask = torch.cat(masks, dim=1)                                           # [t, nS]
         rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
         for j in range(0, qc.shape[2], rows):
-            out[:, :, i + j:i + j + rows] = _sdpa(qc[:, :, j:j + rows], kc, vc, mask=mask[j:j + rows])
+            r = min(rows, qc.shape[2] - j)
+            out[:, :, i + j:i + j + r] = _sdpa(qc[:, :, j:j + r], kc, vc, mask=mask[j:j + r])
     return out.to(q.dtype)
 
 

@@ -104,9 +104,11 @@ def test_score_bound_splits_queries_without_changing_results(monkeypatch, name):
     kq, vq = fa.quantized_history(k, s.k, s), fa.quantized_history(v, s.v, s)
     pos, pol = torch.arange(80), FpPolicy.of(s, 4)
     want = fa.faithful_attention(q, k, v, kq, vq, pos, pos, s.k, s.v, pol)
-    monkeypatch.setattr(fa, "MAX_SCORES", 2 * 8 * 80 * 3)  # a few query rows per SDPA call
-    got = fa.faithful_attention(q, k, v, kq, vq, pos, pos, s.k, s.v, pol, q_chunk=32)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for rows, chunk in ((3, 32), (7, 80)):  # sub-chunks of `rows` queries that do not divide the chunk
+        for n_keys in (80, 160, 320):        # 1, 2 or 4 key blocks: n_keys decides the rows per call
+            monkeypatch.setattr(fa, "MAX_SCORES", 2 * 8 * n_keys * rows)
+            got = fa.faithful_attention(q, k, v, kq, vq, pos, pos, s.k, s.v, pol, q_chunk=chunk)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     step = torch.cat([fa.faithful_attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], kq[:, :, :t + 1],
                                             vq[:, :, :t + 1], pos[t:t + 1], pos[:t + 1], s.k, s.v, pol)
                       for t in range(80)], dim=2)           # one query at a time (the decode-step path)
