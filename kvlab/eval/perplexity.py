@@ -49,7 +49,7 @@ def segments(tokens: torch.Tensor, n_tokens: int, n_segments: int, seed: int = 0
 
 @dataclass
 class _Ref:
-    logits: torch.Tensor  # [T, V] float32 logits of the full-precision model
+    logits: torch.Tensor  # [T, V] logits of the full-precision model, in the model's dtype
     nll: float
 
 
@@ -63,7 +63,8 @@ def reference_logits(model, seg: torch.Tensor) -> _Ref:
     if key not in _REF_CACHE:
         dev = next(model.parameters()).device
         lg = model(seg[None].to(dev))[0].float()
-        _REF_CACHE[key] = _Ref(lg, F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
+        # kept in the model's dtype: the logits come out of its LM head, so this is lossless
+        _REF_CACHE[key] = _Ref(lg.to(next(model.parameters()).dtype), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
     return _REF_CACHE[key]
 
 
@@ -88,7 +89,7 @@ def score_segments(model, segs: list[torch.Tensor], scheme, calib: dict | None =
         lg = lg.float()
         tgt = seg[1:].to(dev)
         nll = F.cross_entropy(lg[:-1], tgt).item()
-        lp_ref, lp = F.log_softmax(ref.logits[:-1], -1), F.log_softmax(lg[:-1], -1)
+        lp_ref, lp = F.log_softmax(ref.logits[:-1].float(), -1), F.log_softmax(lg[:-1], -1)
         kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
         top1 = (ref.logits[:-1].argmax(-1) == lg[:-1].argmax(-1)).float().mean().item()
         ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())

@@ -36,22 +36,33 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tens
     """
     B, Hq, T, D = q.shape
     Hk, S = k.shape[1], k.shape[2]
-    if (sliding_window is None and S == T and torch.equal(q_pos, k_pos)
+    if (sliding_window is None and S == T and B * Hq * T * T <= MAX_SCORES and torch.equal(q_pos, k_pos)
             and bool((q_pos[1:] > q_pos[:-1]).all())):
-        # plain prefill: the mask is the lower triangle, and is_causal lets SDPA skip its upper half
+        # plain prefill: the mask is the lower triangle, and is_causal lets SDPA skip its upper half.
+        # (Float32 SDPA with GQA runs the math kernel on CUDA, which materializes the scores: longer
+        # prefills take the chunked path below.)
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                              enable_gqa=Hq != Hk)
         return out.to(q.dtype)
     allowed = k_pos[None, :] <= q_pos[:, None]  # [T, S]
     if sliding_window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - sliding_window
-    # explicit GQA: the G query heads of a KV head share one matmul (fast for decode, T small)
-    G = Hq // Hk
-    qg = q.float().reshape(B, Hk, G * T, D)                                # [B, Hk, G*T, D]
-    s = (qg @ k.float().transpose(-1, -2)) * D ** -0.5                      # [B, Hk, G*T, S]
-    s = s.view(B, Hk, G, T, S).masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(s, dim=-1).view(B, Hk, G * T, S) @ v.float()        # [B, Hk, G*T, D]
-    return out.view(B, Hq, T, D).to(q.dtype)
+    # explicit GQA: the G query heads of a KV head share one matmul (fast for decode, T small);
+    # queries in chunks so that no chunk holds more than MAX_SCORES scores
+    G, rows = Hq // Hk, max(1, MAX_SCORES // (B * Hq * S))
+    kf, vf = k.float().transpose(-1, -2), v.float()
+    out = torch.empty(B, Hq, T, D, dtype=q.dtype, device=q.device)
+    for i in range(0, T, rows):
+        t = min(rows, T - i)
+        qg = q[:, :, i:i + t].float().reshape(B, Hk, G * t, D)              # [B, Hk, G*t, D]
+        s = (qg @ kf) * D ** -0.5                                           # [B, Hk, G*t, S]
+        s = s.view(B, Hk, G, t, S).masked_fill(~allowed[i:i + t], float("-inf"))
+        o = torch.softmax(s, dim=-1).view(B, Hk, G * t, S) @ vf             # [B, Hk, G*t, D]
+        out[:, :, i:i + t] = o.view(B, Hq, t, D).to(q.dtype)
+    return out
+
+
+MAX_SCORES = 1 << 26  # attention scores held at once (256 MB in float32); longer inputs are chunked
 
 
 class DenseCausalBackend:

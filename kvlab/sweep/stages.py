@@ -128,4 +128,6 @@ def run_cell(cell: dict, device: str) -> dict:
     except Exception as e:  # noqa: BLE001 - one failing cell must not sink the sweep; it is reported
         row["status"] = f"error: {type(e).__name__}: {e}"
     row["elapsed_s"] = time.perf_counter() - t0
+    if device == "cuda" and cell["stage"] in ("model", "attention"):
+        torch.cuda.empty_cache()  # workers share one GPU: hand back this cell's peak
     return row
