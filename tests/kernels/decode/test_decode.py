@@ -30,6 +30,11 @@ CASES = [
     (1, [1000], 8, 2, 64, 16, "q4_0", [9], None),
     (1, [992], 4, 1, 64, 32, "kivi4", [8], 5),
     (2, [0, 17], 8, 2, 64, 16, "int4_had", [3, 0], 2),
+    # GGML-packed planes whose order differs from the main plane's (qh bits picked in registers):
+    # one unit per group (q5_0, q5_1), two (g64) and a 2+1-bit split
+    *[(2, [17, 40], 8, 2, 64, 16, s, None, None) for s in
+      ("q5_1", "int5:g64:sym:pack=ggml", "int3:g32:asym:pack=ggml", "int7:g32:asym:pack=ggml")],
+    (1, [50], 4, 1, 128, 16, "int6:g32:sym:pack=ggml", [3], 2),
 ]
 
 
