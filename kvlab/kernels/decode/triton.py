@@ -21,9 +21,13 @@ from .. import tuning
 @triton.jit
 def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
     """One online-softmax step. q [M, D] (scaled by log2 e), kt [D, N], v [N, D], valid [M, N] or [1, N];
-    kmul / vmul: per-tensor scales of this K / V tile (1.0 for full-precision tokens)."""
+    kmul / vmul: per-tensor scales of this K / V tile (1.0 for full-precision tokens).
+    DOT: 0 fp32 tl.dot (ieee), 1 / 2 bf16 / fp16 tl.dot, 3 fp32 FMAs and reductions (M = the GQA
+    group unpadded; small BLOCK_N keeps the [M, D, N] product in registers)."""
     if DOT == 0:
         s = tl.dot(q, kt.to(tl.float32), input_precision="ieee") * kmul
+    elif DOT == 3:  # CUDA-core FMAs in the tile's own layout: no operand-layout conversion through smem
+        s = tl.sum(q[:, :, None] * kt.to(tl.float32)[None, :, :], axis=1) * kmul
     else:
         s = tl.dot(q, kt.to(q.dtype)) * kmul
     s = tl.where(valid, s, float("-inf"))
@@ -34,6 +38,8 @@ def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     if DOT == 0:
         pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    elif DOT == 3:
+        pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
     else:
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
     return m_new, l_i, acc * alpha[:, None] + pv * vmul
@@ -224,11 +230,19 @@ def rotate_inputs(q, ks, vs, k_spec, v_spec, D):
     return q, ks, vs
 
 
+DOT_MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "fma": 3}
+
+
 def dot_mode(cfg_dot: str | None, asm: bool) -> int:
+    """Config "dot" -> the kernel's DOT: fp16 tl.dot after an fp16 fast path, "fma" (CUDA cores)
+    when asked, else fp32 under the interpreter and bf16 on the GPU."""
+    if cfg_dot is not None and cfg_dot not in DOT_MODES:
+        raise ValueError(f"config dot={cfg_dot!r}; allowed: {', '.join(DOT_MODES)}")
+    if cfg_dot == "fma":
+        return 3
     if asm:
         return 2
-    mode = cfg_dot or ("fp32" if interpreting() else "bf16")
-    return {"fp32": 0, "bf16": 1, "fp16": 2}[mode]
+    return DOT_MODES[cfg_dot or ("fp32" if interpreting() else "bf16")]
 
 
 def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, k_fp, v_fp,
@@ -257,7 +271,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale, rowfirst)
     half = bool(K["cfg"][27] or V["cfg"][27])  # a fast path makes fp16 tiles: fp16 dots
     dot = dot_mode(cfg.get("dot"), half)
-    pin_on = rowfirst and dot != 0 and not interpreting() and (q.is_cuda or _OFFLINE)
+    pin_on = rowfirst and dot in (1, 2) and not interpreting() and (q.is_cuda or _OFFLINE)
     out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
     new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))  # NaN-poison on CPU
     user_out = out
@@ -267,7 +281,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if S > 1:
         op = new((B, Hq, S, D), float("nan"), dtype=torch.float32, device=q.device)
         lse = new((B, Hq, S), float("nan"), dtype=torch.float32, device=q.device)
-    GP = max(16, triton.next_power_of_2(group))
+    GP = triton.next_power_of_2(group) if dot == 3 else max(16, triton.next_power_of_2(group))  # tl.dot: M >= 16
     q_in, kfp_in, vfp_in = q, k_fp, v_fp
     extra = {} if interpreting() or not cfg.get("maxnreg") else {"maxnreg": int(cfg["maxnreg"])}  # register cap (occupancy)
 

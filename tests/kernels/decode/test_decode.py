@@ -71,6 +71,24 @@ def test_decode_low_precision_dots(dot):
     assert err < 2e-2
 
 
+FMA_CASES = [c for c in CASES if c[6] in ("q4_0", "q8_0", "kivi4", "nvfp4", "q5_0", "bf16", "int4_had")][:9]
+
+
+@pytest.mark.parametrize("c", FMA_CASES, ids=[_id(c) for c in FMA_CASES])
+@pytest.mark.parametrize("bn", [16, 32])
+def test_decode_fma_path(c, bn):
+    """dot="fma": CUDA-core products and reductions instead of tl.dot (group left unpadded)."""
+    ref, got = _run(c, config={"dot": "fma", "BLOCK_N": bn, "num_warps": 4, "num_stages": 2, "asm": False})
+    assert not torch.isnan(got).any()
+    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    assert err < 1e-4, f"relative error {err:.2e}"   # fp32 FMAs on the GPU too
+
+
+def test_decode_rejects_unknown_dot_mode():
+    with pytest.raises(ValueError, match="dot='tf32'"):
+        _run(CASES[0], config={"dot": "tf32"})
+
+
 @pytest.mark.skipif(DEV == "cpu", reason="the fp16 fast paths (inline PTX) run on the GPU only")
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "int4_had", "q8_0", "int8:g32:asym", "int8:g32", "fp8_e4m3",
                                   "fp8_e5m2"])
