@@ -2,6 +2,7 @@
 # One-call GPU jobs on the lent H200 (no network there; torch + triton preinstalled).
 #   bash benchmarks/h200_run.sh kernels   # kernel tests on GPU, decode + store benchmarks
 #   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
+#   bash benchmarks/h200_run.sh profile   # ncu on the decode kernel (also stages part A)
 #   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
@@ -13,6 +14,8 @@ if [ -f gpu_a/part ]; then mkdir -p /tmp/kvlab_gpu && cp gpu_a/part /tmp/kvlab_g
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee "$W/nvidia-smi.txt"
 if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
   command -v nvidia-cuda-mps-control || echo "no MPS control binary"
+elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
+  OUT="$W" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 fp8_e4m3 bf16} 2>&1 | tee "$W/profile.log" | tail -80
 elif [ "$mode" = kernels ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout 330 python3 benchmarks/bench_decode.py --out "$W/decode" --budget 170 2>&1 | tail -60 > "$W/bench_decode.log"
@@ -28,6 +31,7 @@ else
   if [ -n "${BENCH_EVAL:-}" ]; then
     timeout 90 python3 benchmarks/bench_eval.py --device cuda --tokens 8192 --json "$W/bench_eval_h200.json" 2>&1 | tail -16
   fi
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # 12 workers share the GPU: less fragmentation
   ( time timeout "${SWEEP_S:-540}" python3 -m kvlab.sweep --device cuda --workers "${WORKERS:-12}" --quiet ${SWEEP_ARGS:-} \
       --out "$W/default-gpu" ) 2>&1 | tail -40
   python3 - "$W/default-gpu" <<'PY'
