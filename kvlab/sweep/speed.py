@@ -86,5 +86,7 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
     if "store" in ops:
         fn = _store_fn(sch, shape)
         ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
-        out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6)
+        from ..kernels.store.triton import tuned_config
+        out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,
+                   store_config=tuned_config())  # Triton autotune (key without the token count)
     return out

@@ -270,6 +270,12 @@ def _tuned():
     return _TUNED
 
 
+def tuned_config() -> str | None:
+    """The store kernel's autotuned config (BLOCK_R, warps) of its last tuned launch, or None."""
+    cfg = getattr(_TUNED, "best_config", None)
+    return None if cfg is None else str(cfg)
+
+
 def _codebook(fmt: str, device) -> torch.Tensor:
     key = (fmt, str(device))
     if key not in _CODEBOOKS:
