@@ -86,7 +86,9 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
     if "store" in ops:
         fn = _store_fn(sch, shape)
         ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
+        from ..kernels.store.api import supports_triton
         from ..kernels.store.triton import tuned_config
-        out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,
-                   store_config=tuned_config())  # Triton autotune (key without the token count)
+        ok, why = supports_triton(sch.k)
+        out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,  # Triton autotune: key
+                   store_config=tuned_config() if ok else f"torch reference ({why})")  # without the token count
     return out
