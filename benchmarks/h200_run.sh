@@ -17,7 +17,7 @@ if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the w
 elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
   OUT="$W" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 fp8_e4m3 bf16} 2>&1 | tee "$W/profile.log" | tail -80
 elif [ "$mode" = kernels ]; then
-  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout 330 python3 benchmarks/bench_decode.py --out "$W/decode" --budget 170 2>&1 | tail -60 > "$W/bench_decode.log"
   timeout 75 python3 benchmarks/bench_store.py 2>&1 | tail -25 | tee "$W/bench_store.log"
   cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null

@@ -135,6 +135,11 @@ def search_space(op: str, B: int, Hk: int, k_spec, v_spec, device=None, asm_ok: 
         # layout "rowfirst": dequantize in the load's row layout, 16-bit tile through smem + ldmatrix (run4)
         cands += [{**c, "asm": True, "layout": "rowfirst"} for c in cands[:len(tiles)] if c["BLOCK_N"] in
                   ((128,) if quick else (64, 128)) and c["num_warps"] == 4 and c["num_stages"] == 2]
+    if asm_ok and quant4 and not quick:
+        # orient "kv": scores^T = K q^T so the dequantized tiles are wgmma's M-side operands (offline SASS:
+        # HGMMA, about half the per-tile smem traffic of rowfirst, 1,339 vs 1,058 instructions); unmeasured
+        base128 = next(c for c in cands if c["BLOCK_N"] == 128 and c["num_warps"] == 4 and c["num_stages"] == 2)
+        cands += [{**base128, "asm": True, "orient": "kv"}]
     return cands
 
 

@@ -128,12 +128,13 @@ def main(argv=None):
     ap.add_argument("--layout", default=None, choices=["operand", "rowfirst"],
                     help="tile layout (config 'layout'): rowfirst dequantizes in the load's row layout")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (ptx .maxnreg)")
+    ap.add_argument("--orient", default=None, choices=["q", "kv"], help="config 'orient' (kv: scores^T = K q^T)")
     ap.add_argument("--dot", default=None, choices=["fp32", "bf16", "fp16", "fma"], help="config 'dot' (fma: CUDA cores)")
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args(argv)
     cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
-           "layout": a.layout, "dot": a.dot}
+           "layout": a.layout, "dot": a.dot, "orient": a.orient}
     for s in a.schemes:
         for name, k in compile_decode(s, cfg):
             if name != "_decode_kernel":

@@ -46,6 +46,29 @@ def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
 
 
 @triton.jit
+def softmax_step_t(qt, kr, v, valid, m_i, l_i, acc_t, kmul, vmul, DOT: tl.constexpr):
+    """softmax_step in the KV-major orientation (config orient "kv"): scores^T = K q^T [N, M] and
+    out^T += V^T p^T [D, M], so the big dequantized tiles are the dots' M-side operands (BN and D
+    rows: wgmma-sized) and only q^T and p^T are the small N-side ones. qt [D, M], kr / v [N, D],
+    valid [N, 1] or [N, M], acc_t [D, M]."""
+    if DOT == 0:
+        s = tl.dot(kr.to(tl.float32), qt, input_precision="ieee") * kmul
+    else:
+        s = tl.dot(kr.to(qt.dtype), qt) * kmul
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    if DOT == 0:
+        pv = tl.dot(tl.trans(v.to(tl.float32)), p, input_precision="ieee")
+    else:
+        pv = tl.dot(tl.trans(v.to(qt.dtype)), p.to(qt.dtype))
+    return m_new, l_i, acc_t * alpha[None, :] + pv * vmul
+
+
+@triton.jit
 def pin(x, ON: tl.constexpr):
     """Anchor a 16-bit tile in the layout it was computed in (GPU only; ON=0 is a no-op, used under the
     interpreter). A non-pure inline-asm move cannot be rematerialized, so Triton cannot hoist tl.dot's
@@ -65,7 +88,7 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                    P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
                    HAS_VTS: tl.constexpr, DOT: tl.constexpr, DIRECT: tl.constexpr,
-                   ROWFIRST: tl.constexpr = 0, PIN: tl.constexpr = 0):
+                   ROWFIRST: tl.constexpr = 0, PIN: tl.constexpr = 0, KVMAJOR: tl.constexpr = 0):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -97,6 +120,9 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
+    if KVMAJOR:
+        qt = tl.trans(q)                  # [D, GP]
+        acc = tl.zeros([D, GP], tl.float32)  # out^T
     for t0 in range(lo, hi, BN):
         if KCFG[26]:
             kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
@@ -112,7 +138,10 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
             if ROWFIRST and VCFG[0] != 0:  # bf16 / fp16 pages: nothing to dequantize, left as is
                 v = pin(v.to(q.dtype), PIN)
         valid = (t0 + tl.arange(0, BN)) < hi
-        m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
+        if KVMAJOR:
+            m_i, l_i, acc = softmax_step_t(qt, tl.trans(kt), v, valid[:, None], m_i, l_i, acc, kts, vts, DOT)
+        else:
+            m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
     if HAS_FP:
         if sp == num_splits - 1:  # the full-precision tokens ride on the last split
             F = tl.load(FPLEN + b)
@@ -121,7 +150,12 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
                 fm = t < F
                 kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
                 v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
-                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+                if KVMAJOR:
+                    m_i, l_i, acc = softmax_step_t(qt, tl.trans(kt), v, fm[:, None], m_i, l_i, acc, 1.0, 1.0, DOT)
+                else:
+                    m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+    if KVMAJOR:
+        acc = tl.trans(acc)  # [GP, D]
     o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)  # [GP, D], V's column order
     if DIRECT:
         tl.store(OUT + b * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty), mask=gm[:, None])
@@ -267,6 +301,9 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if layout not in ("operand", "rowfirst"):
         raise ValueError(f"config layout={layout!r}; allowed: 'operand', 'rowfirst'")
     rowfirst = layout == "rowfirst"
+    orient = cfg.get("orient") or "q"
+    if orient not in ("q", "kv"):
+        raise ValueError(f"config orient={orient!r}; allowed: 'q' (scores = q K^T), 'kv' (scores^T = K q^T)")
     K = prepare(k_pages, k_spec, D, asm, q, k_tensor_scale, rowfirst)
     V = prepare(v_pages, v_spec, D, asm, q, v_tensor_scale, rowfirst)
     half = bool(K["cfg"][27] or V["cfg"][27])  # a fast path makes fp16 tiles: fp16 dots
@@ -281,6 +318,8 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if S > 1:
         op = new((B, Hq, S, D), float("nan"), dtype=torch.float32, device=q.device)
         lse = new((B, Hq, S), float("nan"), dtype=torch.float32, device=q.device)
+    if orient == "kv" and dot == 3:
+        raise ValueError("config orient='kv' runs tensor-core dots; it does not combine with dot='fma'")
     GP = triton.next_power_of_2(group) if dot == 3 else max(16, triton.next_power_of_2(group))  # tl.dot: M >= 16
     q_in, kfp_in, vfp_in = q, k_fp, v_fp
     extra = {} if interpreting() or not cfg.get("maxnreg") else {"maxnreg": int(cfg["maxnreg"])}  # register cap (occupancy)
@@ -299,7 +338,7 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=P, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot,
-            DIRECT=S == 1, ROWFIRST=int(rowfirst), PIN=int(pin_on), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra)
+            DIRECT=S == 1, ROWFIRST=int(rowfirst), PIN=int(pin_on), KVMAJOR=int(orient == "kv"), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **extra)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)

@@ -84,6 +84,22 @@ def test_decode_fma_path(c, bn):
     assert err < 1e-4, f"relative error {err:.2e}"   # fp32 FMAs on the GPU too
 
 
+@pytest.mark.parametrize("c", FMA_CASES, ids=[_id(c) for c in FMA_CASES])
+def test_decode_kv_major_orientation(c):
+    """orient="kv": scores^T = K q^T and out^T += V^T p^T (same attention)."""
+    ref, got = _run(c, config={"orient": "kv", "BLOCK_N": 32, "num_warps": 4, "num_stages": 2})
+    assert not torch.isnan(got).any()
+    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+def test_decode_rejects_bad_orientation():
+    with pytest.raises(ValueError, match="orient='x'"):
+        _run(CASES[0], config={"orient": "x"})
+    with pytest.raises(ValueError, match="does not combine"):
+        _run(CASES[0], config={"orient": "kv", "dot": "fma"})
+
+
 def test_decode_rejects_unknown_dot_mode():
     with pytest.raises(ValueError, match="dot='tf32'"):
         _run(CASES[0], config={"dot": "tf32"})
