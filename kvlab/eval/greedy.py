@@ -42,6 +42,8 @@ def reference_greedy_batch(model, prompts: list[Tensor], n_new: int) -> list[lis
     """reference_greedy for several prompts; those of one length are generated as one batch."""
     from ..model.llama import DenseCausalBackend
     dev = next(model.parameters()).device
+    if n_new == 0:
+        return [[] for _ in prompts]
     todo: dict[int, list[Tensor]] = {}
     for p in prompts:
         if _key(model, p, n_new) not in _DRAFTS:
@@ -79,6 +81,8 @@ def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int]
     `truncate(n)` method when the draft is rejected), verified against `draft` (default: the
     full-precision greedy continuation). Equal to token-by-token greedy decode up to the float
     rounding that separates parallel from incremental scoring (tested)."""
+    if n_new == 0:
+        return []
     draft = reference_greedy(model, prompt, n_new) if draft is None else draft[:n_new]
     if len(draft) != n_new:
         raise ValueError(f"draft has {len(draft)} tokens, {n_new} needed")
@@ -108,15 +112,18 @@ def greedy_generate_batch(model, prompts: list[Tensor], make_backend, n_new: int
         raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
     dev = next(model.parameters()).device
     drafts = reference_greedy_batch(model, prompts, n_new) if drafts is None else [d[:n_new] for d in drafts]
-    ids = torch.stack([torch.cat([p, torch.tensor(d[:-1], dtype=torch.int64)]) for p, d in zip(prompts, drafts)])
-    am = model(ids.to(dev), backend=make_backend(), last=n_new).argmax(-1).tolist()   # [N, n_new]
+    if n_new == 0:
+        return [[] for _ in prompts]
+    ids = torch.stack([torch.cat([p.to(dev), torch.tensor(d[:-1], dtype=torch.int64, device=dev)])
+                       for p, d in zip(prompts, drafts)])
+    am = model(ids, backend=make_backend(), last=n_new).argmax(-1).tolist()   # [N, n_new]
     out = []
     for p, d, row in zip(prompts, drafts, am):
         j = next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new)
         gen = list(d) if j == n_new else d[:j] + [row[j]]
         if len(gen) < n_new:
             backend = make_backend()
-            tok = torch.cat([p, torch.tensor(gen, dtype=torch.int64)])[None].to(dev)
+            tok = torch.cat([p.to(dev), torch.tensor(gen, dtype=torch.int64, device=dev)])[None]
             while len(gen) < n_new:
                 nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
                 gen.append(int(nxt))
@@ -137,7 +144,10 @@ def agreements(model, prompts: list[Tensor], backend, n_new: int) -> list[int]:
     if len({p.numel() for p in prompts}) != 1:
         raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
     dev = next(model.parameters()).device
+    if n_new == 0:
+        return [0 for _ in prompts]
     drafts = reference_greedy_batch(model, prompts, n_new)
-    ids = torch.stack([torch.cat([p, torch.tensor(d[:-1], dtype=torch.int64)]) for p, d in zip(prompts, drafts)])
-    am = model(ids.to(dev), backend=backend, last=n_new).argmax(-1).tolist()   # [N, n_new]
+    ids = torch.stack([torch.cat([p.to(dev), torch.tensor(d[:-1], dtype=torch.int64, device=dev)])
+                       for p, d in zip(prompts, drafts)])
+    am = model(ids, backend=backend, last=n_new).argmax(-1).tolist()   # [N, n_new]
     return [next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new) for row, d in zip(am, drafts)]

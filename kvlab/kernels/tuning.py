@@ -244,5 +244,7 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
         ms2, cfg2 = min(res2, key=lambda r: r[0])
         if ms2 < best_ms:
             best_ms, best = ms2, cfg2
-    record(op, sch.k, sch.v, B, Hq, Hk, D, P, best, best_ms, save=save)
+    prev = lookup(op, sch.k, sch.v, B, Hq, Hk, D, P, device)
+    if not (quick and prev and prev.get("ms") is not None and prev["ms"] <= best_ms):
+        record(op, sch.k, sch.v, B, Hq, Hk, D, P, best, best_ms, save=save)  # a quick search never replaces a faster entry
     return best, best_ms

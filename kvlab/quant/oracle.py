@@ -235,23 +235,25 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
     return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype)
 
 
-def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, chunk: int = 7):
+def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 << 27):
     """rule=mse: per group (or per tensor), the clipping ratio in MSE_RATIOS with the least squared
-    error, the first one on ties. Ratios are evaluated `chunk` at a time as a leading batch
-    dimension [R, ...] (one set of kernels per chunk, not per ratio), same values as one by one."""
+    error, the first one on ties (same result as trying them one by one). Ratios are evaluated
+    several at a time as a leading batch dimension [R, ...] (one set of kernels per chunk, not per
+    ratio); R is chosen so the chunk's largest temporary (a codebook's [.., G, 16] distance table)
+    stays within `budget` float32 values."""
     tensor = spec.axis == "tensor"
     best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [..., A, B, 1]
     if tensor:
         best = best.sum()
     rest = MSE_RATIOS[1:]
-    if xg.is_cuda and xg.numel() <= 1 << 21:
-        chunk = len(rest)  # one pass (at most 20 x 16 x 2M float32 for a codebook's distance table)
+    per_ratio = xg.numel() * (16 if spec.fmt in ("fp4_e2m1", "nf4", "iq4nl") else 4)
+    chunk = max(1, min(len(rest), budget // max(1, per_ratio)))
     for i in range(0, len(rest), chunk):
         r = torch.tensor(rest[i:i + chunk], dtype=torch.float32, device=xg.device).view(-1, *[1] * xg.dim())
         u2, s2, m2 = run(r)                                                  # [R, ..., A, B, G]
         err = ((_values(u2, s2, m2, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [R, ..., A, B, 1]
         if tensor:
-            tot = err.flatten(1).sum(1)                                      # [R]
+            tot = torch.stack([e.sum() for e in err])  # [R]; each summed as the one-by-one search sums it
             j = int(tot.argmin())                                            # first minimum
             if bool(tot[j] < best):
                 best, u, s_st = tot[j], u2[j], s2[j]
@@ -263,7 +265,11 @@ def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, chunk: int = 7):
         def pick(t2, t):
             t2 = t2.expand(err.shape[0], *t2.shape[1:]) if t2.shape[0] == 1 else t2
             idx = j.expand(1, *t2.shape[1:]) if t2.shape[-1] != 1 else j
-            return torch.where(better, t2.gather(0, idx)[0], t)
+            if t2.dtype.itemsize == 1 and t2.is_floating_point():  # fp8 scales (e4m3): gather their bytes
+                got = t2.view(torch.uint8).gather(0, idx)[0].view(t2.dtype)
+            else:
+                got = t2.gather(0, idx)[0]
+            return torch.where(better, got, t)
         u, s_st = pick(u2, u), pick(s2, s_st)
         m_st = None if m2 is None else pick(m2, m_st)
         best = torch.where(better, e[0], best)

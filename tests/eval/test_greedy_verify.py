@@ -116,3 +116,14 @@ def test_score_bound_splits_queries_without_changing_results(monkeypatch, name):
                                             vq[:, :, :t + 1], pos[t:t + 1], pos[:t + 1], s.k, s.v, pol)
                       for t in range(80)], dim=2)           # one query at a time (the decode-step path)
     torch.testing.assert_close(step, want, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_new_tokens(smollm2):
+    from kvlab.eval.greedy import agreements, greedy_generate_batch, reference_greedy_batch
+    model, tok = smollm2
+    s, n = kvlab.scheme("q8_0"), model.config.n_layers
+    p = text_tokens(tok, "pydoc")[:16]
+    assert greedy_generate(model, p, DecodeFaithfulBackend(s, n), 0) == []
+    assert greedy_generate_batch(model, [p, p], lambda: DecodeFaithfulBackend(s, n), 0) == [[], []]
+    assert agreements(model, [p], DecodeFaithfulBackend(s, n), 0) == [0]
+    assert reference_greedy_batch(model, [p], 0) == [[]]

@@ -184,3 +184,26 @@ def test_fake_quantize_equals_round_trip(name):
     x = _x(11, n=64, d=128).to(torch.bfloat16)
     for spec in (s.k, s.v):
         assert torch.equal(fake_quantize(x, spec), dequantize(quantize(x, spec)))
+
+
+@pytest.mark.parametrize("text", ["fp4_e2m1:g16:s=e4m3:ts:rule=mse", "int4:g32:s=e4m3:rule=mse", "int3:g32:asym:rule=mse",
+                                  "nf4:g32:rule=mse", "int4:tensor:sym:rule=mse", "int4:g32:chan:asym:rule=mse"])
+def test_mse_rule_never_worse_than_absmax(text):
+    """rule=mse searches clipping ratios including 1.0 (= absmax): per group (or per tensor) its
+    squared error is never above absmax's; runs for every scale dtype (e4m3 scales included)."""
+    spec = kvlab.scheme(text).k
+    absmax = kvlab.scheme(text.replace(":rule=mse", "")).k
+    x = torch.distributions.StudentT(4).sample((3, 128, 64)) if spec.axis == "chan" else \
+        torch.distributions.StudentT(4).sample((3, 64, 128))
+    err = lambda s: (dequantize(quantize(x, s)) - x) ** 2  # noqa: E731
+    e_mse, e_abs = err(spec), err(absmax)
+    if spec.axis == "tensor":
+        assert e_mse.sum() <= e_abs.sum() * (1 + 1e-6)
+    else:
+        G = spec.group
+        if spec.axis == "chan":
+            per = lambda e: e.transpose(-1, -2).reshape(-1, G).sum(-1)  # noqa: E731
+        else:
+            per = lambda e: e.reshape(-1, G).sum(-1)  # noqa: E731
+        assert (per(e_mse) <= per(e_abs) * (1 + 1e-6) + 1e-12).all()
+    assert e_mse.sum() < e_abs.sum()
