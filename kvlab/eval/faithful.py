@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cache.window import FpPolicy
+from ..model.llama import MAX_SCORES  # scores one float32 attention call may hold; more queries are split
 from ..quant import fake_quantize, quantize
 from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
 
@@ -119,7 +120,6 @@ class DecodeFaithfulBackend:
         return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
 
 
-MAX_SCORES = 1 << 26  # attention scores per SDPA call (256 MB in float32); more queries are split
 
 
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,

@@ -66,13 +66,31 @@ def verify(model, prompt: Tensor, draft: list[int], backend) -> tuple[int, list[
     Returns (j, argmax): argmax[i] is the model's greedy token after prompt + draft[:i], and j is
     the first i where it differs from draft[i] (len(draft) if none). The backend is left holding
     prompt + draft[:-1]."""
-    if not draft:
-        raise ValueError("draft must hold at least one token")
+    return verify_batch(model, [prompt], [draft], backend)[0]
+
+
+@torch.no_grad()
+def verify_batch(model, prompts: list[Tensor], drafts: list[list[int]], backend) -> list[tuple[int, list[int]]]:
+    """`verify` for equal-length prompts and equal-length drafts, as one batch [N, T + n - 1]."""
+    if len({p.numel() for p in prompts}) != 1:
+        raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
+    n = len(drafts[0])
+    if n == 0 or any(len(d) != n for d in drafts):
+        raise ValueError(f"drafts must hold one number (>= 1) of tokens, got {sorted({len(d) for d in drafts})}")
     dev = next(model.parameters()).device
-    ids = torch.cat([prompt.to(dev), torch.tensor(draft[:-1], dtype=torch.int64, device=dev)])  # [T + n - 1]
-    am = model(ids[None], backend=backend, last=len(draft))[0].argmax(-1).tolist()
-    j = next((i for i, (a, b) in enumerate(zip(am, draft)) if a != b), len(draft))
-    return j, am
+    ids = torch.stack([torch.cat([p.to(dev), torch.tensor(d[:-1], dtype=torch.int64, device=dev)])
+                       for p, d in zip(prompts, drafts)])
+    am = model(ids, backend=backend, last=n).argmax(-1).tolist()   # [N, n]
+    return [(next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n), row) for row, d in zip(am, drafts)]
+
+
+def _continue(model, backend, tok: Tensor, gen: list[int], n_new: int) -> list[int]:
+    """Greedy steps through `backend`: feed tok [1, t], append argmaxes to gen until n_new."""
+    while len(gen) < n_new:
+        nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
+        gen.append(int(nxt))
+        tok = nxt.view(1, 1)
+    return gen
 
 
 @torch.no_grad()
@@ -89,15 +107,9 @@ def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int]
     j, am = verify(model, prompt, draft, backend)
     if j == n_new:
         return list(draft)
-    gen = list(draft[:j]) + [am[j]]
     backend.truncate(prompt.numel() + j)  # drop the rejected draft tokens
     dev = next(model.parameters()).device
-    tok = torch.tensor([[am[j]]], dtype=torch.int64, device=dev)
-    while len(gen) < n_new:
-        nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
-        gen.append(int(nxt))
-        tok = nxt.view(1, 1)
-    return gen
+    return _continue(model, backend, torch.tensor([[am[j]]], dtype=torch.int64, device=dev), draft[:j] + [am[j]], n_new)
 
 
 @torch.no_grad()
@@ -108,26 +120,16 @@ def greedy_generate_batch(model, prompts: list[Tensor], make_backend, n_new: int
     prompt + its verified tokens in parallel, then one token at a time). Where a scheme is so
     noisy that its logits have near-ties, the parallel and the token-by-token pass may round a
     tie differently; both are decode-faithful."""
-    if len({p.numel() for p in prompts}) != 1:
-        raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
-    dev = next(model.parameters()).device
-    drafts = reference_greedy_batch(model, prompts, n_new) if drafts is None else [d[:n_new] for d in drafts]
     if n_new == 0:
         return [[] for _ in prompts]
-    ids = torch.stack([torch.cat([p.to(dev), torch.tensor(d[:-1], dtype=torch.int64, device=dev)])
-                       for p, d in zip(prompts, drafts)])
-    am = model(ids, backend=make_backend(), last=n_new).argmax(-1).tolist()   # [N, n_new]
+    drafts = reference_greedy_batch(model, prompts, n_new) if drafts is None else [d[:n_new] for d in drafts]
+    dev = next(model.parameters()).device
     out = []
-    for p, d, row in zip(prompts, drafts, am):
-        j = next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new)
+    for p, d, (j, row) in zip(prompts, drafts, verify_batch(model, prompts, drafts, make_backend())):
         gen = list(d) if j == n_new else d[:j] + [row[j]]
         if len(gen) < n_new:
-            backend = make_backend()
             tok = torch.cat([p.to(dev), torch.tensor(gen, dtype=torch.int64, device=dev)])[None]
-            while len(gen) < n_new:
-                nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
-                gen.append(int(nxt))
-                tok = nxt.view(1, 1)
+            gen = _continue(model, make_backend(), tok, gen, n_new)
         out.append(gen)
     return out
 
@@ -141,13 +143,6 @@ def agreement(model, prompt: Tensor, backend, n_new: int) -> int:
 @torch.no_grad()
 def agreements(model, prompts: list[Tensor], backend, n_new: int) -> list[int]:
     """`agreement` for equal-length prompts, verified as one batch [N, T + n_new - 1]."""
-    if len({p.numel() for p in prompts}) != 1:
-        raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
-    dev = next(model.parameters()).device
     if n_new == 0:
         return [0 for _ in prompts]
-    drafts = reference_greedy_batch(model, prompts, n_new)
-    ids = torch.stack([torch.cat([p.to(dev), torch.tensor(d[:-1], dtype=torch.int64, device=dev)])
-                       for p, d in zip(prompts, drafts)])
-    am = model(ids, backend=backend, last=n_new).argmax(-1).tolist()   # [N, n_new]
-    return [next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n_new) for row, d in zip(am, drafts)]
+    return [j for j, _ in verify_batch(model, prompts, reference_greedy_batch(model, prompts, n_new), backend)]

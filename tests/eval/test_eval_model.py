@@ -12,15 +12,6 @@ pytest.importorskip("gguf")
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from kvlab.model import load_model
-    try:
-        return load_model("smollm2")
-    except (FileNotFoundError, ValueError) as e:
-        pytest.skip(f"SmolLM2 not installed: {e}")
-
-
-@pytest.fixture(scope="module")
 def cap(smollm2):
     model, tok = smollm2
     return capture_qkv(model, text_tokens(tok, "pydoc")[:256])

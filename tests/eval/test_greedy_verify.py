@@ -11,15 +11,6 @@ from kvlab.eval.perplexity import text_tokens
 pytest.importorskip("gguf")
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from kvlab.model import load_model
-    try:
-        return load_model("smollm2")
-    except (FileNotFoundError, ValueError) as e:
-        pytest.skip(f"SmolLM2 not installed: {e}")
-
-
 def _incremental(model, prompt, backend, n_new):
     tok, gen = prompt[None], []
     for _ in range(n_new):
