@@ -65,35 +65,12 @@ def byte_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.c
         s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
         z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
         if CFG[22]:  # int8 two's complement: flip to offset binary, subtract 1024 + 128 -> the signed code
-            x = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 u, lo, hi, m;
-                xor.b32 u, $2, 0x80808080;
-                mov.b32 m, 0x64646464;
-                prmt.b32 lo, u, m, 0x4140;
-                prmt.b32 hi, u, m, 0x4342;
-                mov.b32 m, 0x64806480;
-                sub.f16x2 lo, lo, m;
-                sub.f16x2 hi, hi, m;
-                fma.rn.f16x2 $0, lo, $3, $5;
-                fma.rn.f16x2 $1, hi, $4, $6;
-                }""",
-                constraints="=r,=r,r,r,r,r,r", args=[c, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
+            x = tl.inline_asm_elementwise(asm=_BYTES_ASM_XOR, constraints=_BYTES_CONS, args=[c, s3, z3],
+                                          dtype=tl.float16, is_pure=True, pack=4)
         else:  # unsigned codes; a symmetric offset (int8 sym stored unsigned) rides in the zero
             z3 = z3 - CFG[23] * s3
-            x = tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 lo, hi, m;
-                mov.b32 m, 0x64646464;
-                prmt.b32 lo, $2, m, 0x4140;
-                prmt.b32 hi, $2, m, 0x4342;
-                mov.b32 m, 0x64006400;
-                sub.f16x2 lo, lo, m;
-                sub.f16x2 hi, hi, m;
-                fma.rn.f16x2 $0, lo, $3, $5;
-                fma.rn.f16x2 $1, hi, $4, $6;
-                }""",
-                constraints="=r,=r,r,r,r,r,r", args=[c, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
+            x = tl.inline_asm_elementwise(asm=_BYTES_ASM_U8, constraints=_BYTES_CONS, args=[c, s3, z3],
+                                          dtype=tl.float16, is_pure=True, pack=4)
     return tl.reshape(x, [BN, D])
 
 
@@ -108,30 +85,9 @@ def nibble_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl
     s2 = tl.broadcast_to(_half2_bits(s)[:, :, None, None], [BN, NG, GW, 4])
     z2 = tl.broadcast_to(_half2_bits(z)[:, :, None, None], [BN, NG, GW, 4])
     # subtracting 1024 + OFFSET (q4_0: 1032 = 0x6408) in f16x2 leaves the signed code, exactly
-    if CFG[23] == 8:
-        a, b = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, m;
-            mov.b32 m, 0x64006400;
-            lop3.b32 t, $2, 0x000F000F, m, 0xEA;
-            mov.b32 m, 0x64086408;
-            sub.f16x2 t, t, m;
-            fma.rn.f16x2 t, t, $3, $4;
-            mov.b32 {$0, $1}, t;
-            }""",
-            constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-    else:
-        a, b = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t, m;
-            mov.b32 m, 0x64006400;
-            lop3.b32 t, $2, 0x000F000F, m, 0xEA;
-            sub.f16x2 t, t, m;
-            fma.rn.f16x2 t, t, $3, $4;
-            mov.b32 {$0, $1}, t;
-            }""",
-            constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16),
-            is_pure=True, pack=1)
+    a, b = tl.inline_asm_elementwise(asm=_NIB_PAIR_ASM_8 if CFG[23] == 8 else _NIB_PAIR_ASM_0,
+                                     constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16),
+                                     is_pure=True, pack=1)
     return tl.reshape(tl.join(a, b), [BN, D])
 
 
@@ -154,18 +110,16 @@ def nibble_rows(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl
     c2 = tl.reshape(tl.join(c, hi), [BN, NG, G])  # low 4 bits of each byte = the code; high bits masked below
     s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
     z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
-    if CFG[23] == 8:
-        x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_8, constraints=_NIB_ROWS_CONS, args=[c2, s3, z3],
-                                      dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_0, constraints=_NIB_ROWS_CONS, args=[c2, s3, z3],
-                                      dtype=tl.float16, is_pure=True, pack=4)
+    x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_8 if CFG[23] == 8 else _NIB_ROWS_ASM_0, constraints=_BYTES_CONS,
+                                  args=[c2, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
     return tl.reshape(x, [BN, D])
 
 
-_NIB_ROWS = """{
+# Four bytes -> four fp16 per instance: PREP the bytes (u), PRMT them into the mantissa of 1024.0
+# (0x64 high bytes), subtract MAGIC (1024 + the code offset) in f16x2, one f16x2 FMA with scale / zero.
+_BYTES = """{
     .reg .b32 u, lo, hi, m;
-    and.b32 u, $2, 0x0F0F0F0F;
+    PREP
     mov.b32 m, 0x64646464;
     prmt.b32 lo, u, m, 0x4140;
     prmt.b32 hi, u, m, 0x4342;
@@ -175,6 +129,27 @@ _NIB_ROWS = """{
     fma.rn.f16x2 $0, lo, $3, $5;
     fma.rn.f16x2 $1, hi, $4, $6;
     }"""
-_NIB_ROWS_ASM_8 = tl.constexpr(_NIB_ROWS.replace("MAGIC", "0x64086408"))  # q4_0: subtract 1024 + 8
-_NIB_ROWS_ASM_0 = tl.constexpr(_NIB_ROWS.replace("MAGIC", "0x64006400"))  # unsigned codes, zero explicit
-_NIB_ROWS_CONS = tl.constexpr("=r,=r,r,r,r,r,r")
+
+
+def _bytes_asm(prep: str, magic: str) -> tl.constexpr:
+    return tl.constexpr(_BYTES.replace("PREP", prep).replace("MAGIC", magic))
+
+
+_BYTES_CONS = tl.constexpr("=r,=r,r,r,r,r,r")
+_BYTES_ASM_XOR = _bytes_asm("xor.b32 u, $2, 0x80808080;", "0x64806480")  # int8 two's complement: 1024 + 128
+_BYTES_ASM_U8 = _bytes_asm("mov.b32 u, $2;", "0x64006400")               # unsigned bytes: 1024
+_NIB_ROWS_ASM_8 = _bytes_asm("and.b32 u, $2, 0x0F0F0F0F;", "0x64086408")  # low nibbles, q4_0: 1024 + 8
+_NIB_ROWS_ASM_0 = _bytes_asm("and.b32 u, $2, 0x0F0F0F0F;", "0x64006400")  # unsigned codes, zero explicit
+
+# A nibble pair (bits 0-3 and 16-19 of the operand) -> two fp16: LOP3 into 0x6400 halves, subtract MAGIC.
+_NIB_PAIR = """{
+    .reg .b32 t, m;
+    mov.b32 m, 0x64006400;
+    lop3.b32 t, $2, 0x000F000F, m, 0xEA;
+    mov.b32 m, MAGIC;
+    sub.f16x2 t, t, m;
+    fma.rn.f16x2 t, t, $3, $4;
+    mov.b32 {$0, $1}, t;
+    }"""
+_NIB_PAIR_ASM_8 = tl.constexpr(_NIB_PAIR.replace("MAGIC", "0x64086408"))  # q4_0: subtract 1024 + 8
+_NIB_PAIR_ASM_0 = tl.constexpr(_NIB_PAIR.replace("MAGIC", "0x64006400"))  # unsigned codes: 1024
