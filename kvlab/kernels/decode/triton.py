@@ -81,6 +81,62 @@ def pin(x, ON: tl.constexpr):
 
 
 @triton.jit
+def tensor_scales(KTS, VTS, HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
+    """Per-tensor scales of the quantized K and V tiles (1.0 where the spec has none)."""
+    kts = 1.0
+    vts = 1.0
+    if HAS_KTS:
+        kts = tl.load(KTS)
+    if HAS_VTS:
+        vts = tl.load(VTS)
+    return kts, vts
+
+
+@triton.jit
+def q_operand(q, DOT: tl.constexpr):
+    """float32 queries in the dtype of the score dot (DOT 1: bf16, 2: fp16; else float32)."""
+    if DOT == 1:
+        q = q.to(tl.bfloat16)
+    elif DOT == 2:
+        q = q.to(tl.float16)
+    return q
+
+
+@triton.jit
+def kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm,
+             kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
+             KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+             ROWFIRST: tl.constexpr, PIN: tl.constexpr):
+    """Dequantized K^T [D, BN] and V [BN, D] of tokens t0..t0+BN (rows past hi are 0); token- or
+    channel-axis tiles per spec. ROWFIRST: the dot dtype (q's) in the load's row layout, anchored
+    there (pin); bf16 / fp16 pages have nothing to dequantize and are left as they are."""
+    if KCFG[26]:
+        kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
+    else:
+        kr = tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2, KCFG, P, BN, D)
+        if ROWFIRST and KCFG[0] != 0:
+            kr = pin(kr.to(q.dtype), PIN)
+        kt = tl.trans(kr)
+    if VCFG[26]:
+        v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
+    else:
+        v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+        if ROWFIRST and VCFG[0] != 0:
+            v = pin(v.to(q.dtype), PIN)
+    return kt, v
+
+
+@triton.jit
+def fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN: tl.constexpr):
+    """Full-precision buffer tokens t0..t0+BN of sequence b (F held): K^T [D, BN], V [BN, D], mask [BN]."""
+    t = t0 + tl.arange(0, BN)
+    fm = t < F
+    kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
+    v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+    return kt, v, fm
+
+
+@triton.jit
 def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
                    INDPTR, INDICES, LAST, KFP, VFP, FPLEN, qk_scale, num_splits,
                    sq0, sq1, so0, so1, kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
@@ -105,18 +161,9 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
     heads = hk * GROUP + g  # [GP] query heads served by this KV head
     kperm = tl.load(KPERM + d)
     vperm = tl.load(VPERM + d)
-    kts = 1.0
-    vts = 1.0
-    if HAS_KTS:
-        kts = tl.load(KTS)
-    if HAS_VTS:
-        vts = tl.load(VTS)
+    kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
     q = tl.load(Q + b * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
-    q = q * qk_scale  # [GP, D], dims in K's column order
-    if DOT == 1:
-        q = q.to(tl.bfloat16)
-    elif DOT == 2:
-        q = q.to(tl.float16)
+    q = q_operand(q * qk_scale, DOT)  # [GP, D], dims in K's column order
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
@@ -124,19 +171,8 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
         qt = tl.trans(q)                  # [D, GP]
         acc = tl.zeros([D, GP], tl.float32)  # out^T
     for t0 in range(lo, hi, BN):
-        if KCFG[26]:
-            kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
-        else:
-            kr = tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2, KCFG, P, BN, D)
-            if ROWFIRST and KCFG[0] != 0:  # the dot dtype in the load's row layout, anchored there (pin)
-                kr = pin(kr.to(q.dtype), PIN)
-            kt = tl.trans(kr)  # [D, BN]
-        if VCFG[26]:
-            v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
-        else:
-            v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
-            if ROWFIRST and VCFG[0] != 0:  # bf16 / fp16 pages: nothing to dequantize, left as is
-                v = pin(v.to(q.dtype), PIN)
+        kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm, kc0, kc1, kc2, kc3,
+                         ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, ROWFIRST, PIN)
         valid = (t0 + tl.arange(0, BN)) < hi
         if KVMAJOR:
             m_i, l_i, acc = softmax_step_t(qt, tl.trans(kt), v, valid[:, None], m_i, l_i, acc, kts, vts, DOT)
@@ -146,10 +182,7 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
         if sp == num_splits - 1:  # the full-precision tokens ride on the last split
             F = tl.load(FPLEN + b)
             for t0 in range(0, F, BN):
-                t = t0 + tl.arange(0, BN)
-                fm = t < F
-                kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
-                v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+                kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
                 if KVMAJOR:
                     m_i, l_i, acc = softmax_step_t(qt, tl.trans(kt), v, fm[:, None], m_i, l_i, acc, 1.0, 1.0, DOT)
                 else:

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..decode.triton import dot_mode, interpreting, prepare, rotate_inputs, softmax_step
-from ..dequant import chan_tile, tok_tile
+from ..decode.triton import (dot_mode, fp_tile, interpreting, kv_tiles, prepare, q_operand, rotate_inputs,
+                             softmax_step, tensor_scales)
 from .. import tuning
 
 
@@ -39,40 +39,21 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
         d = tl.arange(0, D)
         kperm = tl.load(KPERM + d)
         vperm = tl.load(VPERM + d)
-        kts = 1.0
-        vts = 1.0
-        if HAS_KTS:
-            kts = tl.load(KTS)
-        if HAS_VTS:
-            vts = tl.load(VTS)
+        kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
         q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None], other=0.0)
-        q = q.to(tl.float32) * qk_scale  # [R, D]
-        if DOT == 1:
-            q = q.to(tl.bfloat16)
-        elif DOT == 2:
-            q = q.to(tl.float16)
+        q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [R, D]
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
         for t0 in range(0, L, BN):  # quantized prefix: visible to every query
-            if KCFG[26]:
-                kt = chan_tile(KC, KS, KZ, KL, IDX, t0, L, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
-            else:
-                kt = tl.trans(tok_tile(KC, KS, KZ, KL, IDX, t0, L, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2,
-                                       KCFG, P, BN, D))
-            if VCFG[26]:
-                v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, L, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
-            else:
-                v = tok_tile(VC, VS, VZ, VL, IDX, t0, L, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+            kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
+                             ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
             valid = (t0 + tl.arange(0, BN)) < L
             m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
         if HAS_FP:
             F = tl.load(FPLEN + b)
             for t0 in range(0, F, BN):
-                t = t0 + tl.arange(0, BN)
-                fm = t < F
-                kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
-                v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+                kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
                 m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
         hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
         for j0 in range(0, hi, BN):
