@@ -15,7 +15,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | t
 if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
   command -v nvidia-cuda-mps-control || echo "no MPS control binary"
 elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
-  OUT="$W" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 fp8_e4m3 bf16} 2>&1 | tee "$W/profile.log" | tail -80
+  OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
+    'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
 elif [ "$mode" = kernels ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout 330 python3 benchmarks/bench_decode.py --out "$W/decode" --budget 170 2>&1 | tail -60 > "$W/bench_decode.log"
