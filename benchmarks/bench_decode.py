@@ -198,7 +198,7 @@ def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONT
         try:
             cfg, ms = tuning.tune("decode", sch, {"batch": 32, "heads_q": HQ, "heads_kv": HK, "head_dim": D,
                                                   "page_size": page_size(name), "context": 32768},
-                                  candidates=cands, search_splits=False, rep=15, verbose=True)
+                                  candidates=cands, rep=15, verbose=True)  # then split counts around the best
             best[name] = {k: v for k, v in cfg.items() if k != "ms"}
         except Exception as e:  # noqa: BLE001
             print("tune failed", name, type(e).__name__, str(e)[:300], flush=True)

@@ -26,7 +26,7 @@ def main() -> None:
     t0 = time.perf_counter()
     from kvlab.eval.perplexity import evaluate_scheme
     from kvlab.model import load_model
-    model, tok = load_model("smollm2", device=a.device, dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
+    model, tok = load_model("smollm2", device=a.device, dtype=torch.float32)  # as the sweep evaluates
     t_load = time.perf_counter() - t0
 
     def once() -> tuple[float, dict]:

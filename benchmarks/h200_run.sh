@@ -19,8 +19,8 @@ elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchm
     'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
 elif [ "$mode" = kernels ]; then
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
-  timeout 330 python3 benchmarks/bench_decode.py --out "$W/decode" --budget 170 2>&1 | tail -60 > "$W/bench_decode.log"
-  timeout 75 python3 benchmarks/bench_store.py 2>&1 | tail -25 | tee "$W/bench_store.log"
+  timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"
+  [ -n "${NO_STORE:-}" ] || timeout 75 python3 benchmarks/bench_store.py 2>&1 | tail -25 | tee "$W/bench_store.log"
   cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null
   tail -45 "$W/bench_decode.log"
 else

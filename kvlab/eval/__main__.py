@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default="pydoc", choices=["pydoc", "license"])
     p.add_argument("--seed", type=int, default=0, help="0: the first segments in order; else a seeded choice")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="model dtype (default float32: in bf16 rounding noise floors KL near 2e-3)")
     p.add_argument("--greedy", type=int, default=16, help="greedy tokens compared per segment (0: skip)")
     p.add_argument("--passkey", default="512,1024", help="comma-separated passkey lengths ('' to skip)")
     p.add_argument("--json", help="write the rows as JSON to this file")
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
         return 2
-    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    dtype = getattr(torch, a.dtype)
     t0 = time.time()
     model, tok = load_model(a.model, device=a.device, dtype=dtype)
     lengths = tuple(int(x) for x in a.passkey.split(",") if x.strip())

@@ -116,7 +116,7 @@ class DecodeFaithfulBackend:
         vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv)
         self.qhist[layer] = (kq, vq)
         if k_spec.pre_rope:
-            kq = model.apply_rope(kq, k_pos)
+            kq = model.apply_rope(kq, k_pos, max_position=model.rope_positions - 1)  # earlier positions: covered
         return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
 
 
@@ -133,20 +133,22 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     causal SDPA over that copy.
     """
     B, Hq, T, D = q.shape
-    prefill = T == k.shape[2] and torch.equal(q_pos, k_pos)
+    # the same tensor (a fresh backend's prefill) needs no comparison, which would sync the device
+    prefill = T == k.shape[2] and (q_pos is k_pos or torch.equal(q_pos, k_pos))
     one = _one_copy(k_spec, v_spec, policy)
     if prefill and one is not None and B * Hq * T * T <= MAX_SCORES:
         kk, vv = (k if one[0] else kq), (v if one[1] else vq)
         return _sdpa(q.float(), kk.float(), vv.float(), causal=True).to(q.dtype)
     out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
+    blocks = copy_blocks(k_spec, v_spec, policy)
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
         causal = k_pos[None, :] <= pc[:, None]                                   # [t, S]
         fk, fv = fp_mask(k_spec, policy, pc, k_pos) & causal, fp_mask(v_spec, policy, pc, k_pos) & causal
         keys, vals, masks = [], [], []
-        for kk, vv, m in ((kq, vq, causal & ~fk & ~fv), (k, v, fk & fv), (kq, v, ~fk & fv), (k, vq, fk & ~fv)):
-            # a few queries (decode steps): keep every block rather than sync the device to drop empty ones
-            if qc.shape[2] <= 64 or bool(m.any()):
+        for (ck, cv), kk, vv, m in (((0, 0), kq, vq, causal & ~fk & ~fv), ((1, 1), k, v, fk & fv),
+                                    ((0, 1), kq, v, ~fk & fv), ((1, 0), k, vq, fk & ~fv)):
+            if (ck, cv) in blocks:  # decided on the host: asking the mask would sync the device per chunk
                 keys.append(kk), vals.append(vv), masks.append(m)
         kc = torch.cat([t.float() for t in keys], dim=2)                        # [B, Hk, nS, D]
         vc = torch.cat([t.float() for t in vals], dim=2)
@@ -156,6 +158,21 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
             r = min(rows, qc.shape[2] - j)
             out[:, :, i + j:i + j + r] = _sdpa(qc[:, :, j:j + r], kc, vc, mask=mask[j:j + r])
     return out.to(q.dtype)
+
+
+def copy_blocks(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> set[tuple[int, int]]:
+    """(K copy, V copy) pairs, 1 = full precision, that some (query, key) pair may read.
+
+    K and V share one policy, so a quantized K and a quantized V are read in full precision at the
+    same pairs: mixed pairs occur only when one side is float storage (always full precision)."""
+    fk_always, fv_always = k_spec.is_float_storage, v_spec.is_float_storage
+    some_fp = bool(policy.sink or policy.window or policy.group > 1)
+    out = set()
+    for ck in ((1,) if fk_always else ((0, 1) if some_fp else (0,))):
+        for cv in ((1,) if fv_always else ((0, 1) if some_fp else (0,))):
+            if fk_always or fv_always or ck == cv:
+                out.add((ck, cv))
+    return out
 
 
 def _one_copy(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tuple[bool, bool] | None:

@@ -205,9 +205,10 @@ class LlamaModel(nn.Module):
         return super().load_state_dict(own, strict=strict, assign=assign)
 
     # ---- RoPE ----------------------------------------------------------------------------
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin for `positions` [T] -> each [T, D] float32 (cached table, grown on demand)."""
-        need = int(positions.max()) + 1 if positions.numel() else 1
+    def _rope(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """cos, sin for `positions` [T] -> each [T, D] float32 (cached table, grown on demand).
+        max_position: a known bound on positions (saves a device sync); default: computed."""
+        need = (int(positions.max()) if max_position is None else max_position) + 1 if positions.numel() else 1
         dev = self.embed_tokens.weight.device
         if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].device != dev:
             n = max(4096, 1 << (need - 1).bit_length())  # grow by powers of two, not to max context
@@ -218,10 +219,18 @@ class LlamaModel(nn.Module):
         cos, sin = self._rope_table
         return cos[positions], sin[positions]
 
-    def apply_rope(self, x: Tensor, positions: Tensor) -> Tensor:
+    @property
+    def rope_positions(self) -> int:
+        """Positions the cached RoPE table covers (after a forward: at least every position it saw)."""
+        return 0 if self._rope_table is None else int(self._rope_table[0].shape[0])
+
+    def apply_rope(self, x: Tensor, positions: Tensor, max_position: int | None = None,
+                   cos_sin: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Rotate x: [B, H, T, D] by absolute positions [T] (int64), HF rotate-half convention.
-        Returns [B, H, T, D] in x's dtype (cos/sin computed in float32 and cast, as HF)."""
-        cos, sin = self._rope(positions.to(self.embed_tokens.weight.device))
+        Returns [B, H, T, D] in x's dtype (cos/sin computed in float32 and cast, as HF).
+        max_position: a known bound on positions (no device sync); cos_sin: `_rope(positions)`
+        computed once for several tensors."""
+        cos, sin = cos_sin or self._rope(positions.to(self.embed_tokens.weight.device), max_position)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D]
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -265,12 +274,14 @@ class LlamaModel(nn.Module):
         backend = DenseCausalBackend() if backend is None else backend
         B, T = tokens.shape
         dev = self.embed_tokens.weight.device
+        max_position = None  # known on the host when positions are implied: no device sync per forward
         if positions is None:
             start = int(getattr(backend, "seq_len", 0))
-            positions = torch.arange(start, start + T, device=dev)
+            positions, max_position = torch.arange(start, start + T, device=dev), start + T - 1
         positions = positions.to(device=dev, dtype=torch.int64)
         if positions.shape != (T,):
             raise ValueError(f"positions must be [T]={T} int64, got {tuple(positions.shape)}")
+        cos_sin = self._rope(positions, max_position)  # once per forward, shared by every layer
         x = self.embed_tokens(tokens.to(dev))  # [B, T, H]
         hidden = [x.float()] if want_hidden else []
         for i, blk in enumerate(self.layers):
@@ -278,7 +289,7 @@ class LlamaModel(nn.Module):
             q = a.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)        # [B, Hq, T, D]
             k_pre = a.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # [B, Hk, T, D]
             v = a.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)      # [B, Hk, T, D]
-            q, k = self.apply_rope(q, positions), self.apply_rope(k_pre, positions)
+            q, k = self.apply_rope(q, positions, cos_sin=cos_sin), self.apply_rope(k_pre, positions, cos_sin=cos_sin)
             o = backend.attend(i, q, k_pre, k, v, positions, self)                  # [B, Hq, T, D]
             x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
             x = x + blk.mlp(blk.post_attention_layernorm(x))

@@ -37,9 +37,10 @@ def _warm(cell: dict) -> None:
 
 def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], workers: int | None = None) -> None:
     """Run cells here (workers=1) or in `workers` processes; on CUDA the default is one worker per
-    visible GPU. With several workers, speed cells are compiled by the pool (ahead of the other
-    cells) and then timed one at a time in this process, after every other cell, so no timing
-    shares the GPU."""
+    visible GPU. With several workers on CUDA: the pool compiles every speed cell's kernels and runs
+    the short cells (roundtrip, attention); then this process times the speed cells one at a time
+    while the pool is idle, so no timing shares the GPU; then the pool runs the model cells. A
+    sweep cut short by a time limit therefore loses model cells (resumable), not the timings."""
     n_gpus = 0
     if device == "cuda":
         import torch
@@ -55,18 +56,32 @@ def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], wo
     for i in range(workers):
         q.put(i % max(1, n_gpus))
     threads = max(1, (os.cpu_count() or 1) // workers)
-    timed = [c for c in cells if c["stage"] == "speed"]
+    timed = [c for c in cells if c["stage"] == "speed"] if device == "cuda" else []
     # longest cells first, so the pool does not end waiting on a few slow model cells
-    rest = sorted((c for c in cells if c["stage"] != "speed"), key=lambda c: _COST.get(c["stage"], 0), reverse=True)
+    rest = sorted((c for c in cells if c not in timed), key=lambda c: _COST.get(c["stage"], 0), reverse=True)
     with ctx.Pool(workers, initializer=_worker_init, initargs=(q, device, threads)) as pool:
-        # compiles first (CPU-bound, untimed), queued ahead of the other cells
-        warm = pool.map_async(_warm, timed) if device == "cuda" and timed else None
+        if timed:
+            warm = pool.map_async(_warm, timed)  # compiles first (CPU-bound, untimed)
+            for row in pool.imap_unordered(_run, [c for c in rest if c["stage"] != "model"]):
+                on_row(row)
+            warm.wait()
+            for c in timed:
+                on_row(_timed(c, device))
+            rest = [c for c in rest if c["stage"] == "model"]
         for row in pool.imap_unordered(_run, rest):
             on_row(row)
-        if warm is not None:
-            warm.wait()
-    for c in timed:
-        on_row(run_cell(c, device))
+
+
+def _timed(cell: dict, device: str, report_after_s: float = 60.0) -> dict:
+    """run_cell for a speed cell; if it runs past report_after_s, every thread's stack goes to
+    stderr (a compile the warm-up missed, or a hang, shows where it is)."""
+    import faulthandler
+    import sys
+    faulthandler.dump_traceback_later(report_after_s, exit=False, file=sys.stderr)
+    try:
+        return run_cell(cell, device)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def run_ray(cells: list[dict], device: str, on_row: Callable[[dict], None], address: str | None = None) -> None:

@@ -61,7 +61,8 @@ def _store_fn(sch, shape: dict):
 
 
 def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False, quick: bool = True) -> dict:
-    """Tune and time `sch` at `shape`; quick: the tuner's quick space (2-4 configs, no split search)."""
+    """Tune and time `sch` at `shape`; quick: the tuner's quick space (2-4 configs, then 4 split
+    counts around the best)."""
     import triton
 
     from ..kernels.tuning import tune
