@@ -18,7 +18,7 @@ elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchm
   OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
     'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
 elif [ "$mode" = kernels ]; then
-  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"
   [ -n "${NO_STORE:-}" ] || timeout 75 python3 benchmarks/bench_store.py 2>&1 | tail -25 | tee "$W/bench_store.log"
   cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null
@@ -33,8 +33,19 @@ else
     timeout 90 python3 benchmarks/bench_eval.py --device cuda --tokens 8192 --json "$W/bench_eval_h200.json" 2>&1 | tail -16
   fi
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # 12 workers share the GPU: less fragmentation
+  if [ -d gpu_b/resume/default-gpu ]; then   # finish an earlier call's sweep (its results travel in gpu_b/resume)
+    cp -r gpu_b/resume/default-gpu "$W/" && SWEEP_ARGS="${SWEEP_ARGS:-} --resume"
+  fi
+  if [ -n "${MPS:-}" ]; then   # CUDA MPS: the workers' kernels run side by side instead of time-sliced
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+    mkdir -p /tmp/mps_pipe /tmp/mps_log && timeout 10 nvidia-cuda-mps-control -d && echo "MPS daemon started"
+    if ! timeout 60 python3 -c "import torch; print('MPS client ok', float(torch.ones(4, device='cuda').sum()))"; then
+      echo quit | timeout 10 nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; echo "MPS off"
+    fi
+  fi
   ( time timeout "${SWEEP_S:-540}" python3 -m kvlab.sweep --device cuda --workers "${WORKERS:-12}" --quiet ${SWEEP_ARGS:-} \
       --out "$W/default-gpu" ) 2>&1 | tail -40
+  if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then echo quit | timeout 10 nvidia-cuda-mps-control; tail -5 /tmp/mps_log/control.log; fi
   python3 - "$W/default-gpu" <<'PY'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1] + "/cells.jsonl") if l.strip()]

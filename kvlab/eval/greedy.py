@@ -116,22 +116,46 @@ def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int]
 def greedy_generate_batch(model, prompts: list[Tensor], make_backend, n_new: int,
                           drafts: list[list[int]] | None = None) -> list[list[int]]:
     """greedy_generate for equal-length prompts: one batched verification pass through
-    `make_backend()`; a prompt whose draft is rejected continues alone (a fresh backend fed
-    prompt + its verified tokens in parallel, then one token at a time). Where a scheme is so
-    noisy that its logits have near-ties, the parallel and the token-by-token pass may round a
-    tie differently; both are decode-faithful."""
+    `make_backend()`; the prompts whose draft is rejected then continue together in one more batch
+    (`continue_batch`). Where a scheme is so noisy that its logits have near-ties, the parallel and
+    the token-by-token pass may round a tie differently; both are decode-faithful."""
     if n_new == 0:
         return [[] for _ in prompts]
     drafts = reference_greedy_batch(model, prompts, n_new) if drafts is None else [d[:n_new] for d in drafts]
-    dev = next(model.parameters()).device
-    out = []
-    for p, d, (j, row) in zip(prompts, drafts, verify_batch(model, prompts, drafts, make_backend())):
-        gen = list(d) if j == n_new else d[:j] + [row[j]]
-        if len(gen) < n_new:
-            tok = torch.cat([p.to(dev), torch.tensor(gen, dtype=torch.int64, device=dev)])[None]
-            gen = _continue(model, make_backend(), tok, gen, n_new)
-        out.append(gen)
+    out = [list(d) if j == n_new else d[:j] + [row[j]]
+           for d, (j, row) in zip(drafts, verify_batch(model, prompts, drafts, make_backend()))]
+    todo = [i for i, g in enumerate(out) if len(g) < n_new]
+    if todo:
+        for i, g in zip(todo, continue_batch(model, make_backend(), [prompts[i] for i in todo],
+                                             [out[i] for i in todo], n_new)):
+            out[i] = g
     return out
+
+
+@torch.no_grad()
+def continue_batch(model, backend, prompts: list[Tensor], known: list[list[int]], n_new: int) -> list[list[int]]:
+    """Greedy continuations (n_new ids each) of equal-length prompts [T] whose first tokens are
+    already known (`known[r]`, at least one each), decoded in lockstep through one fresh
+    `backend`: feed every row prompt + its first m known tokens (m = the fewest known), then one
+    token per step for all rows at once, a row's known token where it has one (teacher forcing)
+    and its own argmax otherwise. A row's logits depend on its own tokens only, so each row equals
+    its own token-by-token decode up to float rounding; the device is not synced inside the loop."""
+    if len({p.numel() for p in prompts}) != 1:
+        raise ValueError(f"prompts must have one length to be batched, got {sorted({p.numel() for p in prompts})}")
+    if any(not 1 <= len(k) <= n_new for k in known):
+        raise ValueError(f"each row needs 1..{n_new} known tokens, got {sorted({len(k) for k in known})}")
+    dev = next(model.parameters()).device
+    m = min(len(k) for k in known)
+    forced = torch.tensor([k + [0] * (n_new - len(k)) for k in known], dtype=torch.int64, device=dev)   # [R, n]
+    is_known = torch.tensor([[i < len(k) for i in range(n_new)] for k in known], device=dev)             # [R, n]
+    tok = torch.cat([torch.stack([p.to(dev) for p in prompts]), forced[:, :m]], dim=1)                   # [R, T + m]
+    gen = [forced[:, i] for i in range(m)]
+    for i in range(m, n_new):
+        pred = model(tok, backend=backend, last=1)[:, -1].argmax(-1)                                      # [R]
+        nxt = torch.where(is_known[:, i], forced[:, i], pred)
+        gen.append(nxt)
+        tok = nxt[:, None]
+    return torch.stack(gen, 1).tolist()
 
 
 def agreement(model, prompt: Tensor, backend, n_new: int) -> int:

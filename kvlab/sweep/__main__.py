@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", choices=["local", "ray"])
     p.add_argument("--address", help="Ray cluster address (with --executor ray; default: start a local one)")
     p.add_argument("--workers", type=int, help="local executor: worker processes (default 1 per GPU, 1 on CPU); "
-                   "several per GPU overlap compiles and model stages; speed cells are timed one at a time at the end")
+                   "several per GPU overlap compiles and model stages; speed cells are timed one at a time, with the "
+                   "pool idle, before the model cells")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="override the config's device")
     p.add_argument("--stages", help="comma-separated subset of the config's stages")
     p.add_argument("--limit", type=int, help="run only the first N cells (smoke tests)")

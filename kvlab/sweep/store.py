@@ -27,9 +27,10 @@ def run_metadata(device: str, seed: int) -> dict:
         triton_v = triton.__version__
     except ImportError:
         triton_v = None
+    commit = os.environ.get("KVLAB_COMMIT")  # where the tree runs from a copy whose git metadata is stale
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
     dev_name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())

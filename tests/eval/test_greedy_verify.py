@@ -118,3 +118,28 @@ def test_zero_new_tokens(smollm2):
     assert greedy_generate_batch(model, [p, p], lambda: DecodeFaithfulBackend(s, n), 0) == [[], []]
     assert agreements(model, [p], DecodeFaithfulBackend(s, n), 0) == [0]
     assert reference_greedy_batch(model, [p], 0) == [[]]
+
+
+def test_lockstep_continuation_equals_each_rows_own_decode(smollm2):
+    """continue_batch: rows with 1, 3 and 5 known tokens decode together; each equals its own
+    token-by-token decode with those tokens forced; bad input is rejected."""
+    from kvlab.eval.greedy import continue_batch
+    model, tok = smollm2
+    text = text_tokens(tok, "pydoc")
+    prompts = [text[i:i + 32] for i in (200, 900, 1600)]
+    s, n = kvlab.scheme("q8_0"), model.config.n_layers
+    known = [[11], [12, 13, 14], [15, 16, 17, 18, 19]]
+    want = []
+    for p, k in zip(prompts, known):  # forced prefix, then greedy one token at a time
+        b = DecodeFaithfulBackend(s, n)
+        lg = model(torch.cat([p, torch.tensor(k)])[None], backend=b, last=1)
+        gen = list(k)
+        while len(gen) < 7:
+            gen.append(int(lg[0, -1].argmax()))
+            lg = model(torch.tensor([[gen[-1]]]), backend=b, last=1)
+        want.append(gen)
+    assert continue_batch(model, DecodeFaithfulBackend(s, n), prompts, known, 7) == want
+    with pytest.raises(ValueError, match="known tokens"):
+        continue_batch(model, DecodeFaithfulBackend(s, n), prompts, [[], [1], [2]], 7)
+    with pytest.raises(ValueError, match="one length"):
+        continue_batch(model, DecodeFaithfulBackend(s, n), [text[:4], text[:5]], [[1], [2]], 7)
