@@ -3,7 +3,7 @@
 #   bash benchmarks/h200_run.sh kernels   # kernel tests on GPU, decode + store benchmarks
 #   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
 #   bash benchmarks/h200_run.sh profile   # ncu on the decode kernel (also stages part A)
-#   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant (BENCH_EVAL=1: eval timing first)
+#   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant under CUDA MPS (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
 set -uo pipefail
@@ -36,7 +36,7 @@ else
   if [ -d gpu_b/resume/default-gpu ]; then   # finish an earlier call's sweep (its results travel in gpu_b/resume)
     cp -r gpu_b/resume/default-gpu "$W/" && SWEEP_ARGS="${SWEEP_ARGS:-} --resume"
   fi
-  if [ -n "${MPS:-}" ]; then   # CUDA MPS: the workers' kernels run side by side instead of time-sliced
+  if [ -n "${MPS-1}" ]; then   # CUDA MPS (default on; MPS= turns it off): the workers' kernels run side by side, not time-sliced
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
     mkdir -p /tmp/mps_pipe /tmp/mps_log && timeout 10 nvidia-cuda-mps-control -d && echo "MPS daemon started"
     if ! timeout 60 python3 -c "import torch; print('MPS client ok', float(torch.ones(4, device='cuda').sum()))"; then
