@@ -83,6 +83,8 @@ class DecodeFaithfulBackend:
         self.q_chunk = q_chunk
         self.hist: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # layer -> k_pre, k, v, pos
         self.qhist: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> quantized copies (K source, V)
+        self._masks_for: Tensor | None = None  # the positions tensor of the forward whose masks are cached
+        self._masks: dict = {}
 
     @property
     def seq_len(self) -> int:
@@ -91,6 +93,7 @@ class DecodeFaithfulBackend:
     def reset(self) -> None:
         self.hist.clear()
         self.qhist.clear()
+        self._masks_for, self._masks = None, {}
 
     def truncate(self, n: int) -> None:
         """Forget every token after the first n (a rejected speculative draft). The quantized
@@ -100,6 +103,7 @@ class DecodeFaithfulBackend:
             raise ValueError(f"cannot truncate {self.seq_len} held tokens to {n}")
         self.hist = {i: (a[:, :, :n], b[:, :, :n], c[:, :, :n], p[:n]) for i, (a, b, c, p) in self.hist.items()}
         self.qhist = {i: (kq[:, :, :n], vq[:, :, :n]) for i, (kq, vq) in self.qhist.items()}
+        self._masks_for, self._masks = None, {}
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
         if layer in self.hist:
@@ -117,20 +121,24 @@ class DecodeFaithfulBackend:
         self.qhist[layer] = (kq, vq)
         if k_spec.pre_rope:
             kq = model.apply_rope(kq, k_pos, max_position=model.rope_positions - 1)  # earlier positions: covered
-        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk)
+        if self._masks_for is not positions:  # a new forward: the layers of one forward share their masks
+            self._masks_for, self._masks = positions, {}
+        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk,
+                                  mask_cache=self._masks)
 
 
 
 
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,
-                       q_chunk: int = 2048) -> Tensor:
+                       q_chunk: int = 2048, mask_cache: dict | None = None) -> Tensor:
     """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
 
     q [B, Hq, T, D]; k, v, kq, vq [B, Hk, S, D]; q_pos [T], k_pos [S]. Returns [B, Hq, T, D] in q.dtype.
     Each (K copy, V copy) combination that some pair uses becomes one block of keys in a single
     SDPA call whose boolean mask gives every pair exactly one block; when every pair reads the
     same copy (no window, sink or unfinished channel group; or float storage) a prefill is one
-    causal SDPA over that copy.
+    causal SDPA over that copy. mask_cache: a dict kept by the caller for calls that share q_pos
+    and k_pos (the layers of one forward); each chunk's mask is built once and reused from it.
     """
     B, Hq, T, D = q.shape
     # the same tensor (a fresh backend's prefill) needs no comparison, which would sync the device
@@ -143,16 +151,20 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     blocks = copy_blocks(k_spec, v_spec, policy)
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
-        causal = k_pos[None, :] <= pc[:, None]                                   # [t, S]
-        fk, fv = fp_mask(k_spec, policy, pc, k_pos) & causal, fp_mask(v_spec, policy, pc, k_pos) & causal
-        keys, vals, masks = [], [], []
-        for (ck, cv), kk, vv, m in (((0, 0), kq, vq, causal & ~fk & ~fv), ((1, 1), k, v, fk & fv),
-                                    ((0, 1), kq, v, ~fk & fv), ((1, 0), k, vq, fk & ~fv)):
-            if (ck, cv) in blocks:  # decided on the host: asking the mask would sync the device per chunk
-                keys.append(kk), vals.append(vv), masks.append(m)
-        kc = torch.cat([t.float() for t in keys], dim=2)                        # [B, Hk, nS, D]
-        vc = torch.cat([t.float() for t in vals], dim=2)
-        mask = torch.cat(masks, dim=1)                                           # [t, nS]
+        order = [b for b in ((0, 0), (1, 1), (0, 1), (1, 0)) if b in blocks]  # decided on the host: no sync
+        key = (i, q_chunk, k_pos.shape[0], tuple(order), k_spec.is_float_storage, v_spec.is_float_storage)
+        mask = None if mask_cache is None else mask_cache.get(key)
+        if mask is None:
+            causal = k_pos[None, :] <= pc[:, None]                               # [t, S]
+            fk, fv = fp_mask(k_spec, policy, pc, k_pos) & causal, fp_mask(v_spec, policy, pc, k_pos) & causal
+            part = {(0, 0): lambda: causal & ~fk & ~fv, (1, 1): lambda: fk & fv, (0, 1): lambda: ~fk & fv,
+                    (1, 0): lambda: fk & ~fv}
+            mask = torch.cat([part[b]() for b in order], dim=1)                  # [t, nS]
+            if mask_cache is not None:
+                mask_cache[key] = mask
+        copies = {(0, 0): (kq, vq), (1, 1): (k, v), (0, 1): (kq, v), (1, 0): (k, vq)}
+        kc = torch.cat([copies[b][0].float() for b in order], dim=2)            # [B, Hk, nS, D]
+        vc = torch.cat([copies[b][1].float() for b in order], dim=2)
         rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
         for j in range(0, qc.shape[2], rows):
             r = min(rows, qc.shape[2] - j)
