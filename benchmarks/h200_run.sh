@@ -17,6 +17,12 @@ if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the w
 elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
   OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
     'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
+  for s in ${PROFILE_STORE:-bf16 q8_0 q4_0}; do   # the store kernel (fixed BLOCK_R: no autotune launches first)
+    timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
+      --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1
+    python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
+  done
 elif [ "$mode" = kernels ]; then
   timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"
