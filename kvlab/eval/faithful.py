@@ -21,6 +21,8 @@ from ..model.llama import MAX_SCORES  # scores one float32 attention call may ho
 from ..quant import fake_quantize, quantize
 from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
 
+MASK_CACHE_MAX = 1 << 26  # bool elements of one chunk's mask that a forward keeps for its later layers
+
 
 def fp_mask(spec: KVQuantSpec, policy: FpPolicy, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """[T, S] bool: True where the query at q_pos reads the key/value at k_pos in full precision.
@@ -138,7 +140,9 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     SDPA call whose boolean mask gives every pair exactly one block; when every pair reads the
     same copy (no window, sink or unfinished channel group; or float storage) a prefill is one
     causal SDPA over that copy. mask_cache: a dict kept by the caller for calls that share q_pos
-    and k_pos (the layers of one forward); each chunk's mask is built once and reused from it.
+    and k_pos (the layers of one forward); each chunk's mask (up to MASK_CACHE_MAX elements) is
+    built once and reused from it. Its key holds shapes, not values: one dict must never serve
+    calls with different positions of the same shapes (DecodeFaithfulBackend keeps one per forward).
     """
     B, Hq, T, D = q.shape
     # the same tensor (a fresh backend's prefill) needs no comparison, which would sync the device
@@ -160,7 +164,7 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
             part = {(0, 0): lambda: causal & ~fk & ~fv, (1, 1): lambda: fk & fv, (0, 1): lambda: ~fk & fv,
                     (1, 0): lambda: fk & ~fv}
             mask = torch.cat([part[b]() for b in order], dim=1)                  # [t, nS]
-            if mask_cache is not None:
+            if mask_cache is not None and mask.numel() <= MASK_CACHE_MAX:  # decode steps, short passes
                 mask_cache[key] = mask
         copies = {(0, 0): (kq, vq), (1, 1): (k, v), (0, 1): (kq, v), (1, 0): (k, vq)}
         kc = torch.cat([copies[b][0].float() for b in order], dim=2)            # [B, Hk, nS, D]

@@ -211,7 +211,8 @@ class LlamaModel(nn.Module):
         need = (int(positions.max()) if max_position is None else max_position) + 1 if positions.numel() else 1
         dev = self.embed_tokens.weight.device
         if self._rope_table is None or self._rope_table[0].shape[0] < need or self._rope_table[0].device != dev:
-            n = max(4096, 1 << (need - 1).bit_length())  # grow by powers of two, not to max context
+            old = 0 if self._rope_table is None else self._rope_table[0].shape[0]
+            n = max(4096, old, 1 << (need - 1).bit_length())  # grow by powers of two, never shrink
             pos = torch.arange(n, dtype=torch.float32, device=dev)
             freqs = pos[:, None] * self.inv_freq.to(dev)[None, :]  # [P, D/2], fp32 like HF
             emb = torch.cat([freqs, freqs], dim=-1)         # [P, D]

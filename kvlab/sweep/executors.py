@@ -15,6 +15,7 @@ EXECUTORS = ("local", "ray")
 
 _DEVICE = "cpu"
 _COST = {"model": 3, "attention": 2, "roundtrip": 1}  # relative cell cost, for scheduling only
+WARM_TIMEOUT_S = 900.0  # the pool's speed-cell compiles (106 schemes on 12 workers: ~100 s on the H200)
 
 
 def _worker_init(queue, device: str, threads: int) -> None:
@@ -64,7 +65,7 @@ def run_local(cells: list[dict], device: str, on_row: Callable[[dict], None], wo
             warm = pool.map_async(_warm, timed)  # compiles first (CPU-bound, untimed)
             for row in pool.imap_unordered(_run, [c for c in rest if c["stage"] != "model"]):
                 on_row(row)
-            warm.wait()
+            warm.wait(WARM_TIMEOUT_S)  # a worker killed mid-compile never reports: go on, the timed run compiles
             for c in timed:
                 on_row(_timed(c, device))
             rest = [c for c in rest if c["stage"] == "model"]
@@ -77,11 +78,16 @@ def _timed(cell: dict, device: str, report_after_s: float = 60.0) -> dict:
     stderr (a compile the warm-up missed, or a hang, shows where it is)."""
     import faulthandler
     import sys
-    faulthandler.dump_traceback_later(report_after_s, exit=False, file=sys.stderr)
+    try:
+        faulthandler.dump_traceback_later(report_after_s, exit=False, file=sys.__stderr__ or sys.stderr)
+        armed = True
+    except (AttributeError, OSError, ValueError):  # no real file behind stderr (notebooks, captured output)
+        armed = False
     try:
         return run_cell(cell, device)
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def run_ray(cells: list[dict], device: str, on_row: Callable[[dict], None], address: str | None = None) -> None:

@@ -130,12 +130,12 @@ def test_lockstep_continuation_equals_each_rows_own_decode(smollm2):
     s, n = kvlab.scheme("q8_0"), model.config.n_layers
     known = [[11], [12, 13, 14], [15, 16, 17, 18, 19]]
     want = []
-    for p, k in zip(prompts, known):  # forced prefix, then greedy one token at a time
+    for p, k in zip(prompts, known):  # fed as continue_batch feeds it: prompt + 1 token, then one at a time
         b = DecodeFaithfulBackend(s, n)
-        lg = model(torch.cat([p, torch.tensor(k)])[None], backend=b, last=1)
-        gen = list(k)
+        lg = model(torch.cat([p, torch.tensor(k[:1])])[None], backend=b, last=1)
+        gen = list(k[:1])
         while len(gen) < 7:
-            gen.append(int(lg[0, -1].argmax()))
+            gen.append(k[len(gen)] if len(gen) < len(k) else int(lg[0, -1].argmax()))
             lg = model(torch.tensor([[gen[-1]]]), backend=b, last=1)
         want.append(gen)
     assert continue_batch(model, DecodeFaithfulBackend(s, n), prompts, known, 7) == want

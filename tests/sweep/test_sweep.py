@@ -154,3 +154,17 @@ def test_worker_processes_equal_sequential(tmp_path):
     assert main([path, "--out", str(tmp_path / "par"), "--quiet", "--workers", "2"]) == 0
     pd.testing.assert_frame_equal(_stable(pd.read_parquet(tmp_path / "par" / "results.parquet")),
                                   _stable(pd.read_parquet(tmp_path / "seq" / "results.parquet")))
+
+
+def test_timed_cell_runs_where_stderr_has_no_file(monkeypatch):
+    """The speed-cell watchdog (faulthandler) needs a real file; where stderr has none (notebooks,
+    captured output) the cell still runs instead of the sweep aborting."""
+    import io
+
+    from kvlab.sweep import executors
+    cell = next(c for c in expand_cells(parse_config(SMALL)) if c.stage == "speed").to_dict()
+    monkeypatch.setattr(sys, "__stderr__", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    row = executors._timed(cell, "cpu")
+    assert row["status"].startswith("skipped: the speed stage needs a CUDA GPU")
+    assert executors._timed(cell, "cpu", report_after_s=30)["cell_id"] == cell["cell_id"]
