@@ -7,8 +7,9 @@ Per scheme: first a bit-exactness check of the Triton store against the oracle (
 store on the CPU, which is the GGML-exact one) on the first 1024 tokens, then
 `triton.testing.do_bench(..., return_mode="median")` of the kernel launch (`kernel_ms`, tokens
 already rotated for int4_had) and of the whole checked `store()` call (`api_ms`: input checks,
-Hadamard rotation in torch). Bytes moved = fp16 input read + codes/scales/zeros written;
-`achieved_gbps` = bytes / kernel time. Pages: 16 tokens (32 for kivi4's channel-grouped keys),
+Hadamard rotation in torch), and of the kernel launch replayed from a CUDA graph (`graph_ms`:
+no Python launch path, which a ~30 us write would otherwise wait on). Bytes moved = fp16 input
+read + codes/scales/zeros written; `achieved_gbps` = bytes / kernel time. Pages: 16 tokens (32 for kivi4's channel-grouped keys),
 filled in a shuffled page order, as a prefill into a fresh pool would.
 """
 from __future__ import annotations
@@ -84,9 +85,14 @@ def run(device="cuda", tokens: int = 32768, n_kv_heads: int = 8, head_dim: int =
         ms = triton.testing.do_bench(kernel, return_mode="median")
         api_ms = triton.testing.do_bench(api, return_mode="median")
         nbytes = _moved_bytes(lay, x)
-        rows.append({"scheme": name, "spec": str(spec), "tokens": tokens, "median_ms": ms,
-                     "achieved_gbps": nbytes / (ms * 1e-3) / 1e9, "api_ms": api_ms, "bytes": nbytes,
-                     "exact": bool(check)})
+        row = {"scheme": name, "spec": str(spec), "tokens": tokens, "median_ms": ms,
+               "achieved_gbps": nbytes / (ms * 1e-3) / 1e9, "api_ms": api_ms, "bytes": nbytes, "exact": bool(check)}
+        try:  # the launch replayed from a CUDA graph: kernel time without the Python launch path
+            gms = triton.testing.do_bench_cudagraph(kernel, return_mode="median")
+            row.update(graph_ms=gms, graph_gbps=nbytes / (gms * 1e-3) / 1e9)
+        except Exception as e:  # noqa: BLE001
+            row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
     return rows
 
 
@@ -95,10 +101,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_store needs a CUDA GPU")
     rows = run("cuda")
-    print(f"{'scheme':10s} {'tokens':>7s} {'kernel ms':>10s} {'GB/s':>8s} {'api ms':>8s}  spec")
+    print(f"{'scheme':10s} {'tokens':>7s} {'kernel ms':>10s} {'GB/s':>8s} {'graph ms':>9s} {'GB/s':>8s} "
+          f"{'api ms':>8s}  spec")
     for r in rows:
         print(f"{r['scheme']:10s} {r['tokens']:7d} {r['median_ms']:10.4f} {r['achieved_gbps']:8.1f} "
-              f"{r['api_ms']:8.4f}  {r['spec']}")
+              f"{r.get('graph_ms', float('nan')):9.4f} {r.get('graph_gbps', float('nan')):8.1f} "
+              f"{r['api_ms']:8.4f}  {r['spec']} {r.get('graph_error', '')}")
     gpu = torch.cuda.get_device_name()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -39,24 +39,35 @@ def kv_bytes(sch, batch: int, context: int, heads_kv: int, head_dim: int) -> flo
     return 2 * per_el * batch * context * heads_kv * head_dim
 
 
-def _store_fn(sch, shape: dict):
-    """A closure writing a `context`-token (at most 32K) prefill of K through the store kernel;
-    .tokens and .bytes (bf16 read + codes and scales written) ride along."""
+def _store_fn(sch, shape: dict, device: str = "cuda"):
+    """A closure writing a `context`-token (at most 32K) prefill of K through the store API;
+    .tokens and .bytes (bf16 read + codes and scales written) ride along, and .kernel, the same
+    write as one bare Triton launch (.kernel.bytes: what that launch reads and writes)."""
     from ..cache.layout import PageLayout
+    from ..cache.paging import prerotate
     from ..kernels.store import store
+    from ..kernels.store.triton import store_triton
     T, Hk, D, P = min(shape["context"], 32768), shape["heads_kv"], shape["head_dim"], _page(sch, shape["page_size"])
-    x = torch.randn(T, Hk, D, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(T, Hk, D, device=device, dtype=torch.bfloat16)
     spec = sch.k
-    pages = PageLayout(spec, D, P, Hk).allocate(-(-T // P), "cuda")
-    slots = torch.arange(T, device="cuda", dtype=torch.int64)
-    kw = {"tensor_scale": torch.ones((), device="cuda")} if spec.tensor_scale else {}
+    pages = PageLayout(spec, D, P, Hk).allocate(-(-T // P), device)
+    slots = torch.arange(T, device=device, dtype=torch.int64)
+    kw = {"tensor_scale": torch.ones((), device=device)} if spec.tensor_scale else {}
     if spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage:
-        kw["scale"] = torch.ones((), device="cuda")
+        kw["scale"] = torch.ones((), device=device)
 
     def fn():
         return store(x, pages, slots, spec, page_size=P, check_slots=False, **kw)
     fn.tokens = T
-    fn.bytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
+    page_bytes = sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
+    fn.bytes = x.numel() * 2 + page_bytes
+    xr, spec_r = prerotate(x, spec)  # what the kernel itself reads (float32 once rotated)
+    kr = {k: v.reshape(1) for k, v in kw.items()}
+
+    def kernel():  # the Triton launch alone: no input checks, no rotation (for graph-replayed timing)
+        return store_triton(xr, pages, slots, spec_r, P, **kr)
+    kernel.bytes = xr.numel() * xr.element_size() + page_bytes
+    fn.kernel, fn.pages = kernel, pages
     return fn
 
 
@@ -92,4 +103,12 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
         ok, why = supports_triton(sch.k)
         out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,  # Triton autotune: key
                    store_config=tuned_config() if ok else f"torch reference ({why})")  # without the token count
+        if ok:  # the kernel alone, replayed from a CUDA graph: a ~30 us write is otherwise timed with the
+            try:  # Python launch path (checks, autotuner dispatch) that the GPU waits on between launches
+                fn.kernel()  # autotuned outside the capture
+                gms = triton.testing.do_bench_cudagraph(fn.kernel, rep=30, return_mode="median")
+                out.update(store_graph_ms=gms, store_graph_gbps=fn.kernel.bytes / gms / 1e6,
+                           store_graph_frac=fn.kernel.bytes / gms / 1e6 / (out["copy_tbps"] * 1e3))
+            except Exception as e:  # noqa: BLE001 - reported beside the eager timing
+                out["store_graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     return out

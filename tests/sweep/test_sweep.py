@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from kvlab.sweep import expand_cells, load_config, parse_config
@@ -168,3 +169,23 @@ def test_timed_cell_runs_where_stderr_has_no_file(monkeypatch):
     row = executors._timed(cell, "cpu")
     assert row["status"].startswith("skipped: the speed stage needs a CUDA GPU")
     assert executors._timed(cell, "cpu", report_after_s=30)["cell_id"] == cell["cell_id"]
+
+
+@pytest.mark.parametrize("name", ["q4_0", "int4_had", "nvfp4", "fp8_e4m3", "int3:g32:asym"])
+def test_speed_store_kernel_closure_writes_what_the_api_writes(name):
+    """The speed stage times the store kernel alone (`.kernel`, replayed from a CUDA graph on the
+    GPU) beside the checked API call: both must write the same bytes (here: interpreter vs oracle)."""
+    import kvlab
+    from kvlab.sweep.speed import _store_fn
+    shape = {"context": 64, "heads_kv": 2, "head_dim": 64, "page_size": 16}
+    fn = _store_fn(kvlab.scheme(name), shape, device="cpu")
+    fn()
+    want = {k: v.clone() for k, v in fn.pages.items() if v is not None}
+    for v in want.values():
+        assert v.view(torch.uint8).any()
+    for k in want:
+        fn.pages[k].zero_()
+    fn.kernel()
+    for k, v in want.items():
+        assert torch.equal(fn.pages[k].view(torch.uint8), v.view(torch.uint8)), k
+    assert fn.kernel.bytes >= fn.bytes
