@@ -129,8 +129,6 @@ class DecodeFaithfulBackend:
                                   mask_cache=self._masks)
 
 
-
-
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,
                        q_chunk: int = 2048, mask_cache: dict | None = None) -> Tensor:
     """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
@@ -152,11 +150,14 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
         kk, vv = (k if one[0] else kq), (v if one[1] else vq)
         return _sdpa(q.float(), kk.float(), vv.float(), causal=True).to(q.dtype)
     out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
-    blocks = copy_blocks(k_spec, v_spec, policy)
+    order = copy_blocks(k_spec, v_spec, policy)  # decided on the host: asking the masks would sync the device
+    copies = {(0, 0): (kq, vq), (1, 1): (k, v), (0, 1): (kq, v), (1, 0): (k, vq)}
+    kc = torch.cat([copies[b][0].float() for b in order], dim=2)                # [B, Hk, nS, D]
+    vc = torch.cat([copies[b][1].float() for b in order], dim=2)
+    rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
-        order = [b for b in ((0, 0), (1, 1), (0, 1), (1, 0)) if b in blocks]  # decided on the host: no sync
-        key = (i, q_chunk, k_pos.shape[0], tuple(order), k_spec.is_float_storage, v_spec.is_float_storage)
+        key = (i, q_chunk, k_pos.shape[0], order, k_spec.is_float_storage, v_spec.is_float_storage)
         mask = None if mask_cache is None else mask_cache.get(key)
         if mask is None:
             causal = k_pos[None, :] <= pc[:, None]                               # [t, S]
@@ -166,29 +167,23 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
             mask = torch.cat([part[b]() for b in order], dim=1)                  # [t, nS]
             if mask_cache is not None and mask.numel() <= MASK_CACHE_MAX:  # decode steps, short passes
                 mask_cache[key] = mask
-        copies = {(0, 0): (kq, vq), (1, 1): (k, v), (0, 1): (kq, v), (1, 0): (k, vq)}
-        kc = torch.cat([copies[b][0].float() for b in order], dim=2)            # [B, Hk, nS, D]
-        vc = torch.cat([copies[b][1].float() for b in order], dim=2)
-        rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
         for j in range(0, qc.shape[2], rows):
             r = min(rows, qc.shape[2] - j)
             out[:, :, i + j:i + j + r] = _sdpa(qc[:, :, j:j + r], kc, vc, mask=mask[j:j + r])
     return out.to(q.dtype)
 
 
-def copy_blocks(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> set[tuple[int, int]]:
-    """(K copy, V copy) pairs, 1 = full precision, that some (query, key) pair may read.
+def copy_blocks(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tuple[tuple[int, int], ...]:
+    """(K copy, V copy) pairs, 1 = full precision, that some (query, key) pair may read, in a fixed order.
 
     K and V share one policy, so a quantized K and a quantized V are read in full precision at the
     same pairs: mixed pairs occur only when one side is float storage (always full precision)."""
     fk_always, fv_always = k_spec.is_float_storage, v_spec.is_float_storage
     some_fp = bool(policy.sink or policy.window or policy.group > 1)
-    out = set()
-    for ck in ((1,) if fk_always else ((0, 1) if some_fp else (0,))):
-        for cv in ((1,) if fv_always else ((0, 1) if some_fp else (0,))):
-            if fk_always or fv_always or ck == cv:
-                out.add((ck, cv))
-    return out
+    ks = (1,) if fk_always else ((0, 1) if some_fp else (0,))
+    vs = (1,) if fv_always else ((0, 1) if some_fp else (0,))
+    return tuple(b for b in ((0, 0), (1, 1), (0, 1), (1, 0))
+                 if b[0] in ks and b[1] in vs and (fk_always or fv_always or b[0] == b[1]))
 
 
 def _one_copy(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tuple[bool, bool] | None:

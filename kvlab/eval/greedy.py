@@ -84,15 +84,6 @@ def verify_batch(model, prompts: list[Tensor], drafts: list[list[int]], backend)
     return [(next((i for i, (a, b) in enumerate(zip(row, d)) if a != b), n), row) for row, d in zip(am, drafts)]
 
 
-def _continue(model, backend, tok: Tensor, gen: list[int], n_new: int) -> list[int]:
-    """Greedy steps through `backend`: feed tok [1, t], append argmaxes to gen until n_new."""
-    while len(gen) < n_new:
-        nxt = model(tok, backend=backend, last=1)[0, -1].argmax()
-        gen.append(int(nxt))
-        tok = nxt.view(1, 1)
-    return gen
-
-
 @torch.no_grad()
 def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int] | None = None) -> list[int]:
     """Greedy continuation (n_new ids) of `prompt` [T] through `backend` (fresh; it needs a
@@ -107,9 +98,9 @@ def greedy_generate(model, prompt: Tensor, backend, n_new: int, draft: list[int]
     j, am = verify(model, prompt, draft, backend)
     if j == n_new:
         return list(draft)
-    backend.truncate(prompt.numel() + j)  # drop the rejected draft tokens
+    backend.truncate(prompt.numel() + j)  # drop the rejected draft tokens; it holds prompt + draft[:j]
     dev = next(model.parameters()).device
-    return _continue(model, backend, torch.tensor([[am[j]]], dtype=torch.int64, device=dev), draft[:j] + [am[j]], n_new)
+    return _lockstep(model, backend, torch.tensor([[am[j]]], device=dev), [draft[:j] + [am[j]]], j + 1, n_new)[0]
 
 
 @torch.no_grad()
@@ -146,9 +137,17 @@ def continue_batch(model, backend, prompts: list[Tensor], known: list[list[int]]
         raise ValueError(f"each row needs 1..{n_new} known tokens, got {sorted({len(k) for k in known})}")
     dev = next(model.parameters()).device
     m = min(len(k) for k in known)
+    tok = torch.cat([torch.stack([p.to(dev) for p in prompts]), torch.tensor([k[:m] for k in known], device=dev)], 1)
+    return _lockstep(model, backend, tok, known, m, n_new)                                   # fed [R, T + m]
+
+
+def _lockstep(model, backend, tok: Tensor, known: list[list[int]], m: int, n_new: int) -> list[list[int]]:
+    """Feed tok [R, t], which leaves `backend` holding each row's prompt and first m tokens, then
+    step all rows together to n_new tokens: a row's known token where it has one, else its argmax.
+    Returns the n_new tokens of each row; one device sync, at the end."""
+    dev = next(model.parameters()).device
     forced = torch.tensor([k + [0] * (n_new - len(k)) for k in known], dtype=torch.int64, device=dev)   # [R, n]
     is_known = torch.tensor([[i < len(k) for i in range(n_new)] for k in known], device=dev)             # [R, n]
-    tok = torch.cat([torch.stack([p.to(dev) for p in prompts]), forced[:, :m]], dim=1)                   # [R, T + m]
     gen = [forced[:, i] for i in range(m)]
     for i in range(m, n_new):
         pred = model(tok, backend=backend, last=1)[:, -1].argmax(-1)                                      # [R]
