@@ -19,6 +19,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("schemes", nargs="+")
     ap.add_argument("--block-rows", type=int, default=32)
+    ap.add_argument("--general", action="store_true", help="the general tile path, not the group-row one")
     a = ap.parse_args()
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -43,7 +44,7 @@ def main() -> None:
         pages = PageLayout(spec, D, P, Hk).allocate(T // P, "cpu")
         kw = {"tensor_scale": torch.ones(1)} if spec.tensor_scale else {}
         kernels.clear()
-        st.store_triton(torch.randn(T, Hk, D, dtype=torch.bfloat16), pages, torch.arange(T), spec, P,
+        st.store_triton(torch.randn(T, Hk, D, dtype=torch.bfloat16), pages, torch.arange(T), spec, P, flat=not a.general,
                         block_rows=a.block_rows, **kw)
         for k in kernels:
             ops = collections.Counter()

@@ -37,7 +37,7 @@ SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
 RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2}
 RND_IDS = {"even": 0, "away": 1, "up": 2}
 CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2"]
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT"]
 
 
 @triton.jit
@@ -70,8 +70,8 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
         mx = tl.max(tl.where(m, x, -float("inf")), axis=2, keep_dims=True)
         mn = tl.min(tl.where(m, x, float("inf")), axis=2, keep_dims=True)
         empty = (mx == -float("inf")) & (mn == float("inf"))  # a masked-out row: keep its (unstored) math finite
-        mx = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mx))
-        mn = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mn))
+        mx = tl.where(has_nan, float("nan"), tl.where(empty | (mx == 0), 0.0, mx))  # a zero extreme is +0 (oracle)
+        mn = tl.where(has_nan, float("nan"), tl.where(empty | (mn == 0), 0.0, mn))
         stat = mx - mn
     return tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32)), mn
 
@@ -98,7 +98,8 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             r = round_away(v) + OFF
         else:
             r = rint_even(v) + OFF
-        u = tl.where(r < 0.0, 0.0, tl.where(r > QMAX, QMAX * 1.0, r)).to(tl.int32)
+        # clamp with min/max: a NaN r (v inf) gives code 0 as the where-chain's NaN -> int32 did on the GPU
+        u = tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)
         if XOR8:  # 8-bit symmetric codes are two's complement
             u = u ^ 0x80
     elif FMT <= 2:
@@ -150,6 +151,125 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
 
 
 @triton.jit
+def _ext16(xs, i):
+    """Max of the sort keys (|x| bits << 16 | (G - 1 - i) << 1 | sign) of one [R, NB] tile of 16-bit
+    floats: the largest magnitude, the first index on ties, NaN above everything."""
+    b = xs.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    key = ((b & 0x7FFF) << 16) | ((0x7FFF - i) << 1) | (b >> 15)  # i < 2^15: bits 1..15
+    return tl.max(key, axis=1)
+
+
+@triton.jit
+def _nanmax(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nanmin(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
+    """Elements k of every byte of the group rows: [R, NB] (GGML-strided i = k*NB + j, else j*K + k)."""
+    if ST:
+        i = k * NB + j
+    else:
+        i = j * K + k
+    return tl.load(xr + i * sd, mask=lm, other=0.0), i
+
+
+@triton.jit
+def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid, h,
+                HK: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+                STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
+                SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
+                RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, W: tl.constexpr,
+                ST: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
+    x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
+    statistics, the codes and the packed bytes all live in one layout and every load and store is
+    a contiguous vector (strided GGML packing) or a K-strided one (sequential packing)."""
+    R: tl.constexpr = BLOCK_R * NG
+    K: tl.constexpr = 8 // W
+    NB: tl.constexpr = G // K
+    q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG
+    t = pid * BLOCK_R + q // NG
+    g = q % NG
+    slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+    live = (t < T) & (slot >= 0)
+    unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
+    xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+    j = tl.arange(0, NB)[None, :]  # [1, NB]
+    lm = (t < T)[:, None]
+    X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16
+    x0, i0 = _tile(xr, 0, j, lm, sd, NB, K, ST)
+    x1, i1 = x0, i0
+    x2, i2 = x0, i0
+    x3, i3 = x0, i0
+    if K >= 2:
+        x1, i1 = _tile(xr, 1, j, lm, sd, NB, K, ST)
+    if K == 4:
+        x2, i2 = _tile(xr, 2, j, lm, sd, NB, K, ST)
+        x3, i3 = _tile(xr, 3, j, lm, sd, NB, K, ST)
+    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    one = tl.full([R], 1.0, tl.float32)
+    s_raw = one
+    m_raw = one * 0.0
+    if STATIC:
+        s_raw = one * tl.load(static_ptr)
+    elif RULE != 2:
+        if SYM and RULE == 1 and X16:  # GGML's signed extreme from one max over sort keys
+            key = tl.maximum(tl.maximum(_ext16(x0, i0), _ext16(x1, i1)),
+                             tl.maximum(_ext16(x2, i2), _ext16(x3, i3)))
+            b16 = ((key >> 16) | ((key & 1) << 15)).to(tl.int16)
+            stat = b16.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+        elif SYM and RULE == 1:  # float32 input: largest magnitude, first index on ties, its sign
+            a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
+            amax = tl.reduce(a, 1, _nanmax)[:, None]
+            first = tl.minimum(tl.minimum(tl.where(tl.abs(f0) == amax, i0, G), tl.where(tl.abs(f1) == amax, i1, G)),
+                               tl.minimum(tl.where(tl.abs(f2) == amax, i2, G), tl.where(tl.abs(f3) == amax, i3, G)))
+            first = tl.min(first, axis=1)[:, None]
+            neg = ((i0 == first) & (f0.to(tl.int32, bitcast=True) < 0)) | \
+                ((i1 == first) & (f1.to(tl.int32, bitcast=True) < 0)) | \
+                ((i2 == first) & (f2.to(tl.int32, bitcast=True) < 0)) | ((i3 == first) & (f3.to(tl.int32, bitcast=True) < 0))
+            neg = tl.max(neg.to(tl.int32), axis=1)
+            stat = tl.where(neg > 0, -amax.reshape([R]), amax.reshape([R]))
+        elif SYM:
+            a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
+            stat = tl.reduce(a, 1, _nanmax)
+        else:
+            mx = tl.reduce(_nanmax(_nanmax(f0, f1), _nanmax(f2, f3)), 1, _nanmax)
+            mn = tl.reduce(_nanmin(_nanmin(f0, f1), _nanmin(f2, f3)), 1, _nanmin)
+            mx = tl.where(mx != mx, float("nan"), tl.where(mx == 0, 0.0, mx))  # canonical NaN and +0, as the oracle
+            mn = tl.where(mn != mn, float("nan"), tl.where(mn == 0, 0.0, mn))
+            stat = mx - mn
+            m_raw = mn
+        stat = tl.where(stat != stat, float("nan"), stat)
+        s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
+        if HAS_TS:
+            s_raw = tl.math.div_rn(s_raw, one * tl.load(ts_ptr))
+    s_val, s_code = encode_scale(s_raw, SDT, ELEM_INT)
+    m_val = m_raw
+    if not SYM:
+        m_val, m_code = encode_scale(m_raw, SDT, True)
+        tl.store(zeros_ptr + unit, m_code, mask=live)
+    if (not STATIC) and RULE != 2:
+        tl.store(scales_ptr + unit, s_code, mask=live)
+    s_eff = s_val
+    if HAS_TS:
+        s_eff = s_val * tl.load(ts_ptr)
+    sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
+    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8)
+    if K >= 2:
+        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << W)
+    if K == 4:
+        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << 4)
+        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << 6)
+    tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
+
+
+@triton.jit
 def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr,
                   T, st, sh, sd,
                   HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr,
@@ -158,11 +278,16 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
-                  ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr,
+                  ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
+    if FLAT:  # token rows, one bit plane: the group-row tile
+        _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
+                    h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XOR8,
+                    W0, ST0, BLOCK_R)
+        return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
     if CHAN:  # one slot per channel group: the page block of G tokens
@@ -220,12 +345,14 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
 
 # ---- host side -----------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def kernel_params(spec, D: int) -> dict:
-    """The constexprs that carry `spec` (rotation already applied, rule != mse) for head_dim D."""
+def kernel_params(spec, D: int, flat: bool = True) -> dict:
+    """The constexprs that carry `spec` (rotation already applied, rule != mse) for head_dim D.
+    `flat=False` keeps single-plane token-row specs on the general [rows, groups, elements] path."""
     if spec.is_float_storage:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
-                    QMAX=0, XOR8=False, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False)
+                    QMAX=0, XOR8=False, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
+                    FLAT=False)
     fmt, b = spec.fmt, spec.bits
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
@@ -246,6 +373,9 @@ def kernel_params(spec, D: int) -> dict:
              QMAX=2 ** b - 1, XOR8=sym_int and b == 8)
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
+    # one plane holding whole codes, token rows: the group-row path (`_store_rows`)
+    p["FLAT"] = (flat and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b and b in (2, 4, 8)
+                 and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
 
 
@@ -296,16 +426,17 @@ def _storage_view(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tenso
 
 def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
                  scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None,
-                 block_rows: int | None = None) -> None:
+                 block_rows: int | None = None, flat: bool = True) -> None:
     """Launch the store kernel. Inputs are already checked by `kvlab.kernels.store.api.store`:
     x [T, Hk, D] float32/16/bf16 (rotated when the spec rotates; `spec` then has rotation none),
     pages of `PageLayout(spec, D, page_size, Hk)`, slot_mapping [T] int32/int64 (-1: skip),
     scale / tensor_scale float32 [1] on x's device when the spec needs them.
-    `block_rows` fixes BLOCK_R (no autotune; the interpreter always uses a fixed one)."""
+    `block_rows` fixes BLOCK_R (no autotune; the interpreter always uses a fixed one); `flat=False`
+    forces the general tile path (benchmarks compare the two)."""
     T, Hk, D = x.shape
     if T == 0:
         return
-    p = kernel_params(spec, D)
+    p = kernel_params(spec, D, flat)
     codes = _storage_view(pages["codes"], None)
     scales = _storage_view(pages.get("scales"), codes)
     zeros = _storage_view(pages.get("zeros"), codes)

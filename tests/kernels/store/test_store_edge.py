@@ -2,6 +2,8 @@
 groups, decode-sized and prefill-sized batches, skipped slots. Triton == reference (oracle)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from store_cases import DEV, POISON, as_bytes, assert_same_pages, make_input, run_store, spec_id, spec_of
@@ -123,3 +125,35 @@ def test_minus_one_slots_skip(name):
     assert_same_pages(ref, tri, name)
     written = int((as_bytes(tri)["codes"] != POISON).any(-1).sum())
     assert 0 < written
+
+
+FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym", "int2:g16:sym:rule=signed", "int4_had", "mxfp4", "nvfp4", "nf4",
+              "fp8_e4m3:g32", "int8:g64:sym", "freetoken:q4_0"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("name", FLAT_SPECS, ids=[spec_id(n) for n in FLAT_SPECS])
+def test_group_row_path(name, dtype):
+    """Single-plane token-row specs take the group-row path (`_store_rows`, FLAT): with edge values in
+    every input dtype (16-bit inputs find GGML's signed extreme through one max over sort keys) its
+    bytes equal the oracle's and the general tile path's."""
+    from kvlab.kernels.store.triton import kernel_params
+    spec = spec_of(name)
+    assert kernel_params(dataclasses.replace(spec, rotation="none"), 64)["FLAT"], name
+    x = edge_input(spec).to(dtype).to(DEV)
+    T, P = x.shape[0], 16
+    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    s, ts = calibrate(x.float(), spec)
+    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, tri, f"{name} {dtype}")
+    from kvlab.kernels.store import triton as st
+    orig = st.kernel_params
+    try:
+        st.kernel_params = lambda sp, D, flat=True: orig(sp, D, False)
+        gen, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    finally:
+        st.kernel_params = orig
+    _nan_aware_equal(gen, tri, f"{name} {dtype}: general vs group-row path")
