@@ -8,7 +8,8 @@ store on the CPU, which is the GGML-exact one) on the first 1024 tokens, then
 `triton.testing.do_bench(..., return_mode="median")` of the kernel launch (`kernel_ms`, tokens
 already rotated for int4_had) and of the whole checked `store()` call (`api_ms`: input checks,
 Hadamard rotation in torch), and of the kernel launch replayed from a CUDA graph (`graph_ms`:
-no Python launch path, which a ~30 us write would otherwise wait on). Bytes moved = fp16 input
+no Python launch path, which a ~30 us write would otherwise wait on); for specs on the group-row
+path also `general_graph_ms`, the same write through the general tile path. Bytes moved = fp16 input
 read + codes/scales/zeros written; `achieved_gbps` = bytes / kernel time. Pages: 16 tokens (32 for kivi4's channel-grouped keys),
 filled in a shuffled page order, as a prefill into a fresh pool would.
 """
@@ -92,6 +93,14 @@ def run(device="cuda", tokens: int = 32768, n_kv_heads: int = 8, head_dim: int =
             row.update(graph_ms=gms, graph_gbps=nbytes / (gms * 1e-3) / 1e9)
         except Exception as e:  # noqa: BLE001
             row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        from kvlab.kernels.store.triton import kernel_params
+        if kernel_params(spec_r, head_dim)["FLAT"]:  # the same write through the general tile path, for comparison
+            general = lambda: store_triton(xr, pages, slots, spec_r, lay.page_size, scale=kw.get("scale"),  # noqa: E731
+                                           tensor_scale=kw.get("tensor_scale"), flat=False)
+            try:
+                row["general_graph_ms"] = triton.testing.do_bench_cudagraph(general, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
     return rows
 
@@ -100,12 +109,19 @@ def main() -> None:
     import triton
     if not torch.cuda.is_available():
         sys.exit("bench_store needs a CUDA GPU")
+    from kvlab.sweep.speed import copy_bandwidth_tbps
+    copy_tbps = copy_bandwidth_tbps()
     rows = run("cuda")
-    print(f"{'scheme':10s} {'tokens':>7s} {'kernel ms':>10s} {'GB/s':>8s} {'graph ms':>9s} {'GB/s':>8s} "
-          f"{'api ms':>8s}  spec")
+    for r in rows:
+        if "graph_ms" in r:
+            r["graph_frac_of_copy"] = r["graph_gbps"] / (copy_tbps * 1e3)
+    print(f"copy bandwidth (read + write) {copy_tbps:.2f} TB/s")
+    print(f"{'scheme':10s} {'tokens':>7s} {'kernel ms':>10s} {'GB/s':>8s} {'graph ms':>9s} {'GB/s':>8s} {'frac':>5s} "
+          f"{'general':>8s} {'api ms':>8s}  spec")
     for r in rows:
         print(f"{r['scheme']:10s} {r['tokens']:7d} {r['median_ms']:10.4f} {r['achieved_gbps']:8.1f} "
               f"{r.get('graph_ms', float('nan')):9.4f} {r.get('graph_gbps', float('nan')):8.1f} "
+              f"{r.get('graph_frac_of_copy', float('nan')):5.2f} {r.get('general_graph_ms', float('nan')):8.4f} "
               f"{r['api_ms']:8.4f}  {r['spec']} {r.get('graph_error', '')}")
     gpu = torch.cuda.get_device_name()
     try:
@@ -115,7 +131,7 @@ def main() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.join(root, "sweeps", "results", "".join(c if c.isalnum() else "_" for c in gpu), "bench_store.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
+    meta = {"gpu": gpu, "copy_tbps_read_plus_write": copy_tbps, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "rows": rows}
     with open(out, "w") as f:
         json.dump(meta, f, indent=1)

@@ -3,6 +3,7 @@
 #   bash benchmarks/h200_run.sh kernels   # kernel tests on GPU, decode + store benchmarks
 #   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
 #   bash benchmarks/h200_run.sh profile   # ncu on the decode kernel (also stages part A)
+#   bash benchmarks/h200_run.sh store     # store kernel: all store tests on the GPU, bench_store, ncu
 #   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant under CUDA MPS (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
@@ -18,6 +19,16 @@ elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchm
   OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
     'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
   for s in ${PROFILE_STORE:-bf16 q8_0 q4_0}; do   # the store kernel (fixed BLOCK_R: no autotune launches first)
+    timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
+      --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1
+    python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
+  done
+elif [ "$mode" = store ]; then   # the store kernel alone: every store test on the GPU, the benchmark, ncu counters
+  timeout "${PYTEST_S:-240}" python3 -m pytest -q -p no:cacheprovider tests/kernels/store 2>&1 | tail -8 | tee "$W/pytest_store.log"
+  timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
+  cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null
+  for s in ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}; do
     timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
       --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1

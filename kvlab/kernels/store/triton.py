@@ -30,14 +30,14 @@ import triton.language as tl
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
 from ...quant.packing import plane_order
 from .._triton_utils import (bf16_round, encode_scale, interpreting, narrow_float, next_pow2, rint_even,
-                             round_away, trunc)
+                             round_away)
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
 RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2}
 RND_IDS = {"even": 0, "away": 1, "up": 2}
 CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT"]
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW"]
 
 
 @triton.jit
@@ -78,8 +78,9 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
-           RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr):
-    """Unsigned int32 codes of x (per-group tensors broadcast against x)."""
+           RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
+           HW: tl.constexpr):
+    """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8)."""
     if FMT == 0:
         if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
             nz = s_raw == 0
@@ -92,8 +93,8 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             num, den = tl.broadcast(num, tl.where(nz, 1.0, s_val))
             v = tl.where(nz, 0.0, tl.math.div_rn(num, den))
         v = tl.where(v != v, 0.0, v)
-        if RND == 2:  # GGML: trunc(v + off + 0.5)
-            r = trunc(v + (OFF + 0.5))
+        if RND == 2:  # GGML: trunc(v + off + 0.5), clamped: the clamp at 0 and the int conversion's truncation
+            r = v + (OFF + 0.5)  # of the non-negative result give exactly that (trunc(r) <= 0 iff r < 1)
         elif RND == 1:
             r = round_away(v) + OFF
         else:
@@ -110,10 +111,17 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             num, den = tl.broadcast(x, tl.where(nz, 1.0, s_val))
             y = tl.where(nz, 0.0, tl.math.div_rn(num, den))
         if FMT == 1:
-            _, u = narrow_float(tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y)), 3, -6, 8, 8, 0x7F)
+            y = tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y))
         else:
-            _, u = narrow_float(tl.where(y > 57344.0, 57344.0, tl.where(y < -57344.0, -57344.0, y)), 2, -14, 15, 8,
-                                0x7F)
+            y = tl.where(y > 57344.0, 57344.0, tl.where(y < -57344.0, -57344.0, y))
+        if HW:  # the GPU's cvt.rn.satfinite (round to nearest even, subnormals kept); NaN keeps its sign as torch's
+            f8 = y.to(tl.float8e4nv) if FMT == 1 else y.to(tl.float8e5)
+            u = f8.to(tl.uint8, bitcast=True).to(tl.int32)
+            u = tl.where(y != y, 0x7F | ((y.to(tl.int32, bitcast=True) >> 24) & 0x80), u)
+        elif FMT == 1:  # the interpreter's fp8 casts are not round-to-nearest-even: integer emulation
+            _, u = narrow_float(y, 3, -6, 8, 8, 0x7F)
+        else:
+            _, u = narrow_float(y, 2, -14, 15, 8, 0x7F)
     else:  # 16-entry codebook: nearest value, first index on ties, NaN counts as smallest (torch.argmin)
         best = tl.abs(s_eff * tl.load(cb_ptr) - x)
         u = tl.zeros(best.shape, tl.int32)
@@ -130,7 +138,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
            W: tl.constexpr, SH: tl.constexpr, PO: tl.constexpr, STRIDED: tl.constexpr,
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
-           OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, GB: tl.constexpr):
+           OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr):
     """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -144,7 +152,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
     x = tl.load(xp, mask=m & (jj < NB), other=0.0).to(tl.float32)  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
-               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8)
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
     j3 = tl.arange(0, NBP)[None, None, :]
     tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
@@ -185,7 +193,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, W: tl.constexpr,
-                ST: tl.constexpr, BLOCK_R: tl.constexpr):
+                ST: tl.constexpr, HW: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -260,12 +268,12 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     if HAS_TS:
         s_eff = s_val * tl.load(ts_ptr)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8)
+    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
     if K >= 2:
-        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << W)
+        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << W)
     if K == 4:
-        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << 4)
-        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8) << 6)
+        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << 4)
+        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << 6)
     tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
 
 
@@ -279,14 +287,14 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
-                  BLOCK_R: tl.constexpr):
+                  HW: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XOR8,
-                    W0, ST0, BLOCK_R)
+                    W0, ST0, HW, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -332,15 +340,15 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         if HAS_TS:
             s_eff = s_val * tl.load(ts_ptr)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
-               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, G * BITS // 8)
+               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, G * BITS // 8, HW)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XOR8, G * BITS // 8)
+                   XOR8, G * BITS // 8, HW)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XOR8, G * BITS // 8)
+                   QMAX, XOR8, G * BITS // 8, HW)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -448,7 +456,7 @@ def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec,
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     args = (x, codes, scales, zeros, slots, static, ts, _codebook(spec.fmt, x.device), T, *x.stride())
-    const = dict(HK=Hk, D=D, P=page_size, **p)
+    const = dict(HK=Hk, D=D, P=page_size, HW=not interpreting(), **p)
     if interpreting() or block_rows is not None:
         br = block_rows or min(16, max(4, next_pow2(n_rows)))
         _store_kernel[(triton.cdiv(n_rows, br), Hk, n_grp)](*args, **const, BLOCK_R=br, num_warps=4,
