@@ -25,7 +25,13 @@ elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchm
     python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
   done
 elif [ "$mode" = store ]; then   # the store kernel alone: every store test on the GPU, the benchmark, ncu counters
-  timeout "${PYTEST_S:-240}" python3 -m pytest -q -p no:cacheprovider tests/kernels/store 2>&1 | tail -8 | tee "$W/pytest_store.log"
+  # ~2.4 s of compiles per test: SHARDS parallel pytest processes over the collected ids
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/kernels/store 2>/dev/null | grep "::" > /tmp/ids
+  split -n r/"${SHARDS:-8}" /tmp/ids /tmp/shard_
+  for f in /tmp/shard_*; do
+    timeout "${PYTEST_S:-200}" xargs -d '\n' -a "$f" python3 -m pytest -q -rf -p no:cacheprovider > "$f.log" 2>&1 &
+  done; wait
+  for f in /tmp/shard_*.log; do grep -E "^FAILED|passed|failed|error" "$f" | cut -c1-300; done | tee "$W/pytest_store.log"
   timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
   cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null
   for s in ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}; do

@@ -52,6 +52,7 @@ def _nan_aware_equal(a: dict, b: dict, msg: str):
         if ta is None:
             assert tb is None
             continue
+        ta, tb = ta.cpu(), tb.cpu()  # the reference pages live on the CPU, the kernel's on DEV
         if ta.dtype in _FLOATS:
             na, nb = torch.isnan(ta.float()), torch.isnan(tb.float())
             assert torch.equal(na, nb), f"{msg}: {key} NaN positions differ"
