@@ -32,8 +32,8 @@ elif [ "$mode" = store ]; then   # the store kernel alone: every store test on t
     timeout "${PYTEST_S:-200}" xargs -d '\n' -a "$f" python3 -m pytest -q -rf -p no:cacheprovider > "$f.log" 2>&1 &
   done; wait
   for f in /tmp/shard_*.log; do grep -E "^FAILED|passed|failed|error" "$f" | cut -c1-300; done | tee "$W/pytest_store.log"
-  timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
-  cp sweeps/results/*/bench_store.json "$W/" 2>/dev/null
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
+  cp sweeps/results/*/bench_store.json sweeps/results/*/store.csv "$W/" 2>/dev/null
   for s in ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}; do
     timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \

@@ -128,14 +128,14 @@ def test_minus_one_slots_skip(name):
     assert 0 < written
 
 
-FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym", "int2:g16:sym:rule=signed", "int4_had", "mxfp4", "nvfp4", "nf4",
-              "fp8_e4m3:g32", "int8:g64:sym", "freetoken:q4_0"]
+FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=signed:recip", "int8:g64:sym:recip",
+              "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl", "fp8_e4m3", "fp8_e5m2"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("name", FLAT_SPECS, ids=[spec_id(n) for n in FLAT_SPECS])
 def test_group_row_path(name, dtype):
-    """Single-plane token-row specs take the group-row path (`_store_rows`, FLAT): with edge values in
+    """Single-plane token-row specs without a per-element division take the group-row path (`_store_rows`, FLAT): with edge values in
     every input dtype (16-bit inputs find GGML's signed extreme through one max over sort keys) its
     bytes equal the oracle's and the general tile path's."""
     from kvlab.kernels.store.triton import kernel_params
@@ -158,3 +158,12 @@ def test_group_row_path(name, dtype):
     finally:
         st.kernel_params = orig
     _nan_aware_equal(gen, tri, f"{name} {dtype}: general vs group-row path")
+
+
+def test_group_row_path_selection():
+    """FLAT only for single-plane token rows with no per-element division."""
+    from kvlab.kernels.store.triton import kernel_params
+    flat = {n: kernel_params(spec_of(n), 128)["FLAT"] for n in ["q4_0", "q8_0", "fp8_e4m3", "mxfp4", "int4:g32:asym",
+                                                             "freetoken:q4_0", "int3:g32:asym", "bf16", "int4:g32:chan:asym"]}
+    assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": True, "mxfp4": True, "int4:g32:asym": False,
+                    "freetoken:q4_0": False, "int3:g32:asym": False, "bf16": False, "int4:g32:chan:asym": False}
