@@ -140,13 +140,13 @@ def test_minus_one_slots_skip(name):
 
 
 FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=signed:recip", "int8:g64:sym:recip",
-              "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl", "fp8_e4m3", "fp8_e5m2"]
+              "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("name", FLAT_SPECS, ids=[spec_id(n) for n in FLAT_SPECS])
 def test_group_row_path(name, dtype):
-    """Single-plane token-row specs without a per-element division take the group-row path (`_store_rows`, FLAT): with edge values in
+    """Single-plane token-row specs with reciprocal int codes or codebooks take the group-row path (`_store_rows`, FLAT): with edge values in
     every input dtype (16-bit inputs find GGML's signed extreme through one max over sort keys) its
     bytes equal the oracle's and the general tile path's."""
     from kvlab.kernels.store.triton import kernel_params
@@ -172,9 +172,9 @@ def test_group_row_path(name, dtype):
 
 
 def test_group_row_path_selection():
-    """FLAT only for single-plane token rows with no per-element division."""
+    """FLAT only for single-plane token rows of reciprocal-int or codebook specs (where it measured faster)."""
     from kvlab.kernels.store.triton import kernel_params
     flat = {n: kernel_params(spec_of(n), 128)["FLAT"] for n in ["q4_0", "q8_0", "fp8_e4m3", "mxfp4", "int4:g32:asym",
                                                              "freetoken:q4_0", "int3:g32:asym", "bf16", "int4:g32:chan:asym"]}
-    assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": True, "mxfp4": True, "int4:g32:asym": False,
+    assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": False, "mxfp4": True, "int4:g32:asym": False,
                     "freetoken:q4_0": False, "int3:g32:asym": False, "bf16": False, "int4:g32:chan:asym": False}
