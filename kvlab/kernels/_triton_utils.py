@@ -32,6 +32,16 @@ def next_pow2(n: int) -> int:
 
 
 @triton.jit
+def as_f32(x):
+    """x as float32, exactly: bf16 by its bits (the interpreter's bf16 -> fp32 cast mangles subnormals;
+    on the GPU this is the same shift the cast compiles to)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def pow2(k):
     """2^k as float32 for int32 k in [-126, 127] (built from bits, exact)."""
     return ((k + 127) << 23).to(tl.float32, bitcast=True)

@@ -72,8 +72,8 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
         r = flat.amin(-1, keepdim=True)
     else:  # "ext": the signed element of largest magnitude (first one on ties, as numpy's argmax)
         r = flat.gather(-1, flat.abs().argmax(-1, keepdim=True))
-    if how in ("max", "min"):  # a zero extreme is +0: amax/amin return whichever signed zero their order meets first
-        r = torch.where(r == 0, torch.zeros_like(r), r)
+    if how in ("max", "min"):  # GGML's loop keeps the first element equal to the extreme: the sign of a zero
+        r = flat.gather(-1, (flat == r).to(torch.uint8).argmax(-1, keepdim=True))  # extreme (amax/amin: any zero)
     # amax/argmax skip or mis-place NaN on some backends: poison explicitly (branch-free: no device sync)
     r = torch.where(torch.isnan(flat).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
     return r.reshape([1] * xg.dim()) if spec.axis == "tensor" else r

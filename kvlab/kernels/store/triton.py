@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
 from ...quant.packing import plane_order
-from .._triton_utils import (bf16_round, encode_scale, interpreting, narrow_float, next_pow2, rint_even,
+from .._triton_utils import (as_f32, bf16_round, encode_scale, interpreting, narrow_float, next_pow2, rint_even,
                              round_away)
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
@@ -54,6 +54,12 @@ def _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G: tl.constexpr, NG: tl.const
 
 
 @triton.jit
+def _negated(a):
+    """-a for a >= 0 by the sign bit: Triton's unary minus is 0 - a, which turns +0 into +0, not -0."""
+    return (a.to(tl.int32, bitcast=True) | -2147483648).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
     """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a NaN poisons its group."""
     has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0
@@ -63,15 +69,22 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
         if RULE == 1:  # GGML: the signed element of largest magnitude, first one on ties
             first = tl.min(tl.where(a == stat, i, GP), axis=2, keep_dims=True)
             neg = tl.max(((i == first) & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=2, keep_dims=True)
-            stat = tl.where(neg > 0, -stat, stat)
+            stat = tl.where(neg > 0, _negated(stat), stat)
         stat = tl.where(has_nan, float("nan"), stat)
         mn = stat
     else:
         mx = tl.max(tl.where(m, x, -float("inf")), axis=2, keep_dims=True)
         mn = tl.min(tl.where(m, x, float("inf")), axis=2, keep_dims=True)
         empty = (mx == -float("inf")) & (mn == float("inf"))  # a masked-out row: keep its (unstored) math finite
-        mx = tl.where(has_nan, float("nan"), tl.where(empty | (mx == 0), 0.0, mx))  # a zero extreme is +0 (oracle)
-        mn = tl.where(has_nan, float("nan"), tl.where(empty | (mn == 0), 0.0, mn))
+        mx = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mx))
+        mn = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mn))
+        if tl.max(((mx == 0) | (mn == 0)).to(tl.int32)) > 0:  # rare: a zero extreme takes the first zero's sign (GGML)
+            isz = m & (x == 0)
+            fz = tl.min(tl.where(isz, i, GP), axis=2, keep_dims=True)
+            negz = tl.max(((i == fz) & isz & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=2, keep_dims=True)
+            zero = tl.where(negz > 0, _negated(mx * 0.0), 0.0)
+            mx = tl.where(mx == 0, zero, mx)
+            mn = tl.where(mn == 0, zero, mn)
         stat = mx - mn
     return tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32)), mn
 
@@ -95,12 +108,11 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
         v = tl.where(v != v, 0.0, v)
         if RND == 2:  # GGML: trunc(v + off + 0.5), clamped: the clamp at 0 and the int conversion's truncation
             r = v + (OFF + 0.5)  # of the non-negative result give exactly that (trunc(r) <= 0 iff r < 1)
-        elif RND == 1:
-            r = round_away(v) + OFF
+        elif RND == 1:  # +-inf (an overflowing reciprocal) is +-FLT_MAX in the oracle (nan_to_num): saturate
+            r = round_away(tl.minimum(tl.maximum(v, -16777216.0), 16777216.0)) + OFF  # first (integers past 2^24)
         else:
             r = rint_even(v) + OFF
-        # clamp with min/max: a NaN r (v inf) gives code 0 as the where-chain's NaN -> int32 did on the GPU
-        u = tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)
+        u = tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)  # r is never NaN here
         if XOR8:  # 8-bit symmetric codes are two's complement
             u = u ^ 0x80
     elif FMT <= 2:
@@ -151,7 +163,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     else:
         i = jj * K + kk
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
-    x = tl.load(xp, mask=m & (jj < NB), other=0.0).to(tl.float32)  # [BR, NGP, NBP, K]
+    x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
                s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
@@ -221,7 +233,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     if K == 4:
         x2, i2 = _tile(xr, 2, j, lm, sd, NB, K, ST)
         x3, i3 = _tile(xr, 3, j, lm, sd, NB, K, ST)
-    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     one = tl.full([R], 1.0, tl.float32)
     s_raw = one
     m_raw = one * 0.0
@@ -232,7 +244,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             key = tl.maximum(tl.maximum(_ext16(x0, i0), _ext16(x1, i1)),
                              tl.maximum(_ext16(x2, i2), _ext16(x3, i3)))
             b16 = ((key >> 16) | ((key & 1) << 15)).to(tl.int16)
-            stat = b16.to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+            stat = as_f32(b16.to(x_ptr.dtype.element_ty, bitcast=True))
         elif SYM and RULE == 1:  # float32 input: largest magnitude, first index on ties, its sign
             a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
             amax = tl.reduce(a, 1, _nanmax)[:, None]
@@ -243,15 +255,26 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 ((i1 == first) & (f1.to(tl.int32, bitcast=True) < 0)) | \
                 ((i2 == first) & (f2.to(tl.int32, bitcast=True) < 0)) | ((i3 == first) & (f3.to(tl.int32, bitcast=True) < 0))
             neg = tl.max(neg.to(tl.int32), axis=1)
-            stat = tl.where(neg > 0, -amax.reshape([R]), amax.reshape([R]))
+            stat = tl.where(neg > 0, _negated(amax.reshape([R])), amax.reshape([R]))
         elif SYM:
             a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
             stat = tl.reduce(a, 1, _nanmax)
         else:
             mx = tl.reduce(_nanmax(_nanmax(f0, f1), _nanmax(f2, f3)), 1, _nanmax)
             mn = tl.reduce(_nanmin(_nanmin(f0, f1), _nanmin(f2, f3)), 1, _nanmin)
-            mx = tl.where(mx != mx, float("nan"), tl.where(mx == 0, 0.0, mx))  # canonical NaN and +0, as the oracle
-            mn = tl.where(mn != mn, float("nan"), tl.where(mn == 0, 0.0, mn))
+            mx = tl.where(mx != mx, float("nan"), mx)  # canonical NaN, as the oracle
+            mn = tl.where(mn != mn, float("nan"), mn)
+            if tl.max(((mx == 0) | (mn == 0)).to(tl.int32)) > 0:  # rare: a zero extreme is the first zero (GGML)
+                fz = tl.minimum(tl.minimum(tl.min(tl.where(f0 == 0, i0, G), axis=1), tl.min(tl.where(f1 == 0, i1, G), axis=1)),
+                                tl.minimum(tl.min(tl.where(f2 == 0, i2, G), axis=1), tl.min(tl.where(f3 == 0, i3, G), axis=1)))
+                fz = fz[:, None]
+                negz = ((i0 == fz) & (f0.to(tl.int32, bitcast=True) < 0)) | \
+                    ((i1 == fz) & (f1.to(tl.int32, bitcast=True) < 0)) | \
+                    ((i2 == fz) & (f2.to(tl.int32, bitcast=True) < 0)) | ((i3 == fz) & (f3.to(tl.int32, bitcast=True) < 0))
+                negz = tl.max(negz.to(tl.int32), axis=1)
+                zero = tl.where(negz > 0, _negated(mx * 0.0), 0.0)
+                mx = tl.where(mx == 0, zero, mx)
+                mn = tl.where(mn == 0, zero, mn)
             stat = mx - mn
             m_raw = mn
         stat = tl.where(stat != stat, float("nan"), stat)
@@ -311,7 +334,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
     if FMT >= 4:  # bf16 / fp16 storage: a rounded copy (G = D, NG = 1)
         i = tl.arange(0, GP)[None, None, :]
         xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
-        x = tl.load(xp, mask=m, other=0.0).to(tl.float32)
+        x = as_f32(tl.load(xp, mask=m, other=0.0))
         if FMT == 4:
             _, c = bf16_round(x)
         else:
@@ -326,7 +349,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         elif RULE != 2:
             i = tl.arange(0, GP)[None, None, :]
             xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
-            x0 = tl.load(xp, mask=m, other=0.0).to(tl.float32)  # [BR, NGP, GP]
+            x0 = as_f32(tl.load(xp, mask=m, other=0.0))  # [BR, NGP, GP]
             s_raw, m_raw = _group_stats(x0, m, i, SYM, RULE, SDIV, GP)
             if HAS_TS:  # NVFP4: group scales live under the fp32 tensor scale
                 s_raw = tl.math.div_rn(s_raw, ones * tl.load(ts_ptr))
@@ -435,6 +458,13 @@ def _codebook(fmt: str, device) -> torch.Tensor:
     return _CODEBOOKS[key]
 
 
+@functools.lru_cache(maxsize=16)
+def _hw_fp8(device) -> bool:
+    """GPU fp8 conversions (cvt.rn.satfinite from fp32) on sm_90+; elsewhere (the interpreter, older GPUs,
+    where Triton converts through fp16 and rounds twice) the integer emulation."""
+    return (not interpreting()) and torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def _storage_view(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
     """Pages as the kernel stores them: 16-bit floats as int16 bits, fp8 as uint8 bytes."""
     if t is None:
@@ -470,7 +500,7 @@ def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec,
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     args = (x, codes, scales, zeros, slots, static, ts, _codebook(spec.fmt, x.device), T, *x.stride())
-    const = dict(HK=Hk, D=D, P=page_size, HW=not interpreting(), **p)
+    const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), **p)
     if interpreting() or block_rows is not None:
         br = block_rows or min(16, max(4, next_pow2(n_rows)))
         _store_kernel[(triton.cdiv(n_rows, br), Hk, n_grp)](*args, **const, BLOCK_R=br, num_warps=4,

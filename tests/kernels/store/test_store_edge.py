@@ -178,3 +178,35 @@ def test_group_row_path_selection():
                                                              "freetoken:q4_0", "int3:g32:asym", "bf16", "int4:g32:chan:asym"]}
     assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": False, "mxfp4": True, "int4:g32:asym": False,
                     "freetoken:q4_0": False, "int3:g32:asym": False, "bf16": False, "int4:g32:chan:asym": False}
+
+
+SIGNED_ZERO_SPECS = ["q4_1", "q4_0", "q8_0", "iq4nl", "int2:g16:sym:rule=signed:recip", "int2:g32:asym:recip",
+                     "int4:g32:asym", "int8:g32:asym:rnd=away:recip", "int4:g32:sym:rnd=away:recip", "kivi4"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("name", SIGNED_ZERO_SPECS, ids=[spec_id(n) for n in SIGNED_ZERO_SPECS])
+def test_signed_zeros_and_overflowing_reciprocals(name, dtype):
+    """Groups of mixed +-0 (GGML keeps the first element equal to a zero extreme, sign included; the
+    signed extreme of an all-zero group is its first zero) and groups so small that the reciprocal of
+    the scale overflows (the oracle saturates +-inf to +-FLT_MAX before rounding). T = 11 with one
+    skipped slot, so the kernel also sees a partial block."""
+    spec = spec_of(name)
+    pz, nz = 0.0, -0.0
+    rows = [[nz, pz] * 32, [pz, nz] * 32, [nz] * 64, [nz, 1.0, 2.0, pz] * 16, [pz, -1.0, nz, -2.0] * 16,
+            [1e-38, -1e-38, 0.0, 5e-39] * 16, [-3e-39, 2e-38, nz, 1e-38] * 16, [nz, -5.0, 5.0, pz] * 16]
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.tensor(rows)[:, None, :], torch.randn(3, 1, 64, generator=g)]).to(dtype)
+    G = spec.group
+    if spec.axis == "chan":  # channel groups run along tokens: put the special rows down the columns
+        x = torch.cat([x[:G].transpose(0, 2).reshape(G, 1, 64) if x.shape[0] >= G else
+                       torch.cat([x, x.flip(0)] * 4)[:G]])
+    x = x.to(DEV)
+    T, P = x.shape[0], (max(16, G) if spec.axis == "chan" else 16)
+    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    if spec.axis != "chan":
+        slots[T - 2] = -1
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+    _nan_aware_equal(ref, tri, f"{name} {dtype}", spec)
