@@ -49,7 +49,8 @@ def edge_input(spec, D=64):
 def _fp8_nan_codes(t: torch.Tensor, fmt: str) -> torch.Tensor:
     """fp8 codes with every NaN code as 0x7F: the sign of a NaN that arithmetic creates (inf / inf in a
     scaled group) is the platform's default NaN (negative on x86, where the oracle runs; positive on
-    CUDA), as the store API documents for NaN payloads."""
+    CUDA), as the store API documents for NaN payloads. Only scaled fp8 specs make such NaNs: unscaled
+    ones are compared with the sign (an input NaN keeps it)."""
     mag = t & 0x7F
     nan = (mag == 0x7F) if fmt == "fp8_e4m3" else (mag > 0x7C)
     return torch.where(nan, torch.full_like(t, 0x7F), t)
@@ -62,7 +63,7 @@ def _nan_aware_equal(a: dict, b: dict, msg: str, spec=None):
             assert tb is None
             continue
         ta, tb = ta.cpu(), tb.cpu()  # the reference pages live on the CPU, the kernel's on DEV
-        if key == "codes" and spec is not None and spec.fmt.startswith("fp8") and DEV == "cuda":
+        if key == "codes" and spec is not None and spec.fmt.startswith("fp8") and spec.has_scale and DEV == "cuda":
             ta, tb = _fp8_nan_codes(ta.view(torch.uint8), spec.fmt), _fp8_nan_codes(tb.view(torch.uint8), spec.fmt)
         if ta.dtype in _FLOATS:
             na, nb = torch.isnan(ta.float()), torch.isnan(tb.float())
