@@ -72,7 +72,7 @@ def run(device="cuda", tokens: int = 32768, n_kv_heads: int = 8, head_dim: int =
 
     from kvlab.cache.paging import prerotate
     from kvlab.kernels.store import store
-    from kvlab.kernels.store.triton import store_triton
+    from kvlab.kernels.store.triton import kernel_params, store_triton
     rows = []
     for name, text in SCHEMES:
         spec, lay, x, slots, kw = _case(text, tokens, n_kv_heads, head_dim, device)
@@ -93,7 +93,6 @@ def run(device="cuda", tokens: int = 32768, n_kv_heads: int = 8, head_dim: int =
             row.update(graph_ms=gms, graph_gbps=nbytes / (gms * 1e-3) / 1e9)
         except Exception as e:  # noqa: BLE001
             row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        from kvlab.kernels.store.triton import kernel_params
         if kernel_params(spec_r, head_dim)["FLAT"]:  # the same write through the general tile path, for comparison
             general = lambda: store_triton(xr, pages, slots, spec_r, lay.page_size, scale=kw.get("scale"),  # noqa: E731
                                            tensor_scale=kw.get("tensor_scale"), flat=False)

@@ -12,18 +12,21 @@ export PYTHONPATH="$PWD:/tmp/kvpkgs" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/out}"; W="$OUT/work"; mkdir -p "$W"
 mode="${1:-kernels}"
 if [ -f gpu_a/part ]; then mkdir -p /tmp/kvlab_gpu && cp gpu_a/part /tmp/kvlab_gpu/part_a; fi
+ncu_store() {   # Nsight Compute on the store kernel per scheme (fixed BLOCK_R: no autotune launches first)
+  for s in "$@"; do
+    timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
+      --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1
+    python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
+  done
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee "$W/nvidia-smi.txt"
 if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
   command -v nvidia-cuda-mps-control || echo "no MPS control binary"
 elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
   OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
     'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
-  for s in ${PROFILE_STORE:-bf16 q8_0 q4_0}; do   # the store kernel (fixed BLOCK_R: no autotune launches first)
-    timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
-      --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1
-    python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
-  done
+  ncu_store ${PROFILE_STORE:-bf16 q8_0 q4_0}
 elif [ "$mode" = store ]; then   # the store kernel alone: every store test on the GPU, the benchmark, ncu counters
   # ~2.4 s of compiles per test: SHARDS parallel pytest processes over the collected ids
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/kernels/store 2>/dev/null | grep "::" > /tmp/ids
@@ -34,12 +37,7 @@ elif [ "$mode" = store ]; then   # the store kernel alone: every store test on t
   for f in /tmp/shard_*.log; do grep -E "^FAILED|passed|failed|error" "$f" | cut -c1-300; done | tee "$W/pytest_store.log"
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
   cp sweeps/results/*/bench_store.json sweeps/results/*/store.csv "$W/" 2>/dev/null
-  for s in ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}; do
-    timeout 60 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --csv \
-      --page details python3 benchmarks/profile_store.py "$s" > "$W/ncu_store_$s.csv" 2>&1
-    python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
-  done
+  ncu_store ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}
 elif [ "$mode" = kernels ]; then
   timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"

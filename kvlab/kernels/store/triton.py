@@ -8,7 +8,11 @@ scheme is a spec change. Program (r, h, grp) takes BLOCK_R rows of head h:
 * rows are channels (axis chan, KIVI keys): program grp owns tokens grp*G .. grp*G+G-1 (one
   channel group, consecutive slots from a multiple of G); one row = G tokens of one channel.
 
-Each bit plane (widths from `kvlab.quant.packing.plane_order`) is then reloaded as a
+Single-plane token-row specs with reciprocal int codes or codebooks take the group-row path
+instead (constexpr FLAT, `_store_rows`): [BLOCK_R * NG groups, bytes] tiles, one per element of a
+byte, read once, so statistics, codes and packed bytes share one layout.
+
+Otherwise each bit plane (widths from `kvlab.quant.packing.plane_order`) is then reloaded as a
 [BLOCK_R, NGP, bytes, elements-per-byte] tile whose last axis is the elements sharing one byte
 (sequential `i = byte*K + k` or GGML-strided `i = k*NB + byte`), coded, shifted and summed
 into bytes: one contiguous byte vector per group and plane.
@@ -16,7 +20,8 @@ into bytes: one contiguous byte vector per group and plane.
 Arithmetic mirrors `kvlab/quant/oracle.py` operation for operation in float32: divisions with
 `tl.math.div_rn` (IEEE, the CPU oracle's and GGML's `/`), rounding modes and scale/fp8 dtypes
 through `kvlab.kernels._triton_utils` (exact on GPU and interpreter), and the launch passes
-`enable_fp_fusion=False` so no multiply-add is fused. rule=mse is not here (api.py uses the
+`enable_fp_fusion=False` so no multiply-add is fused. On sm_90+ GPUs fp8 codes come from the
+hardware conversion (constexpr HW), which rounds as the oracle does. rule=mse is not here (api.py uses the
 reference). The autotune key is (head_dim, n_heads, spec constexprs), never the token count.
 """
 from __future__ import annotations
@@ -60,6 +65,41 @@ def _negated(a):
 
 
 @triton.jit
+def _first_at(c, i, N: tl.constexpr, AXIS: tl.constexpr):
+    """The smallest index i where c holds along AXIS (N where it never does), keep-dims."""
+    return tl.min(tl.where(c, i, N), axis=AXIS, keep_dims=True)
+
+
+@triton.jit
+def _neg_at(x, i, first, AXIS: tl.constexpr):
+    """1 where the element at index `first` along AXIS has its sign bit set (-0 included), keep-dims."""
+    return tl.max(((i == first) & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=AXIS, keep_dims=True)
+
+
+@triton.jit
+def _zero_signed(neg, like):
+    """+0, or -0 where neg > 0: GGML keeps the first element equal to a zero extreme, sign included."""
+    return tl.where(neg > 0, _negated(like * 0.0), 0.0)
+
+
+@triton.jit
+def _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, mask, SYM: tl.constexpr, STATIC: tl.constexpr,
+                RULE: tl.constexpr, SDT: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr):
+    """Encode and store the group scales (and zeros) -> (scale, zero as stored, effective scale) as float32."""
+    s_val, s_code = encode_scale(s_raw, SDT, ELEM_INT)
+    m_val = m_raw
+    if not SYM:
+        m_val, m_code = encode_scale(m_raw, SDT, True)
+        tl.store(zeros_ptr + unit, m_code, mask=mask)
+    if (not STATIC) and RULE != 2:
+        tl.store(scales_ptr + unit, s_code, mask=mask)
+    s_eff = s_val
+    if HAS_TS:
+        s_eff = s_val * tl.load(ts_ptr)
+    return s_val, m_val, s_eff
+
+
+@triton.jit
 def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
     """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a NaN poisons its group."""
     has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0
@@ -67,8 +107,7 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
         a = tl.where(m, tl.abs(x), 0.0)
         stat = tl.max(a, axis=2, keep_dims=True)
         if RULE == 1:  # GGML: the signed element of largest magnitude, first one on ties
-            first = tl.min(tl.where(a == stat, i, GP), axis=2, keep_dims=True)
-            neg = tl.max(((i == first) & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=2, keep_dims=True)
+            neg = _neg_at(x, i, _first_at(a == stat, i, GP, 2), 2)
             stat = tl.where(neg > 0, _negated(stat), stat)
         stat = tl.where(has_nan, float("nan"), stat)
         mn = stat
@@ -79,10 +118,7 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
         mx = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mx))
         mn = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mn))
         if tl.max(((mx == 0) | (mn == 0)).to(tl.int32)) > 0:  # rare: a zero extreme takes the first zero's sign (GGML)
-            isz = m & (x == 0)
-            fz = tl.min(tl.where(isz, i, GP), axis=2, keep_dims=True)
-            negz = tl.max(((i == fz) & isz & (x.to(tl.int32, bitcast=True) < 0)).to(tl.int32), axis=2, keep_dims=True)
-            zero = tl.where(negz > 0, _negated(mx * 0.0), 0.0)
+            zero = _zero_signed(_neg_at(x, i, _first_at(m & (x == 0), i, GP, 2), 2), mx)
             mx = tl.where(mx == 0, zero, mx)
             mn = tl.where(mn == 0, zero, mn)
         stat = mx - mn
@@ -248,14 +284,11 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         elif SYM and RULE == 1:  # float32 input: largest magnitude, first index on ties, its sign
             a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
             amax = tl.reduce(a, 1, _nanmax)[:, None]
-            first = tl.minimum(tl.minimum(tl.where(tl.abs(f0) == amax, i0, G), tl.where(tl.abs(f1) == amax, i1, G)),
-                               tl.minimum(tl.where(tl.abs(f2) == amax, i2, G), tl.where(tl.abs(f3) == amax, i3, G)))
-            first = tl.min(first, axis=1)[:, None]
-            neg = ((i0 == first) & (f0.to(tl.int32, bitcast=True) < 0)) | \
-                ((i1 == first) & (f1.to(tl.int32, bitcast=True) < 0)) | \
-                ((i2 == first) & (f2.to(tl.int32, bitcast=True) < 0)) | ((i3 == first) & (f3.to(tl.int32, bitcast=True) < 0))
-            neg = tl.max(neg.to(tl.int32), axis=1)
-            stat = tl.where(neg > 0, _negated(amax.reshape([R])), amax.reshape([R]))
+            first = tl.minimum(tl.minimum(_first_at(tl.abs(f0) == amax, i0, G, 1), _first_at(tl.abs(f1) == amax, i1, G, 1)),
+                               tl.minimum(_first_at(tl.abs(f2) == amax, i2, G, 1), _first_at(tl.abs(f3) == amax, i3, G, 1)))
+            neg = tl.maximum(tl.maximum(_neg_at(f0, i0, first, 1), _neg_at(f1, i1, first, 1)),
+                             tl.maximum(_neg_at(f2, i2, first, 1), _neg_at(f3, i3, first, 1)))
+            stat = tl.where(neg > 0, _negated(amax), amax).reshape([R])
         elif SYM:
             a = _nanmax(_nanmax(tl.abs(f0), tl.abs(f1)), _nanmax(tl.abs(f2), tl.abs(f3)))
             stat = tl.reduce(a, 1, _nanmax)
@@ -265,14 +298,11 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             mx = tl.where(mx != mx, float("nan"), mx)  # canonical NaN, as the oracle
             mn = tl.where(mn != mn, float("nan"), mn)
             if tl.max(((mx == 0) | (mn == 0)).to(tl.int32)) > 0:  # rare: a zero extreme is the first zero (GGML)
-                fz = tl.minimum(tl.minimum(tl.min(tl.where(f0 == 0, i0, G), axis=1), tl.min(tl.where(f1 == 0, i1, G), axis=1)),
-                                tl.minimum(tl.min(tl.where(f2 == 0, i2, G), axis=1), tl.min(tl.where(f3 == 0, i3, G), axis=1)))
-                fz = fz[:, None]
-                negz = ((i0 == fz) & (f0.to(tl.int32, bitcast=True) < 0)) | \
-                    ((i1 == fz) & (f1.to(tl.int32, bitcast=True) < 0)) | \
-                    ((i2 == fz) & (f2.to(tl.int32, bitcast=True) < 0)) | ((i3 == fz) & (f3.to(tl.int32, bitcast=True) < 0))
-                negz = tl.max(negz.to(tl.int32), axis=1)
-                zero = tl.where(negz > 0, _negated(mx * 0.0), 0.0)
+                fz = tl.minimum(tl.minimum(_first_at(f0 == 0, i0, G, 1), _first_at(f1 == 0, i1, G, 1)),
+                                tl.minimum(_first_at(f2 == 0, i2, G, 1), _first_at(f3 == 0, i3, G, 1)))
+                negz = tl.maximum(tl.maximum(_neg_at(f0, i0, fz, 1), _neg_at(f1, i1, fz, 1)),
+                                  tl.maximum(_neg_at(f2, i2, fz, 1), _neg_at(f3, i3, fz, 1)))
+                zero = _zero_signed(negz.reshape([R]), mx)
                 mx = tl.where(mx == 0, zero, mx)
                 mn = tl.where(mn == 0, zero, mn)
             stat = mx - mn
@@ -281,16 +311,8 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
         if HAS_TS:
             s_raw = tl.math.div_rn(s_raw, one * tl.load(ts_ptr))
-    s_val, s_code = encode_scale(s_raw, SDT, ELEM_INT)
-    m_val = m_raw
-    if not SYM:
-        m_val, m_code = encode_scale(m_raw, SDT, True)
-        tl.store(zeros_ptr + unit, m_code, mask=live)
-    if (not STATIC) and RULE != 2:
-        tl.store(scales_ptr + unit, s_code, mask=live)
-    s_eff = s_val
-    if HAS_TS:
-        s_eff = s_val * tl.load(ts_ptr)
+    s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
+                                      ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
     byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
     if K >= 2:
@@ -353,16 +375,8 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
             s_raw, m_raw = _group_stats(x0, m, i, SYM, RULE, SDIV, GP)
             if HAS_TS:  # NVFP4: group scales live under the fp32 tensor scale
                 s_raw = tl.math.div_rn(s_raw, ones * tl.load(ts_ptr))
-        s_val, s_code = encode_scale(s_raw, SDT, ELEM_INT)
-        m_val = m_raw
-        if not SYM:
-            m_val, m_code = encode_scale(m_raw, SDT, True)
-            tl.store(zeros_ptr + unit, m_code, mask=gok)
-        if (not STATIC) and RULE != 2:
-            tl.store(scales_ptr + unit, s_code, mask=gok)
-        s_eff = s_val
-        if HAS_TS:
-            s_eff = s_val * tl.load(ts_ptr)
+        s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, gok, SYM, STATIC, RULE,
+                                          SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
                W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, G * BITS // 8, HW)
         if W1 > 0:

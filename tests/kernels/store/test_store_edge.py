@@ -146,10 +146,10 @@ FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("name", FLAT_SPECS, ids=[spec_id(n) for n in FLAT_SPECS])
-def test_group_row_path(name, dtype):
-    """Single-plane token-row specs with reciprocal int codes or codebooks take the group-row path (`_store_rows`, FLAT): with edge values in
-    every input dtype (16-bit inputs find GGML's signed extreme through one max over sort keys) its
-    bytes equal the oracle's and the general tile path's."""
+def test_group_row_path(name, dtype, monkeypatch):
+    """Single-plane token-row specs with reciprocal int codes or codebooks take the group-row path
+    (`_store_rows`, FLAT): with edge values in every input dtype (16-bit inputs find GGML's signed
+    extreme through one max over sort keys) its bytes equal the oracle's and the general tile path's."""
     from kvlab.kernels.store.triton import kernel_params
     spec = spec_of(name)
     assert kernel_params(dataclasses.replace(spec, rotation="none"), 64)["FLAT"], name
@@ -163,12 +163,8 @@ def test_group_row_path(name, dtype):
     tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, tri, f"{name} {dtype}", spec)
     from kvlab.kernels.store import triton as st
-    orig = st.kernel_params
-    try:
-        st.kernel_params = lambda sp, D, flat=True: orig(sp, D, False)
-        gen, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
-    finally:
-        st.kernel_params = orig
+    monkeypatch.setattr(st, "kernel_params", lambda sp, D, flat=True: kernel_params(sp, D, False))
+    gen, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(gen, tri, f"{name} {dtype}: general vs group-row path")
 
 
