@@ -4,7 +4,8 @@ Tensors are dequantized with `gguf.quants.dequantize` (Q4_1, Q8_0, F16, F32, ...
 `gguf` package knows). llama.cpp's converter stores the rows of `attn_q`/`attn_k` of the "llama"
 architecture permuted for its interleaved (GPT-J style) RoPE; we undo that permutation so the
 model can use HF's rotate-half RoPE. Results are cached in-process per (path, size, mtime) and
-on disk as a safetensors file under `$KVLAB_CACHE_DIR` (default `~/.cache/kvlab`) / `gguf/`.
+on disk as a safetensors file under `$KVLAB_CACHE_DIR` (default `~/.cache/kvlab`) / `gguf/`, keyed
+by the file's content; only the few most recently used conversions are kept there.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,13 +206,36 @@ def cache_dir() -> Path:
 
 
 def _disk_cache_base(p: Path, st: os.stat_result) -> Path:
-    """Cache key: size + mtime + the first and last MiB of the file (cheap, path independent)."""
-    h = hashlib.sha1(f"v{_CACHE_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+    """Cache key: the SHA-1 of the whole file (~0.4 s for 100 MB; path and mtime independent).
+
+    mtime is deliberately not part of the key: every fresh `pip install` of the model package
+    gives the same bytes a new mtime, and keying on it grew one 0.5 GB entry per venv."""
+    h = hashlib.sha1(f"v{_CACHE_VERSION}:{st.st_size}".encode())
     with open(p, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, st.st_size - (1 << 20)))
-        h.update(f.read())
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
     return cache_dir() / "gguf" / f"{p.stem}-{h.hexdigest()[:16]}"
+
+
+_CACHE_KEEP = 3  # converted models kept on disk; the least recently used beyond this are removed
+
+
+def _prune_disk_cache(folder: Path, keep: int = _CACHE_KEEP) -> None:
+    """Remove all but the `keep` most recently used complete entries (and stale temp files)."""
+    try:
+        entries = sorted(folder.glob("*.json"), key=lambda j: j.stat().st_mtime, reverse=True)
+        for js in entries[keep:]:
+            base = js.parent / js.name[: -len(".json")]
+            for f in (js, _sibling(base, ".safetensors")):
+                f.unlink(missing_ok=True)
+        live = {j.name[: -len(".json")] for j in entries[:keep]}
+        # orphans of a writer killed before its JSON landed; an hour's grace for writers still running
+        for f in [*folder.glob("*.safetensors"), *folder.glob("*.tmp*")]:
+            stem = f.name.split(".tmp")[0].removesuffix(".safetensors").removesuffix(".json")
+            if stem not in live and time.time() - f.stat().st_mtime > 3600:
+                f.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _sibling(base: Path, suffix: str) -> Path:
@@ -229,6 +254,10 @@ def _read_disk_cache(base: Path) -> GGUFWeights | None:
     except Exception:  # a damaged cache is rebuilt, never fatal
         return None
     factors = tensors.pop("rope_freqs", None)
+    try:
+        os.utime(js)  # marks the entry as recently used for _prune_disk_cache
+    except OSError:
+        pass
     return GGUFWeights(LlamaConfig.from_dict(info["config"]), tensors, info["tokenizer"], factors)
 
 
@@ -247,5 +276,6 @@ def _write_disk_cache(base: Path, w: GGUFWeights) -> None:
         # the JSON is written last: its presence marks a complete cache entry
         Path(str(js) + tmp).write_text(json.dumps({"config": w.config.to_dict(), "tokenizer": w.tokenizer}))
         os.replace(str(js) + tmp, js)
+        _prune_disk_cache(base.parent)
     except OSError:  # a read-only or full disk only costs speed
         pass
