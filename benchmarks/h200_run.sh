@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
 #   bash benchmarks/h200_run.sh profile   # ncu on the decode kernel (also stages part A)
 #   bash benchmarks/h200_run.sh store     # store kernel: all store tests on the GPU, bench_store, ncu
+#   bash benchmarks/h200_run.sh gluon     # Gluon q4_0 decode: GPU tests, bench vs Triton/cuDNN, ncu; store tests + bench
 #   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant under CUDA MPS (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
@@ -20,14 +21,7 @@ ncu_store() {   # Nsight Compute on the store kernel per scheme (fixed BLOCK_R: 
     python3 benchmarks/ncu_summary.py "$W/ncu_store_$s.csv"
   done
 }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee "$W/nvidia-smi.txt"
-if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
-  command -v nvidia-cuda-mps-control || echo "no MPS control binary"
-elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
-  OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
-    'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
-  ncu_store ${PROFILE_STORE:-bf16 q8_0 q4_0}
-elif [ "$mode" = store ]; then   # the store kernel alone: every store test on the GPU, the benchmark, ncu counters
+store_job() {   # every store test on the GPU in SHARDS parallel pytest processes, then bench_store
   # ~2.4 s of compiles per test: SHARDS parallel pytest processes over the collected ids
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/kernels/store 2>/dev/null | grep "::" > /tmp/ids
   split -n r/"${SHARDS:-8}" /tmp/ids /tmp/shard_
@@ -36,8 +30,24 @@ elif [ "$mode" = store ]; then   # the store kernel alone: every store test on t
   done; wait
   for f in /tmp/shard_*.log; do grep -E "^FAILED|passed|failed|error" "$f" | cut -c1-300; done | tee "$W/pytest_store.log"
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout 150 python3 benchmarks/bench_store.py 2>&1 | tail -16 | tee "$W/bench_store.log"
-  cp sweeps/results/*/bench_store.json sweeps/results/*/store.csv "$W/" 2>/dev/null
+  cp sweeps/results/NVIDIA_H*/bench_store.json sweeps/results/NVIDIA_H*/store.csv "$W/" 2>/dev/null
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv | tee "$W/nvidia-smi.txt"
+if [ "$mode" = stage ]; then   # only bring part A over (the next call, on the warm machine, runs the sweep)
+  command -v nvidia-cuda-mps-control || echo "no MPS control binary"
+elif [ "$mode" = profile ]; then   # Nsight Compute on the decode kernel (benchmarks/profile_decode.sh)
+  OUT="$W" timeout "${PROFILE_S:-300}" bash benchmarks/profile_decode.sh ${PROFILE_SCHEMES:-q4_0 q8_0 bf16 \
+    'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'} 2>&1 | tee "$W/profile.log" | tail -80
+  ncu_store ${PROFILE_STORE:-bf16 q8_0 q4_0}
+elif [ "$mode" = store ]; then   # the store kernel alone: every store test on the GPU, the benchmark, ncu counters
+  store_job
   ncu_store ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}
+elif [ "$mode" = gluon ]; then   # the Gluon q4_0 decode: GPU tests, benchmark vs Triton + cuDNN, ncu; then store_job
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -rf -p no:cacheprovider tests/kernels/decode/test_gluon_q4.py 2>&1 \
+    | tail -15 | tee "$W/pytest_gluon.log"
+  timeout "${GBENCH_S:-240}" python3 benchmarks/bench_gluon_q4.py --out "$W/gluon" 2>&1 | tail -60 | tee "$W/bench_gluon.log"
+  [ -n "${NO_PROFILE:-}" ] || OUT="$W" timeout 150 bash benchmarks/profile_decode.sh 'q4_0@{"kernel":"gluon"}' 2>&1 | tail -45
+  [ -n "${NO_STORE:-}" ] || store_job
 elif [ "$mode" = kernels ]; then
   timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"
   timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"

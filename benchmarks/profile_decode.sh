@@ -28,7 +28,7 @@ PY
 )
   tag=$(echo "$arg" | tr -c 'A-Za-z0-9_\n' '_')
   echo "== $s $cfg"
-  ncu --clock-control none -k regex:_decode_kernel --launch-skip 2 --launch-count 1 \
+  ncu --clock-control none -k regex:_decode_.*kernel --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
       --section SchedulerStats --section LaunchStats --metrics "$METRICS" --csv --page details \
       python3 benchmarks/profile_decode.py "$s" --config "$cfg" > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"

@@ -151,6 +151,17 @@ def rowfirst_ok(spec) -> bool:
         (spec.fmt == "int" and spec.bits in (4, 8)) or spec.fmt in ("fp8_e4m3", "fp8_e5m2"))
 
 
+def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, device=None) -> list[dict]:
+    """The Gluon q4_0 MMA-fragment kernel (decode/gluon_q4.py) as candidates where it runs this call."""
+    try:
+        from .decode import gluon_q4
+    except ImportError:  # a Triton without the Gluon dialect
+        return []
+    if gluon_q4.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
+        return []
+    return [{"kernel": "gluon", "num_warps": w, "num_splits": auto_splits(B, Hk, device)} for w in (4, 8)]
+
+
 def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:
     """Split counts around the best config's: half, three quarters, one and a half, double. The
     fractional steps let the grid (B * Hk * splits programs) end on a whole wave: at 3 programs per
@@ -240,7 +251,9 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
             res.append((ms, cfg))
         return res
 
-    res = bench(candidates or search_space(op, B, Hk, sch.k, sch.v, device, quick=quick))
+    cands = candidates or search_space(op, B, Hk, sch.k, sch.v, device, quick=quick) + gluon_space(
+        sch, B, Hq, Hk, D, P, fp["k_fp"] is not None, device)
+    res = bench(cands)
     if not res:
         raise RuntimeError(f"no decode config ran for {sch} at {shape}")
     best_ms, best = min(res, key=lambda r: r[0])

@@ -1,6 +1,7 @@
 """Offline sm_90 compile of the decode kernels on a machine without a GPU (developer tool).
 
     python -m kvlab.kernels.decode.sm90_offline q4_0 q8_0 ... [--asm] [--bn 128] [--warps 4] [--sass DIR]
+    python -m kvlab.kernels.decode.sm90_offline gluon_q4 [--warps 4]     # the Gluon q4_0 kernel
 
 Swaps Triton's active driver for a stub that reports an sm_90 target, runs `decode` on small
 CPU tensors with launches turned into compiles (warmup), and prints registers, spills, shared
@@ -79,6 +80,35 @@ def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=6
     return kernels
 
 
+def compile_gluon_q4(num_warps=4, B=2, Hq=32, Hk=8, D=128, P=16, L=200, num_splits=2):
+    """-> list of (name, CompiledKernel) for one Gluon q4_0 decode call (gluon_q4.decode_gluon)."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+    import kvlab
+    from . import gluon_q4
+    from ..tuning import synthetic_cache
+    sch = kvlab.scheme("q4_0")
+    kernels = []
+    orig = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kw):
+        k = orig(self, *args, grid=grid, warmup=True, **kw)
+        kernels.append((self.fn.__name__, k))
+        return k
+    prev = driver._active  # restored afterwards: a test session goes on launching under the interpreter
+    driver.set_active(_StubDriver())
+    JITFunction.run = run
+    try:
+        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
+        q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
+        gluon_q4.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                              P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps)
+    finally:
+        JITFunction.run = orig
+        driver._active = prev
+    return kernels
+
+
 def sass(kernel, what="-sass") -> str:
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.cubin")
@@ -136,8 +166,9 @@ def main(argv=None):
     cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
            "layout": a.layout, "dot": a.dot, "orient": a.orient}
     for s in a.schemes:
-        for name, k in compile_decode(s, cfg):
-            if name != "_decode_kernel":
+        compiled = compile_gluon_q4(a.warps) if s == "gluon_q4" else compile_decode(s, cfg)
+        for name, k in compiled:
+            if name not in ("_decode_kernel", "_decode_q4_kernel"):
                 continue
             text = sass(k)
             n, ops = loop_mix(text)

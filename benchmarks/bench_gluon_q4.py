@@ -1,0 +1,127 @@
+"""q4_0 decode: the Gluon MMA-fragment kernel against the Triton kernel and cuDNN bf16, one GPU run.
+
+    python benchmarks/bench_gluon_q4.py --out DIR      # on the H200 (device call), ~2 min
+
+Shapes: Hq 32, Hk 8, D 128, page 16, context 32K, batch 32 / 8 / 1. For each: cuDNN SDPA on dense
+bf16 K/V (the issue's peer), kvlab's bf16 paged kernel, the Triton q4_0 kernel at its quick-tuned
+config, and the Gluon kernel at 4 and 8 warps over a few split counts. Correctness against the
+float32 reference is checked first on a small cache. Medians of triton.testing.do_bench (eager)
+and of CUDA-graph replays (do_bench_cudagraph); 3 cache copies rotate so the 4-bit cache (38 MB at
+B=32) is not read from L2. Writes gluon_q4.csv and header.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+HQ, HK, D, P, CTX = 32, 8, 128, 16, 32768
+
+
+def check() -> float:
+    import kvlab
+    from kvlab.kernels.decode import decode
+    from paged_cases import call_args, make_paged
+    sch = kvlab.scheme("q4_0")
+    c = make_paged([1, 300, 517, 4000], HK, D, P, sch.k, sch.v, device="cuda")
+    args, kw = call_args(c)
+    q = torch.randn(4, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3, config={"kernel": "gluon"})
+    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def main() -> None:
+    import triton
+    import kvlab
+    from kvlab.kernels import tuning
+    from kvlab.kernels.decode import decode
+    from bench_decode import copy_bandwidth, header, kv_bytes, peers
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_gluon_out")
+    ap.add_argument("--batches", default="32,8,1")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tuning.set_cache_path(str(out / "tuned_configs.json"))
+    t0 = time.time()
+    bw = copy_bandwidth()
+    h = header(out, bw)
+    err = check()
+    print(f"header {h}\ncheck gluon vs reference rel err {err:.2e}", flush=True)
+    rows = []
+    f = open(out / "gluon_q4.csv", "w", newline="")
+    cols = ["variant", "batch", "context", "num_splits", "eager_ms", "graph_ms", "kv_bytes", "roofline_frac_graph",
+            "x_cudnn_bf16_graph", "config", "error"]
+    w = csv.DictWriter(f, fieldnames=cols)
+    w.writeheader()
+    q4, bf = kvlab.scheme("q4_0"), kvlab.scheme("bf16")
+    for B in [int(x) for x in a.batches.split(",")]:
+        shape = {"batch": B, "heads_q": HQ, "heads_kv": HK, "head_dim": D, "page_size": P, "context": CTX}
+        cud_e, _, perr = peers(B, CTX)
+        qd = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+        kd = torch.randn(B, HK, CTX, D, device="cuda", dtype=torch.bfloat16)
+        vd = torch.randn_like(kd)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)
+        cud_g = triton.testing.do_bench_cudagraph(cudnn, rep=30, return_mode="median")
+        del qd, kd, vd
+        torch.cuda.empty_cache()
+        w.writerow({"variant": "cudnn_bf16_dense", "batch": B, "context": CTX, "eager_ms": cud_e, "graph_ms": cud_g,
+                    "kv_bytes": 2 * B * HK * CTX * D * 2, "x_cudnn_bf16_graph": 1.0, "error": perr})
+        tri_q4, _ = tuning.tune("decode", q4, shape, quick=True, save=False,
+                                candidates=tuning.search_space("decode", B, HK, q4.k, q4.v, "cuda", quick=True))
+        tri_bf, _ = tuning.tune("decode", bf, shape, quick=True, save=False)
+        S0 = tuning.auto_splits(B, HK)
+        variants = [("bf16_paged_triton", bf, tri_bf, None), ("q4_0_triton", q4, tri_q4, None)]
+        for nw in (4, 8):
+            for S in sorted({max(1, S0 // 2), S0, -(-3 * S0 // 2), 2 * S0}):
+                variants.append((f"q4_0_gluon_w{nw}", q4, {"kernel": "gluon", "num_warps": nw}, S))
+        caches = {}
+        for label, sch, cfg, S in variants:
+            row = {"variant": label, "batch": B, "context": CTX, "config": json.dumps(cfg),
+                   "kv_bytes": kv_bytes(sch, B, CTX, P)}
+            try:
+                if sch.name not in caches:
+                    caches.clear()
+                    torch.cuda.empty_cache()
+                    caches[sch.name] = [(tuning.synthetic_cache(sch.k, sch.v, B, HK, D, P, CTX, "cuda", seed=i),
+                                         torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)) for i in range(3)]
+                fns = [decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                              sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], config=cfg,
+                              num_splits=S, plan=True) for c, q in caches[sch.name]]
+
+                def call(fns=fns):
+                    for fn in fns:
+                        fn()
+                e = triton.testing.do_bench(call, warmup=5, rep=30, return_mode="median") / 3
+                g = triton.testing.do_bench_cudagraph(call, rep=30, return_mode="median") / 3
+                row.update(num_splits=S or cfg.get("num_splits"), eager_ms=e, graph_ms=g,
+                           roofline_frac_graph=row["kv_bytes"] / (bw * 1e12) / (g * 1e-3), x_cudnn_bf16_graph=g / cud_g)
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            w.writerow(row)
+            f.flush()
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k != "config"}, flush=True)
+        caches.clear()
+        torch.cuda.empty_cache()
+    f.close()
+    print(f"done in {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
