@@ -152,10 +152,14 @@ def rowfirst_ok(spec) -> bool:
 
 
 def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, device=None) -> list[dict]:
-    """The Gluon q4_0 MMA-fragment kernel (decode/gluon_q4.py) as candidates where it runs this call."""
+    """The Gluon q4_0 MMA-fragment kernel (decode/gluon_q4.py) as candidates where it runs this call (once
+    `gluon_q4.GPU_VERIFIED`, or with KVLAB_GLUON=1)."""
     try:
         from .decode import gluon_q4
     except ImportError:  # a Triton without the Gluon dialect
+        return []
+    import os
+    if not (gluon_q4.GPU_VERIFIED or os.environ.get("KVLAB_GLUON") == "1"):
         return []
     if gluon_q4.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
         return []

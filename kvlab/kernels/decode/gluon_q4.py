@@ -34,6 +34,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+# Set True once the GPU tests (tests/kernels/decode/test_gluon_q4.py, `bash benchmarks/h200_run.sh gluon`) have
+# passed on a GPU: until then the tuner does not offer this kernel (it times, it does not check results);
+# `config={"kernel": "gluon"}` runs it on request. KVLAB_GLUON=1 lets the tuner offer it anyway.
+GPU_VERIFIED = False
+
 TW = ttgl.constexpr(16)  # tokens per warp per tile: one m16n8k16 K-chunk of the P V product
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
@@ -67,7 +72,8 @@ def _asm_k(b: int) -> str:
 
 def _asm_v(k: int, h: int) -> str:
     c2, mask = ("0xE408E408", "0x000F000F") if h == 0 else ("0xE480E480", "0x00F000F0")
-    return _ASM_V.replace("SEL", f"0x{4 + k}{k}{4 + k}{k}").replace("C2", c2).replace("MASK", mask)
+    # prmt selector nibbles (byte 0 first): A.k, A.k, B.k, B.k -> bytes 0 and 2 hold A's and B's byte k
+    return _ASM_V.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}").replace("C2", c2).replace("MASK", mask)
 
 
 AK0, AK1, AK2, AK3 = (ttgl.constexpr(_asm_k(b)) for b in range(4))
@@ -91,6 +97,13 @@ def v_channel_order(D: int = 128) -> list[int]:
         j = 8 * g + 4 * we + k
         out.append(32 * (j // 16) + j % 16 + 16 * h)
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def channel_orders(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_channel_order, v_channel_order) as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
+    return (torch.tensor(k_channel_order(), dtype=torch.int32, device=device),
+            torch.tensor(v_channel_order(), dtype=torch.int32, device=device))
 
 
 @functools.lru_cache(maxsize=8)
@@ -229,7 +242,7 @@ def _v_build(wa, wb, sa, sb, B: ttgl.constexpr, NW: ttgl.constexpr):
 
 
 @gluon.jit
-def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, INDPTR, INDICES, LAST, qk_scale, num_splits,
+def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale, num_splits,
                       sq0, sq1, so0, so1, kc0, kc1, kc2, ks0, ks1, ks2, vc0, vc1, vc2, vs0, vs1, vs2,
                       GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, DIRECT: ttgl.constexpr,
                       MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, KW: ttgl.constexpr,
@@ -252,7 +265,7 @@ def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, INDPTR, INDICES, LAST, qk
     qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, A)))
     qg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, A)))
     kap = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
-    qch = 32 * ((kap >> 1) & 3) + 4 * (kap >> 5) + ((kap >> 3) & 3) + 16 * (kap & 1)
+    qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
     qrow = qz[:, None, None] * 0 + qg[None, :, None]
     qm = (qrow < GROUP) & (qch[None, None, :] < 128)
     q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, None, :], mask=qm, other=0.0)
@@ -298,8 +311,7 @@ def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, INDPTR, INDICES, LAST, qk
     OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
     og = ttgl.arange(0, GP, layout=ttgl.SliceLayout(1, OL))
     on = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, OL))
-    j = 8 * (on & 7) + 4 * (on >> 6) + ((on >> 4) & 3)
-    och = 32 * (j // 16) + j % 16 + 16 * ((on >> 3) & 1)
+    och = ttgl.load(VPERM + on)  # head-dim channel of output column n (v_channel_order)
     heads = hk * GROUP + og
     om = (og < GROUP)[:, None] & (och < 128)[None, :]
     if DIRECT:
@@ -364,7 +376,7 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, P
 
     def launch():
         _decode_q4_kernel[(B, Hk, S)](
-            q, out, op, lse, kc, ks, vc, vs, kv_indptr, kv_indices, kv_last_page_len,
+            q, out, op, lse, kc, ks, vc, vs, *channel_orders(q.device), kv_indptr, kv_indices, kv_last_page_len,
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *kc.stride()[:3], *ks.stride()[:3], *vc.stride()[:3], *vs.stride()[:3],
             GROUP=group, P=P, NW=NW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"],

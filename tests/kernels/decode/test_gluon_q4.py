@@ -146,9 +146,87 @@ def test_gluon_plan_relaunches_on_updated_q():
 
 
 @GPU
-def test_tuner_offers_gluon_for_q4_0_only():
+def test_tuner_offers_gluon_for_q4_0_only(monkeypatch):
     from kvlab.kernels import tuning
+    monkeypatch.setenv("KVLAB_GLUON", "1")
     q4 = kvlab.scheme("q4_0")
     assert [c["kernel"] for c in tuning.gluon_space(q4, 32, 32, 8, 128, 16, False, "cuda")] == ["gluon", "gluon"]
     assert tuning.gluon_space(q4, 32, 32, 8, 128, 16, True, "cuda") == []
     assert tuning.gluon_space(kvlab.scheme("q8_0"), 32, 32, 8, 128, 16, False, "cuda") == []
+
+
+# ---- CPU: the kernel's own source run by kvlab.kernels.gluon_emu (torch ops, PTX interpreter) -----------------
+def test_ptx_emulator_decodes_q4_nibbles():
+    """The asm strings of the kernel, run by the PTX interpreter, give (nibble - 8) * scale exactly."""
+    import numpy as np
+    from kvlab.kernels.gluon_emu import run_ptx
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
+    wb = rng.integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
+    s = (rng.standard_normal(64) * 0.05).astype(np.float16)
+    s16 = (s.astype(np.float32) / 16).astype(np.float16)
+    bits = s.view(np.uint16).astype(np.uint32)
+    bits16 = s16.view(np.uint16).astype(np.uint32)
+    f16 = lambda r: (r & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)  # noqa: E731
+    want = lambda nib, sc: ((nib.astype(np.float32) - 8) * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    for b in range(4):
+        byte = (w >> (8 * b)) & 0xFF
+        lo, hi = run_ptx(gluon_q4._asm_k(b), "=h,=h,r,h,h", [w, bits, bits16])
+        np.testing.assert_array_equal(f16(lo), want(byte & 0xF, s))
+        np.testing.assert_array_equal(f16(hi), want(byte >> 4, s))
+        for h in range(2):
+            sa, sb = (bits, bits[::-1].copy()) if h == 0 else (bits16, bits16[::-1].copy())
+            a_out, b_out = run_ptx(gluon_q4._asm_v(b, h), "=h,=h,r,r,h,h", [w, wb, sa, sb])
+            nib_a = (byte >> (4 * h)) & 0xF
+            nib_b = (((wb >> (8 * b)) & 0xFF) >> (4 * h)) & 0xF
+            np.testing.assert_array_equal(f16(a_out), want(nib_a, s))
+            np.testing.assert_array_equal(f16(b_out), want(nib_b, s[::-1]))
+
+
+# (lens, Hq, Hk, P, splits, warps)
+EMU_CASES = [
+    ([1, 17, 63, 200], 8, 2, 16, 1, 4),
+    ([1, 17, 63, 200], 8, 2, 16, 3, 4),
+    ([0, 130], 4, 4, 32, 2, 2),          # GQA 1, an empty sequence, pages of 32
+    ([100, 70], 16, 1, 64, 2, 8),        # GQA 16, pages of 64, 8 warps
+]
+
+
+@pytest.mark.parametrize("c", EMU_CASES, ids=[f"L{max(c[0])}-Hq{c[1]}-Hk{c[2]}-P{c[3]}-S{c[4]}-w{c[5]}"
+                                              for c in EMU_CASES])
+def test_emulated_kernel_matches_reference(c, monkeypatch):
+    """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf
+    scales in every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
+    from kvlab.kernels.gluon_emu import emulate
+    lens, Hq, Hk, P, S, NW = c
+    monkeypatch.setattr(gluon_q4, "_decode_q4_kernel", emulate(gluon_q4._decode_q4_kernel))
+    sch = kvlab.scheme("q4_0")
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11)
+    indptr, idx = cache["kv_indptr"].tolist(), cache["kv_indices"].tolist()
+    for name in ("k_pages", "v_pages"):
+        sc = cache[name]["scales"]
+        for pg in set(range(sc.shape[0])) - set(idx):
+            sc[pg] = float("nan")
+        for b, L in enumerate(lens):
+            n = indptr[b + 1] - indptr[b]
+            if n:
+                sc[idx[indptr[b + 1] - 1], :, L - (n - 1) * P:] = float("inf")
+    args, kw = call_args(cache)
+    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    out = torch.full_like(q, float("nan"))
+    got = gluon_q4.decode_gluon(q, *args, P, sm_scale=128 ** -0.5, num_splits=S, num_warps=NW, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < TOL, f"relative error {err:.2e}"
+    for b, L in enumerate(lens):
+        if L == 0:
+            assert (got[b] == 0).all()
+
+
+def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
+    from kvlab.kernels import tuning
+    monkeypatch.delenv("KVLAB_GLUON", raising=False)
+    monkeypatch.setattr(gluon_q4, "GPU_VERIFIED", False)
+    assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, False, "cuda") == []
