@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 # `config={"kernel": "gluon"}` runs it on request. KVLAB_GLUON=1 lets the tuner offer it anyway.
 GPU_VERIFIED = False
 
-TW = ttgl.constexpr(16)  # tokens per warp per tile: one m16n8k16 K-chunk of the P V product
+PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
 # fp16 magic: 0x6400 | nibble = 1024 + nibble and 0x6400 | nibble << 4 = 1024 + 16 nibble, so one
@@ -106,26 +106,29 @@ def channel_orders(device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.tensor(v_channel_order(), dtype=torch.int32, device=device))
 
 
-@functools.lru_cache(maxsize=8)
-def layouts(NW: int) -> dict:
-    """Register layouts (constexpr) for NW warps: MMA accumulator, dot operands, code-word loads."""
+@functools.lru_cache(maxsize=16)
+def layouts(NW: int, TW: int = 16) -> dict:
+    """Register layouts (constexpr) for NW warps of TW tokens each: MMA accumulator, dot operands, code words."""
+    if TW not in (16, 32):
+        raise ValueError(f"tokens per warp must be 16 or 32, got {TW}")
     mma = ttgl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
     warps = [[1 << i] + [0] * 3 for i in range(NW.bit_length() - 1)]
-    # K words [NW, wi 4, r 4, TW]: wi in registers, r = lane % 4, token = lane // 4 (+ 8 in registers)
+    hi_tok = [[0, 0, 0, 16]] if TW == 32 else []  # token bit 4 in registers
+    # K words [NW, wi 4, r 4, TW]: wi in registers, r = lane % 4, token = lane // 4 (+ 8, + 16 in registers)
     kw = ttgl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 0, 8]],
+        reg_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 0, 8]] + hi_tok,
         lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
-        warp_bases=warps, block_bases=[], shape=[NW, 4, 4, TW.value])
-    # V words [NW, we 2, g 8, TW]: we, token bits 0 and 3 in registers, token bits 1-2 = lane % 4, g = lane // 4
+        warp_bases=warps, block_bases=[], shape=[NW, 4, 4, TW])
+    # V words [NW, we 2, g 8, TW]: we and token bits 0, 3 (, 4) in registers, token bits 1-2 = lane % 4, g = lane // 4
     vw = ttgl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 8]],
+        reg_bases=[[0, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 8]] + hi_tok,
         lane_bases=[[0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
-        warp_bases=warps, block_bases=[], shape=[NW, 2, 8, TW.value])
-    # V words of the first / second token of each fragment pair [NW, we 2, g 8, c 8] (c = token pair)
+        warp_bases=warps, block_bases=[], shape=[NW, 2, 8, TW])
+    # V words of the first / second token of each fragment pair [NW, we 2, g 8, c TW/2] (c = token pair)
     vwa = ttgl.DistributedLinearLayout(
-        reg_bases=[[0, 1, 0, 0], [0, 0, 0, 4]],
+        reg_bases=[[0, 1, 0, 0], [0, 0, 0, 4]] + ([[0, 0, 0, 8]] if TW == 32 else []),
         lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
-        warp_bases=warps, block_bases=[], shape=[NW, 2, 8, TW.value // 2])
+        warp_bases=warps, block_bases=[], shape=[NW, 2, 8, TW // 2])
     return dict(VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
                 B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
 
@@ -148,39 +151,44 @@ def _j(a, b):
 
 
 @gluon.jit
-def _warp_rows(IDX, t0, hi, hk, c0, c1, c2, P: ttgl.constexpr, LW: ttgl.constexpr, NW: ttgl.constexpr):
-    """Per warp w ([NW] in layout LW): int64 offset of row 0 of its TW tokens t0 + w * TW .. (one page slice:
-    P % TW == 0 and t0 % TW == 0) in a tensor with strides c0 (page), c1 (head), c2 (row); a warp past `hi`
-    reads page 0 (its scores are masked, its V scales zeroed)."""
-    tb = t0 + ttgl.arange(0, NW, layout=LW) * TW
-    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64)
-    return pg * c0 + hk * c1 + (tb % P) * c2
+def _tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
+              N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr):
+    """[NW, N] (layout L2) int64 offsets of the rows of tokens t0 + w * TW + STEP * n in a page tensor with
+    strides c0 (page), c1 (head) and ROW (row; pages are dense within a (page, head) tile). t0 % TW == 0 and
+    P % 16 == 0, so a warp's tokens lie in at most two pages, looked up once per warp. A page past `hi` reads
+    as page 0 (those scores are masked, those V scales zeroed)."""
+    tb = t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2)) * TW  # [NW] first token of each warp
+    n = ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP
+    r0 = tb % P  # row of the warp's first token in its page
+    base = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64) * c0 + hk * c1 + r0 * ROW
+    if P % TW == 0:  # one page per warp and tile
+        return base[:, None] + (n * ROW)[None, :]
+    else:  # e.g. P = 16, TW = 32: tokens from row P - r0 on are rows 0.. of the next page
+        nxt = (tb // P + 1) * P
+        base1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0).to(ttgl.int64) * c0 + hk * c1 + (r0 - P) * ROW
+        return ttgl.where((r0[:, None] + n[None, :]) < P, base[:, None], base1[:, None]) + (n * ROW)[None, :]
 
 
 @gluon.jit
-def _k_load(KC, KS, IDX, t0, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P: ttgl.constexpr, KW: ttgl.constexpr,
-            NW: ttgl.constexpr):
+def _k_load(KC, KS, IDX, t0, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P: ttgl.constexpr, TW: ttgl.constexpr,
+            KW: ttgl.constexpr, NW: ttgl.constexpr):
     """Raw K codes (int32 words [NW, wi, r, TW]) and scales ([NW, r, TW] fp16) of tokens t0 + w * TW + [0, TW)
-    of warp w, read unmasked (rows past `hi` read page 0; the caller scores them -inf)."""
+    of warp w, read unmasked (rows past `hi` read page 0 or unused rows; the caller scores them -inf)."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
     wi = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     word = (4 * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
-    LN: ttgl.constexpr = ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)))
-    n = ttgl.arange(0, TW, layout=LN)
-    base = _warp_rows(IDX, t0, hi, hk, kc0, kc1, kc2, P,
-                      ttgl.SliceLayout(1, ttgl.SliceLayout(2, ttgl.SliceLayout(3, KW))), NW)
-    w = ttgl.load(KC + base[:, None, None, None] + (n * kc2)[None, None, None, :] + word)
+    rows = _tok_rows(IDX, t0, hi, hk, kc0, kc1, 16, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
+    w = ttgl.load(KC + rows[:, None, None, :] + word)
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
     rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
-    ns = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, LS)))
-    sbase = _warp_rows(IDX, t0, hi, hk, ks0, ks1, ks2, P, ttgl.SliceLayout(1, ttgl.SliceLayout(2, LS)), NW)
-    s = ttgl.load(KS + sbase[:, None, None] + (ns * ks2)[None, None, :] + rs[None, :, None])
+    srows = _tok_rows(IDX, t0, hi, hk, ks0, ks1, 4, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
+    s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
     return w, s
 
 
 @gluon.jit
-def _k_build(w, s, B: ttgl.constexpr, NW: ttgl.constexpr):
+def _k_build(w, s, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
     """K^T fragment [NW, 128, TW] fp16, contraction in kappa order, from `_k_load`'s words and scales."""
     s = ttgl.expand_dims(s, 1)
     s16 = ttgl.broadcast(s * 0.0625, w)[0]
@@ -193,37 +201,35 @@ def _k_build(w, s, B: ttgl.constexpr, NW: ttgl.constexpr):
 
 
 @gluon.jit
-def _v_load(VC, VS, IDX, t0, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P: ttgl.constexpr, VW: ttgl.constexpr,
-            VWA: ttgl.constexpr, NW: ttgl.constexpr):
+def _v_load(VC, VS, IDX, t0, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P: ttgl.constexpr, TW: ttgl.constexpr,
+            VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr):
     """Raw V codes of tokens t0 + w * TW + [0, TW) of warp w as the words of the first and second token of each
     fragment pair ([NW, we, g, c] int32) and their scales ([NW, g, c] fp16; 0 past `hi`, so those rows are 0)."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, VW)
     we = ttgl.arange(0, 2, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     word = (2 * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
-    LN: ttgl.constexpr = ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW)))
-    n = ttgl.arange(0, TW, layout=LN)
-    base = _warp_rows(IDX, t0, hi, hk, vc0, vc1, vc2, P,
-                      ttgl.SliceLayout(1, ttgl.SliceLayout(2, ttgl.SliceLayout(3, VW))), NW)
-    w = ttgl.load(VC + base[:, None, None, None] + (n * vc2)[None, None, None, :] + word)  # [NW, we, g, TW]
+    rows = _tok_rows(IDX, t0, hi, hk, vc0, vc1, 16, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW)), NW)
+    w = ttgl.load(VC + rows[:, None, None, :] + word)  # [NW, we, g, TW]
     wa, wb = ttgl.split(ttgl.reshape(w, [NW, 2, 8, TW // 2, 2]))  # tokens 2c, 2c + 1: [NW, we, g, c]
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
+    # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of bytes 8g .. 8g + 7 (block g // 2)
     S3: ttgl.constexpr = ttgl.SliceLayout(1, VWA)  # [NW, g, c]
     sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
-    sc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, S3)))
-    LW: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, S3))
-    sbase = _warp_rows(IDX, t0, hi, hk, vs0, vs1, vs2, P, LW, NW)
-    sw = t0 + ttgl.arange(0, NW, layout=LW) * TW
-    ta = sw[:, None, None] + 2 * sc[None, None, :] + sg[None, :, None] * 0  # [NW, g, c] first token of the pair
-    off = sbase[:, None, None] + ((2 * sc) * vs2)[None, None, :] + (sg // 2)[None, :, None]  # block g // 2
-    sa = ttgl.load(VS + off, mask=ta < hi, other=0.0)
-    sb = ttgl.load(VS + off + vs2, mask=ta + 1 < hi, other=0.0)
+    L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
+    srow = _tok_rows(IDX, t0, hi, hk, vs0, vs1, 4, P, TW, TW // 2, 2, L2, NW)  # first token of each pair
+    tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
+    tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
+    ta = (t0 + tw * TW)[:, None] + 2 * tc[None, :]  # [NW, c] first token of the pair
+    off = srow[:, None, :] + (sg // 2)[None, :, None]
+    sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
+    sb = ttgl.load(VS + off + 4, mask=(ta + 1 < hi)[:, None, :], other=0.0)
     return wa, wb, sa, sb
 
 
 @gluon.jit
-def _v_build(wa, wb, sa, sb, B: ttgl.constexpr, NW: ttgl.constexpr):
+def _v_build(wa, wb, sa, sb, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
     """V fragment [NW, TW, 128] fp16 (columns in v_channel_order) from `_v_load`'s words and scales."""
     sa = ttgl.expand_dims(sa, 1)
     sb = ttgl.expand_dims(sb, 1)
@@ -244,7 +250,8 @@ def _v_build(wa, wb, sa, sb, B: ttgl.constexpr, NW: ttgl.constexpr):
 @gluon.jit
 def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale, num_splits,
                       sq0, sq1, so0, so1, kc0, kc1, kc2, ks0, ks1, ks2, vc0, vc1, vc2, vs0, vs1, vs2,
-                      GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, DIRECT: ttgl.constexpr,
+                      GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
+                      DIRECT: ttgl.constexpr,
                       MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, KW: ttgl.constexpr,
                       VW: ttgl.constexpr, VWA: ttgl.constexpr):
     """q [B, Hq, 128]; K/V codes as int32 words [N, Hk, P, 16] and fp16 scales [N, Hk, P, 4]; strides in
@@ -280,13 +287,13 @@ def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KPERM, VPERM, INDPTR, IND
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
-    kw, ks = _k_load(KC, KS, IDX, lo, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P, KW, NW)
-    va, vb, vsa, vsb = _v_load(VC, VS, IDX, lo, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P, VW, VWA, NW)
+    kw, ks = _k_load(KC, KS, IDX, lo, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P, TW, KW, NW)
+    va, vb, vsa, vsb = _v_load(VC, VS, IDX, lo, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P, TW, VW, VWA, NW)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
-        nkw, nks = _k_load(KC, KS, IDX, t0 + BN, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P, KW, NW)
-        nva, nvb, nvsa, nvsb = _v_load(VC, VS, IDX, t0 + BN, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P, VW, VWA, NW)
-        kt = _k_build(kw, ks, B, NW)
+        nkw, nks = _k_load(KC, KS, IDX, t0 + BN, hi, hk, kc0, kc1, kc2, ks0, ks1, ks2, P, TW, KW, NW)
+        nva, nvb, nvsa, nvsb = _v_load(VC, VS, IDX, t0 + BN, hi, hk, vc0, vc1, vc2, vs0, vs1, vs2, P, TW, VW, VWA, NW)
+        kt = _k_build(kw, ks, B, NW, TW)
         s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
         valid = (t0 + s_tok) < hi
         s = ttgl.where(valid[:, None, :], s, float("-inf"))
@@ -296,7 +303,7 @@ def _decode_q4_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KPERM, VPERM, INDPTR, IND
         p = ttgl.exp2(s - m_safe[:, :, None])
         l_i = l_i * alpha + ttgl.sum(p, 2)
         m_i = m_new
-        vt = _v_build(va, vb, vsa, vsb, B, NW)
+        vt = _v_build(va, vb, vsa, vsb, B, NW, TW)
         pa = ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True)
         acc = mma_v2(pa, vt, acc * alpha[:, :, None])
         kw, ks, va, vb, vsa, vsb = nkw, nks, nva, nvb, nvsa, nvsb
@@ -338,8 +345,8 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
         return "K and V must both be q4_0-layout int4 (sym, group 32, GGML packing, fp16 scales, no rotation)"
     if D != 128:
         return f"head_dim must be 128, got {D}"
-    if P % TW.value:
-        return f"page size must be a multiple of {TW.value}, got {P}"
+    if P % PAGE_UNIT:
+        return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
         return f"GQA group must be <= {GP.value}, got {group}"
     if has_fp:
@@ -351,7 +358,7 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
 
 
 def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, P, *, sm_scale, num_splits,
-                 num_warps=4, out=None, plan=False):
+                 num_warps=4, tokens_per_warp=16, out=None, plan=False):
     """Split-K q4_0 decode; same contract as `decode_triton` for the calls `why_not` accepts."""
     from .triton import _merge_kernel
     B, Hq, D = q.shape
@@ -366,7 +373,8 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, P
     for name, t in (("K codes", kc), ("V codes", vc), ("K scales", ks), ("V scales", vs)):
         if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
-    lay = layouts(NW)
+    TW = int(tokens_per_warp)
+    lay = layouts(NW, TW)
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     op = lse = out
@@ -379,7 +387,7 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, P
             q, out, op, lse, kc, ks, vc, vs, *channel_orders(q.device), kv_indptr, kv_indices, kv_last_page_len,
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *kc.stride()[:3], *ks.stride()[:3], *vc.stride()[:3], *vs.stride()[:3],
-            GROUP=group, P=P, NW=NW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"],
+            GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"],
             VW=lay["VW"], VWA=lay["VWA"], num_warps=NW)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,

@@ -80,7 +80,7 @@ def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=6
     return kernels
 
 
-def compile_gluon_q4(num_warps=4, B=2, Hq=32, Hk=8, D=128, P=16, L=200, num_splits=2):
+def compile_gluon_q4(num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200, num_splits=2):
     """-> list of (name, CompiledKernel) for one Gluon q4_0 decode call (gluon_q4.decode_gluon)."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -102,7 +102,8 @@ def compile_gluon_q4(num_warps=4, B=2, Hq=32, Hk=8, D=128, P=16, L=200, num_spli
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
         q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
         gluon_q4.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                              P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps)
+                              P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
+                              tokens_per_warp=tokens_per_warp)
     finally:
         JITFunction.run = orig
         driver._active = prev
@@ -162,11 +163,12 @@ def main(argv=None):
     ap.add_argument("--dot", default=None, choices=["fp32", "bf16", "fp16", "fma"], help="config 'dot' (fma: CUDA cores)")
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon_q4: tokens per warp per tile")
     a = ap.parse_args(argv)
     cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
            "layout": a.layout, "dot": a.dot, "orient": a.orient}
     for s in a.schemes:
-        compiled = compile_gluon_q4(a.warps) if s == "gluon_q4" else compile_decode(s, cfg)
+        compiled = compile_gluon_q4(a.warps, a.tw) if s == "gluon_q4" else compile_decode(s, cfg)
         for name, k in compiled:
             if name not in ("_decode_kernel", "_decode_q4_kernel"):
                 continue

@@ -72,29 +72,32 @@ def test_why_not_names_each_limit():
     assert "q4_0" in gluon_q4.why_not(h.k, h.v, 128, 16, 4, False, "cpu")
 
 
-# (lens, Hq, Hk, P, splits, warps)
+# (lens, Hq, Hk, P, splits, warps, tokens per warp)
 CASES = [
-    ([1, 17, 63, 1000, 4096], 32, 8, 16, None, 4),
-    ([1, 17, 63, 1000, 4096], 32, 8, 16, 1, 4),
-    ([1, 17, 63, 1000, 4096], 32, 8, 16, 7, 8),
-    ([5, 100, 333], 8, 8, 32, 3, 4),     # GQA 1
-    ([64, 65, 777], 64, 8, 64, 2, 4),    # GQA 8, pages of 64
-    ([0, 48, 2000], 16, 1, 16, 5, 2),    # GQA 16, an empty sequence
-    ([32768], 32, 8, 16, None, 4),
+    ([1, 17, 63, 1000, 4096], 32, 8, 16, None, 4, 16),
+    ([1, 17, 63, 1000, 4096], 32, 8, 16, 1, 4, 32),
+    ([1, 17, 63, 1000, 4096], 32, 8, 16, 7, 8, 16),
+    ([5, 100, 333], 8, 8, 32, 3, 4, 32),     # GQA 1
+    ([64, 65, 777], 64, 8, 64, 2, 4, 16),    # GQA 8, pages of 64
+    ([0, 48, 2000], 16, 1, 16, 5, 2, 32),    # GQA 16, an empty sequence
+    ([150, 97], 32, 8, 48, 2, 4, 32),        # a warp's tokens cross a page mid-tile
+    ([32768], 32, 8, 16, None, 4, 32),
 ]
 
 
 @GPU
-@pytest.mark.parametrize("c", CASES, ids=[f"L{max(c[0])}-Hq{c[1]}-Hk{c[2]}-P{c[3]}-S{c[4]}-w{c[5]}" for c in CASES])
+@pytest.mark.parametrize("c", CASES, ids=[f"L{max(c[0])}-Hq{c[1]}-Hk{c[2]}-P{c[3]}-S{c[4]}-w{c[5]}-tw{c[6]}"
+                                          for c in CASES])
 def test_gluon_matches_reference(c):
-    lens, Hq, Hk, P, S, NW = c
+    lens, Hq, Hk, P, S, NW, TW = c
     sch = kvlab.scheme("q4_0")
     cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=sum(lens) % 997, device="cuda")
     q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
     args, kw = call_args(cache)
     ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
     out = torch.full_like(q, float("nan"))
-    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=S, out=out, config={"kernel": "gluon", "num_warps": NW})
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=S, out=out, config={"kernel": "gluon", "num_warps": NW,
+                                                                                "tokens_per_warp": TW})
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(got).any(), "unwritten or NaN output elements"
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
@@ -183,22 +186,24 @@ def test_ptx_emulator_decodes_q4_nibbles():
             np.testing.assert_array_equal(f16(b_out), want(nib_b, s[::-1]))
 
 
-# (lens, Hq, Hk, P, splits, warps)
+# (lens, Hq, Hk, P, splits, warps, tokens per warp)
 EMU_CASES = [
-    ([1, 17, 63, 200], 8, 2, 16, 1, 4),
-    ([1, 17, 63, 200], 8, 2, 16, 3, 4),
-    ([0, 130], 4, 4, 32, 2, 2),          # GQA 1, an empty sequence, pages of 32
-    ([100, 70], 16, 1, 64, 2, 8),        # GQA 16, pages of 64, 8 warps
+    ([1, 17, 63, 200], 8, 2, 16, 1, 4, 16),
+    ([1, 17, 63, 200], 8, 2, 16, 3, 4, 16),
+    ([1, 17, 63, 200], 8, 2, 16, 3, 4, 32),   # two pages per warp and tile
+    ([0, 130], 4, 4, 32, 2, 2, 32),           # GQA 1, an empty sequence, pages of 32
+    ([100, 70], 16, 1, 64, 2, 8, 16),         # GQA 16, pages of 64, 8 warps
+    ([150, 97], 8, 2, 48, 2, 2, 32),          # pages of 48: a warp's tokens cross a page mid-tile
 ]
 
 
-@pytest.mark.parametrize("c", EMU_CASES, ids=[f"L{max(c[0])}-Hq{c[1]}-Hk{c[2]}-P{c[3]}-S{c[4]}-w{c[5]}"
+@pytest.mark.parametrize("c", EMU_CASES, ids=[f"L{max(c[0])}-Hq{c[1]}-Hk{c[2]}-P{c[3]}-S{c[4]}-w{c[5]}-tw{c[6]}"
                                               for c in EMU_CASES])
 def test_emulated_kernel_matches_reference(c, monkeypatch):
     """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf
     scales in every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
     from kvlab.kernels.gluon_emu import emulate
-    lens, Hq, Hk, P, S, NW = c
+    lens, Hq, Hk, P, S, NW, TW = c
     monkeypatch.setattr(gluon_q4, "_decode_q4_kernel", emulate(gluon_q4._decode_q4_kernel))
     sch = kvlab.scheme("q4_0")
     cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11)
@@ -215,7 +220,8 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
     q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
     out = torch.full_like(q, float("nan"))
-    got = gluon_q4.decode_gluon(q, *args, P, sm_scale=128 ** -0.5, num_splits=S, num_warps=NW, out=out)
+    got = gluon_q4.decode_gluon(q, *args, P, sm_scale=128 ** -0.5, num_splits=S, num_warps=NW, tokens_per_warp=TW,
+                                out=out)
     assert got.data_ptr() == out.data_ptr()
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
