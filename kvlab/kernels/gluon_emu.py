@@ -5,7 +5,7 @@ program id, with `ttgl` replaced by a torch-backed namespace: every op works on 
 tensors (layouts are ignored: Gluon's `convert_layout(..., assert_trivial=True)` and the compiler
 guarantee that layouts only place elements, never change them), pointers are (flat tensor, offset
 tensor) pairs, and `inline_asm_elementwise` executes the PTX text through a small interpreter of
-the instructions the kvlab kernels use (mov, prmt, lop3, add/mul/fma .f16x2). What this checks is
+the instructions the kvlab kernels use (mov, shr/shl, prmt, lop3, add/mul/fma .f16x2). What this checks is
 the kernel's index algebra, masking, softmax and merge logic and its PTX constants; what it cannot
 check is the Gluon compiler or the hardware (the GPU tests do that).
 """
@@ -89,6 +89,10 @@ def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarr
         elif op == "prmt.b32":
             regs[dst] = _prmt(val(ops[1]), np.broadcast_to(val(ops[2]), np.shape(val(ops[1]))).astype(np.uint32),
                               int(ops[3], 0))
+        elif op in ("shr.b32", "shr.u32"):
+            regs[dst] = (val(ops[1]) >> int(ops[2], 0)) & 0xFFFFFFFF
+        elif op in ("shl.b32", "shl.u32"):
+            regs[dst] = (val(ops[1]) << int(ops[2], 0)) & 0xFFFFFFFF
         elif op == "lop3.b32":
             regs[dst] = _lop3(val(ops[1]), val(ops[2]), val(ops[3]), int(ops[4], 0))
         elif op in ("add.rn.f16x2", "mul.rn.f16x2", "fma.rn.f16x2", "sub.rn.f16x2"):

@@ -42,50 +42,70 @@ GPU_VERIFIED = False
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
-# fp16 magic: 0x6400 | nibble = 1024 + nibble and 0x6400 | nibble << 4 = 1024 + 16 nibble, so one
-# HADD2 of -1032 / -1152 gives (nibble - 8) / 16 (nibble - 8) exactly, and the scale pair (s, s / 16)
-# (s / 16 is exact: a power-of-two step) finishes the value: 4 instructions per fragment register.
-# K fragment register = (lo nibble, hi nibble) of byte b of a word: ((lo - 8) s, (hi - 8) s).
-_ASM_K = """{ .reg .b32 t, s2, c;
-mov.b32 c, 0xE480E408;
-prmt.b32 t, $2, 0, SEL;
-lop3.b32 t, t, 0x00F0000F, 0x64006400, 0xEA;
-add.rn.f16x2 t, t, c;
-mov.b32 s2, {$3, $4};
-mul.rn.f16x2 t, t, s2;
-mov.b32 {$0, $1}, t; }"""
-# V fragment register = nibble h of byte k of token A's word and of token B's: ((n_A - 8) s_A, (n_B - 8) s_B);
-# for h = 1 the scales come in as (s_A / 16, s_B / 16).
-_ASM_V = """{ .reg .b32 t, s2, c;
-mov.b32 c, C2;
-prmt.b32 t, $2, $3, SEL;
-lop3.b32 t, t, MASK, 0x64006400, 0xEA;
-add.rn.f16x2 t, t, c;
-mov.b32 s2, {$4, $5};
-mul.rn.f16x2 t, t, s2;
-mov.b32 {$0, $1}, t; }"""
+# fp16 magic: 0x6400 | nibble = 1024 + nibble and 0x6400 | nibble << 4 = 1024 + 16 nibble, so one HADD2 of
+# -1032 / -1152 gives (nibble - 8) / 16 (nibble - 8) exactly, and one HMUL2 by (s, s) / (s / 16, s / 16)
+# (s / 16 is exact: a power-of-two step) finishes the value. LOP3 with 0x000F000F / 0x00F000F0 takes the low /
+# high nibbles of bytes 0 and 2 of a word at once (bytes 1 and 3 after one shift), so a key word of 8 codes
+# costs 4 LOP3 + 1 SHF + 4 HADD2 + 4 HMUL2 (3.25 instructions per fragment register), and a value register,
+# which pairs two tokens' bytes, 1 PRMT per 2 registers (both nibbles) + LOP3 + HADD2 + HMUL2 (3.5).
+# K: one word -> the 4 fragment registers (lo b0, lo b2), (hi b0, hi b2), (lo b1, lo b3), (hi b1, hi b3),
+# each ((n - 8) s, (n' - 8) s): outputs $0..$7 in that order; inputs $8 word, $9 s, $10 s / 16.
+ASM_K = ttgl.constexpr("""{ .reg .b32 u, r0, r1, r2, r3, s1, s16, cl, ch;
+mov.b32 cl, 0xE408E408;
+mov.b32 ch, 0xE480E480;
+mov.b32 s1, {$9, $9};
+mov.b32 s16, {$10, $10};
+shr.b32 u, $8, 8;
+lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 r1, $8, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 r2, u, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 r3, u, 0x00F000F0, 0x64006400, 0xEA;
+add.rn.f16x2 r0, r0, cl;
+add.rn.f16x2 r1, r1, ch;
+add.rn.f16x2 r2, r2, cl;
+add.rn.f16x2 r3, r3, ch;
+mul.rn.f16x2 r0, r0, s1;
+mul.rn.f16x2 r1, r1, s16;
+mul.rn.f16x2 r2, r2, s1;
+mul.rn.f16x2 r3, r3, s16;
+mov.b32 {$0, $1}, r0;
+mov.b32 {$2, $3}, r1;
+mov.b32 {$4, $5}, r2;
+mov.b32 {$6, $7}, r3; }""")
+# V: byte k of token A's and token B's words -> (lo_A, lo_B) and (hi_A, hi_B): outputs $0..$3;
+# inputs $4 word A, $5 word B, $6 s_A, $7 s_B, $8 s_A / 16, $9 s_B / 16.
+_ASM_V = """{ .reg .b32 t, lo, hi, s1, s16, cl, ch;
+mov.b32 cl, 0xE408E408;
+mov.b32 ch, 0xE480E480;
+mov.b32 s1, {$6, $7};
+mov.b32 s16, {$8, $9};
+prmt.b32 t, $4, $5, SEL;
+lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
+add.rn.f16x2 lo, lo, cl;
+add.rn.f16x2 hi, hi, ch;
+mul.rn.f16x2 lo, lo, s1;
+mul.rn.f16x2 hi, hi, s16;
+mov.b32 {$0, $1}, lo;
+mov.b32 {$2, $3}, hi; }"""
 
 
-def _asm_k(b: int) -> str:
-    return _ASM_K.replace("SEL", f"0x4{b}4{b}")
+def asm_v(k: int) -> str:
+    """The V asm for byte k: prmt selector nibbles (byte 0 first) A.k, A.k, B.k, B.k put A's byte k at
+    byte 0 and B's at byte 2."""
+    return _ASM_V.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
 
 
-def _asm_v(k: int, h: int) -> str:
-    c2, mask = ("0xE408E408", "0x000F000F") if h == 0 else ("0xE480E480", "0x00F000F0")
-    # prmt selector nibbles (byte 0 first): A.k, A.k, B.k, B.k -> bytes 0 and 2 hold A's and B's byte k
-    return _ASM_V.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}").replace("C2", c2).replace("MASK", mask)
-
-
-AK0, AK1, AK2, AK3 = (ttgl.constexpr(_asm_k(b)) for b in range(4))
-AV00, AV01, AV10, AV11, AV20, AV21, AV30, AV31 = (ttgl.constexpr(_asm_v(k, h)) for k in range(4) for h in range(2))
+AV0, AV1, AV2, AV3 = (ttgl.constexpr(asm_v(k)) for k in range(4))
 
 
 def k_channel_order(D: int = 128) -> list[int]:
-    """Head-dim channel of score contraction index kappa (see module doc)."""
+    """Head-dim channel of score contraction index kappa = h2 + 2 r + 8 q + 32 wi (see module doc): register
+    q of word wi holds byte (q >> 1) + 2 h2 of the word, nibble q & 1."""
     out = []
     for kappa in range(D):
-        h, r, b, wi = kappa & 1, (kappa >> 1) & 3, (kappa >> 3) & 3, kappa >> 5
-        out.append(32 * r + 4 * wi + b + 16 * h)
+        h2, r, q, wi = kappa & 1, (kappa >> 1) & 3, (kappa >> 3) & 3, kappa >> 5
+        out.append(32 * r + 4 * wi + (q >> 1) + 2 * h2 + 16 * (q & 1))
     return out
 
 
@@ -134,20 +154,21 @@ def layouts(NW: int, TW: int = 16) -> dict:
 
 
 @gluon.jit
-def _k_pair(w, s, s16, ASM: ttgl.constexpr):
-    return ttgl.inline_asm_elementwise(ASM, "=h,=h,r,h,h", [w, s, s16], dtype=(ttgl.float16, ttgl.float16),
-                                       is_pure=True, pack=1)
+def _k_word(w, s, s16):
+    return ttgl.inline_asm_elementwise(ASM_K, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s16],
+                                       dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
 
 
 @gluon.jit
-def _v_pair(wa, wb, sa, sb, ASM: ttgl.constexpr):
-    return ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16, ttgl.float16),
-                                       is_pure=True, pack=1)
+def _v_byte(wa, wb, sa, sb, sa16, sb16, ASM: ttgl.constexpr):
+    return ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,h,h,h,h", [wa, wb, sa, sb, sa16, sb16],
+                                       dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
 
 
 @gluon.jit
-def _j(a, b):
-    return ttgl.join(a[0], a[1]), ttgl.join(b[0], b[1])
+def _jk(o):
+    """(lo A, lo B, hi A, hi B) -> [..., t0, h]."""
+    return ttgl.join(ttgl.join(o[0], o[1]), ttgl.join(o[2], o[3]))
 
 
 @gluon.jit
@@ -193,10 +214,10 @@ def _k_build(w, s, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
     s = ttgl.expand_dims(s, 1)
     s16 = ttgl.broadcast(s * 0.0625, w)[0]
     s = ttgl.broadcast(s, w)[0]
-    p0, p1 = _j(_k_pair(w, s, s16, AK0), _k_pair(w, s, s16, AK1))
-    p2, p3 = _j(_k_pair(w, s, s16, AK2), _k_pair(w, s, s16, AK3))
-    j = ttgl.join(ttgl.join(p0, p1), ttgl.join(p2, p3))  # [NW, wi, r, TW, h, b0, b1]
-    j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, b1, b0, r, h, TW]
+    o = _k_word(w, s, s16)  # 8 values per word: registers q = 0..3, two halves h2 each
+    j = ttgl.join(ttgl.join(ttgl.join(o[0], o[1]), ttgl.join(o[2], o[3])),
+                  ttgl.join(ttgl.join(o[4], o[5]), ttgl.join(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
+    j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
     return ttgl.convert_layout(ttgl.reshape(j, [NW, 128, TW]), B, assert_trivial=True)
 
 
@@ -237,12 +258,11 @@ def _v_build(wa, wb, sa, sb, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.con
     sb16 = ttgl.broadcast(sb * 0.0625, wa)[0]
     sa = ttgl.broadcast(sa, wa)[0]
     sb = ttgl.broadcast(sb, wa)[0]
-    k0h = _j(_v_pair(wa, wb, sa, sb, AV00), _v_pair(wa, wb, sa16, sb16, AV01))
-    k1h = _j(_v_pair(wa, wb, sa, sb, AV10), _v_pair(wa, wb, sa16, sb16, AV11))
-    k2h = _j(_v_pair(wa, wb, sa, sb, AV20), _v_pair(wa, wb, sa16, sb16, AV21))
-    k3h = _j(_v_pair(wa, wb, sa, sb, AV30), _v_pair(wa, wb, sa16, sb16, AV31))
-    j = ttgl.join(ttgl.join(ttgl.join(k0h[0], k0h[1]), ttgl.join(k1h[0], k1h[1])),
-                  ttgl.join(ttgl.join(k2h[0], k2h[1]), ttgl.join(k3h[0], k3h[1])))  # [NW, we, g, c, t0, h, k0, k1]
+    b0 = _v_byte(wa, wb, sa, sb, sa16, sb16, AV0)  # (lo A, lo B, hi A, hi B) of byte k = 0 of each word
+    b1 = _v_byte(wa, wb, sa, sb, sa16, sb16, AV1)
+    b2 = _v_byte(wa, wb, sa, sb, sa16, sb16, AV2)
+    b3 = _v_byte(wa, wb, sa, sb, sa16, sb16, AV3)
+    j = ttgl.join(ttgl.join(_jk(b0), _jk(b1)), ttgl.join(_jk(b2), _jk(b3)))  # [NW, we, g, c, t0, h, k0, k1]
     j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, c, t0, we, k1, k0, h, g]
     return ttgl.convert_layout(ttgl.reshape(j, [NW, TW, 128]), B, assert_trivial=True)
 

@@ -160,7 +160,8 @@ def test_tuner_offers_gluon_for_q4_0_only(monkeypatch):
 
 # ---- CPU: the kernel's own source run by kvlab.kernels.gluon_emu (torch ops, PTX interpreter) -----------------
 def test_ptx_emulator_decodes_q4_nibbles():
-    """The asm strings of the kernel, run by the PTX interpreter, give (nibble - 8) * scale exactly."""
+    """The asm strings of the kernel, run by the PTX interpreter, give (nibble - 8) * scale exactly, in the
+    register order k_channel_order assumes (K) and token pairs (V)."""
     import numpy as np
     from kvlab.kernels.gluon_emu import run_ptx
     rng = np.random.default_rng(0)
@@ -168,22 +169,23 @@ def test_ptx_emulator_decodes_q4_nibbles():
     wb = rng.integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
     s = (rng.standard_normal(64) * 0.05).astype(np.float16)
     s16 = (s.astype(np.float32) / 16).astype(np.float16)
-    bits = s.view(np.uint16).astype(np.uint32)
-    bits16 = s16.view(np.uint16).astype(np.uint32)
+    sr = s[::-1].copy()
+    sr16 = s16[::-1].copy()
+    bits = lambda x: x.view(np.uint16).astype(np.uint32)  # noqa: E731
     f16 = lambda r: (r & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)  # noqa: E731
     want = lambda nib, sc: ((nib.astype(np.float32) - 8) * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
-    for b in range(4):
-        byte = (w >> (8 * b)) & 0xFF
-        lo, hi = run_ptx(gluon_q4._asm_k(b), "=h,=h,r,h,h", [w, bits, bits16])
-        np.testing.assert_array_equal(f16(lo), want(byte & 0xF, s))
-        np.testing.assert_array_equal(f16(hi), want(byte >> 4, s))
-        for h in range(2):
-            sa, sb = (bits, bits[::-1].copy()) if h == 0 else (bits16, bits16[::-1].copy())
-            a_out, b_out = run_ptx(gluon_q4._asm_v(b, h), "=h,=h,r,r,h,h", [w, wb, sa, sb])
-            nib_a = (byte >> (4 * h)) & 0xF
-            nib_b = (((wb >> (8 * b)) & 0xFF) >> (4 * h)) & 0xF
-            np.testing.assert_array_equal(f16(a_out), want(nib_a, s))
-            np.testing.assert_array_equal(f16(b_out), want(nib_b, s[::-1]))
+    nib = lambda word, byte, hi: ((word >> (8 * byte)) >> (4 * hi)) & 0xF  # noqa: E731
+    outs = run_ptx(gluon_q4.ASM_K.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, bits(s), bits(s16)])
+    for q in range(4):
+        for h2 in range(2):  # register q, half h2 = byte (q >> 1) + 2 h2, nibble q & 1 (k_channel_order)
+            np.testing.assert_array_equal(f16(outs[2 * q + h2]), want(nib(w, (q >> 1) + 2 * h2, q & 1), s))
+    for k in range(4):
+        lo_a, lo_b, hi_a, hi_b = run_ptx(gluon_q4.asm_v(k), "=h,=h,=h,=h,r,r,h,h,h,h",
+                                         [w, wb, bits(s), bits(sr), bits(s16), bits(sr16)])
+        np.testing.assert_array_equal(f16(lo_a), want(nib(w, k, 0), s))
+        np.testing.assert_array_equal(f16(lo_b), want(nib(wb, k, 0), sr))
+        np.testing.assert_array_equal(f16(hi_a), want(nib(w, k, 1), s))
+        np.testing.assert_array_equal(f16(hi_b), want(nib(wb, k, 1), sr))
 
 
 # (lens, Hq, Hk, P, splits, warps, tokens per warp)
