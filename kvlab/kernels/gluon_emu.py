@@ -5,7 +5,7 @@ program id, with `ttgl` replaced by a torch-backed namespace: every op works on 
 tensors (layouts are ignored: Gluon's `convert_layout(..., assert_trivial=True)` and the compiler
 guarantee that layouts only place elements, never change them), pointers are (flat tensor, offset
 tensor) pairs, and `inline_asm_elementwise` executes the PTX text through a small interpreter of
-the instructions the kvlab kernels use (mov, shr/shl, prmt, lop3, add/mul/fma .f16x2). What this checks is
+the instructions the kvlab kernels use (mov, shr/shl, prmt, lop3, add/mul/fma .f16x2, cvt e4m3x2). What this checks is
 the kernel's index algebra, masking, softmax and merge logic and its PTX constants; what it cannot
 check is the Gluon compiler or the hardware (the GPU tests do that).
 """
@@ -55,6 +55,14 @@ def _lop3(a, b, c, lut: int) -> np.ndarray:
     return out & 0xFFFFFFFF
 
 
+def _e4m3_to_f16_bits() -> np.ndarray:
+    """fp16 bit patterns of the 256 e4m3 codes (NaN codes -> the canonical fp16 NaN 0x7FFF, as the hardware)."""
+    f = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
+    bits = f.view(torch.int16).numpy().view(np.uint16).copy()
+    bits[torch.isnan(f).numpy()] = 0x7FFF
+    return bits
+
+
 def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarray]:
     """Execute `asm` (the subset above) elementwise on numpy arrays; 'r' operands are uint32, 'h' uint16."""
     kinds = [c.strip() for c in constraints.split(",")]
@@ -93,6 +101,10 @@ def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarr
             regs[dst] = (val(ops[1]) >> int(ops[2], 0)) & 0xFFFFFFFF
         elif op in ("shl.b32", "shl.u32"):
             regs[dst] = (val(ops[1]) << int(ops[2], 0)) & 0xFFFFFFFF
+        elif op == "cvt.rn.f16x2.e4m3x2":  # low byte -> low half
+            src = val(ops[1]).astype(np.uint32)
+            lut = _e4m3_to_f16_bits()
+            regs[dst] = lut[src & 0xFF].astype(np.uint32) | (lut[(src >> 8) & 0xFF].astype(np.uint32) << 16)
         elif op == "lop3.b32":
             regs[dst] = _lop3(val(ops[1]), val(ops[2]), val(ops[3]), int(ops[4], 0))
         elif op in ("add.rn.f16x2", "mul.rn.f16x2", "fma.rn.f16x2", "sub.rn.f16x2"):

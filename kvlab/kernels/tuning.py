@@ -152,18 +152,19 @@ def rowfirst_ok(spec) -> bool:
 
 
 def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, device=None) -> list[dict]:
-    """The Gluon q4_0 MMA-fragment kernel (decode/gluon_q4.py) as candidates where it runs this call (once
-    `gluon_q4.GPU_VERIFIED`, or with KVLAB_GLUON=1)."""
+    """The Gluon MMA-fragment kernel (decode/gluon_mma.py) as candidates where it runs this call (once
+    `gluon_mma.GPU_VERIFIED`, or with KVLAB_GLUON=1): 4 or 8 warps of 16 or 32 tokens."""
     try:
-        from .decode import gluon_q4
+        from .decode import gluon_mma
     except ImportError:  # a Triton without the Gluon dialect
         return []
     import os
-    if not (gluon_q4.GPU_VERIFIED or os.environ.get("KVLAB_GLUON") == "1"):
+    if not (gluon_mma.GPU_VERIFIED or os.environ.get("KVLAB_GLUON") == "1"):
         return []
-    if gluon_q4.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
+    if gluon_mma.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
         return []
-    return [{"kernel": "gluon", "num_warps": w, "num_splits": auto_splits(B, Hk, device)} for w in (4, 8)]
+    return [{"kernel": "gluon", "num_warps": w, "tokens_per_warp": tw, "num_splits": auto_splits(B, Hk, device)}
+            for w in (4, 8) for tw in (16, 32)]
 
 
 def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:

@@ -1,7 +1,7 @@
 """Offline sm_90 compile of the decode kernels on a machine without a GPU (developer tool).
 
     python -m kvlab.kernels.decode.sm90_offline q4_0 q8_0 ... [--asm] [--bn 128] [--warps 4] [--sass DIR]
-    python -m kvlab.kernels.decode.sm90_offline gluon_q4 [--warps 4]     # the Gluon q4_0 kernel
+    python -m kvlab.kernels.decode.sm90_offline gluon:q4_0 gluon:q8_0 [--warps 4] [--tw 16]   # Gluon MMA kernel
 
 Swaps Triton's active driver for a stub that reports an sm_90 target, runs `decode` on small
 CPU tensors with launches turned into compiles (warmup), and prints registers, spills, shared
@@ -80,14 +80,15 @@ def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=6
     return kernels
 
 
-def compile_gluon_q4(num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200, num_splits=2):
-    """-> list of (name, CompiledKernel) for one Gluon q4_0 decode call (gluon_q4.decode_gluon)."""
+def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
+                  num_splits=2):
+    """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
     import kvlab
-    from . import gluon_q4
+    from . import gluon_mma
     from ..tuning import synthetic_cache
-    sch = kvlab.scheme("q4_0")
+    sch = kvlab.scheme(scheme)
     kernels = []
     orig = JITFunction.run
 
@@ -101,9 +102,9 @@ def compile_gluon_q4(num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P
     try:
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
         q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
-        gluon_q4.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                              P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
-                              tokens_per_warp=tokens_per_warp)
+        gluon_mma.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                               sch.k, sch.v, P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
+                               tokens_per_warp=tokens_per_warp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"])
     finally:
         JITFunction.run = orig
         driver._active = prev
@@ -163,14 +164,15 @@ def main(argv=None):
     ap.add_argument("--dot", default=None, choices=["fp32", "bf16", "fp16", "fma"], help="config 'dot' (fma: CUDA cores)")
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
-    ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon_q4: tokens per warp per tile")
+    ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon:SCHEME: tokens per warp per tile")
     a = ap.parse_args(argv)
     cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
            "layout": a.layout, "dot": a.dot, "orient": a.orient}
     for s in a.schemes:
-        compiled = compile_gluon_q4(a.warps, a.tw) if s == "gluon_q4" else compile_decode(s, cfg)
+        gl = s.startswith("gluon:")
+        compiled = compile_gluon(s[len("gluon:"):], a.warps, a.tw) if gl else compile_decode(s, cfg)
         for name, k in compiled:
-            if name not in ("_decode_kernel", "_decode_q4_kernel"):
+            if name not in ("_decode_kernel", "_decode_mma_kernel"):
                 continue
             text = sass(k)
             n, ops = loop_mix(text)

@@ -326,16 +326,17 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     cfg.update(config or {})
     kernel = cfg.get("kernel") or "triton"
     if kernel not in ("triton", "gluon"):
-        raise ValueError(f"config kernel={kernel!r}; allowed: 'triton', 'gluon' (q4_0 MMA-fragment kernel)")
+        raise ValueError(f"config kernel={kernel!r}; allowed: 'triton', 'gluon' (MMA-fragment kernel: q4_0, q8_0 / int8 g32, fp8_e4m3)")
     if kernel == "gluon":
-        from . import gluon_q4
-        why = gluon_q4.why_not(k_spec, v_spec, D, P, group, k_fp is not None, q.device)
+        from . import gluon_mma
+        why = gluon_mma.why_not(k_spec, v_spec, D, P, group, k_fp is not None, q.device)
         if why is not None:
             raise ValueError(f"config kernel='gluon' cannot run this call: {why}")
         S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
-        return gluon_q4.decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, P, sm_scale=sm_scale,
-                                     num_splits=S, num_warps=int(cfg.get("num_warps", 4)),
-                                     tokens_per_warp=int(cfg.get("tokens_per_warp", 16)), out=out, plan=plan)
+        return gluon_mma.decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P,
+                                      sm_scale=sm_scale, num_splits=S, k_tensor_scale=k_tensor_scale,
+                                      v_tensor_scale=v_tensor_scale, num_warps=int(cfg.get("num_warps", 4)),
+                                      tokens_per_warp=int(cfg.get("tokens_per_warp", 16)), out=out, plan=plan)
     asm = bool(cfg.get("asm", True) if use_asm is None else use_asm) and not interpreting() and (q.is_cuda or _OFFLINE)
     BN = int(cfg["BLOCK_N"])
     for s in (k_spec, v_spec):

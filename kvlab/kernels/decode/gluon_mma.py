@@ -1,0 +1,249 @@
+"""Gluon split-K decode that dequantizes KV codes straight into tensor-core (MMA) fragments.
+
+Why this exists: the Triton kernel (`triton.py`) hands `tl.dot` a dequantized tile, and Triton
+routes that tile through shared memory into the tensor-core operand layout. On the H200 that
+round trip (137 M shared-memory wavefronts for q4_0 at B=32 x 32K) is what holds q4_0 at 0.34 of
+its bytes' roofline (benchmarks/NOTES_decode.md). Gluon lets a kernel name its register layouts,
+so here every thread loads exactly the code bytes its `mma.sync.m16n8k16` fragments need and turns
+them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: q4_0,
+q8_0 / int8 g32, fp8_e4m3; K and V may use different codecs): no shared memory in the main loop.
+
+Work split: one program per (sequence, KV head, split) as in `triton.py`; its NW warps each own
+TW (16 or 32) consecutive tokens of every NW * TW token tile and keep their own online softmax
+state (a batched MMA: dim 0 of every tensor is the warp), merged across warps once at the end. The
+GQA group rides in the MMA's M = 16 rows. The next tile's code words are loaded before the current
+tile's math (a register prefetch). Splits are merged by the Triton `_merge_kernel`.
+
+Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
+own source through `kvlab.kernels.gluon_emu` and compile it for sm_90 offline; the GPU tests check
+it against the reference (tests/kernels/decode/test_gluon_mma.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .gluon_codecs import CODECS, F8, WORDS_K, WORDS_V, codec_of, k_build, k_channel_order, k_load, v_build, \
+    v_channel_order, v_load
+
+# Set True once the GPU tests (tests/kernels/decode/test_gluon_mma.py, `bash benchmarks/h200_run.sh gluon`)
+# have passed on a GPU: until then the tuner does not offer this kernel (it times, it does not check results);
+# `config={"kernel": "gluon"}` runs it on request. KVLAB_GLUON=1 lets the tuner offer it anyway.
+GPU_VERIFIED = False
+
+PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
+GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
+
+
+@functools.lru_cache(maxsize=8)
+def channel_orders(kcodec: int, vcodec: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_channel_order, v_channel_order) as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
+    return (torch.tensor(k_channel_order(kcodec), dtype=torch.int32, device=device),
+            torch.tensor(v_channel_order(vcodec), dtype=torch.int32, device=device))
+
+
+def _bits(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length() - 1)]
+
+
+@functools.lru_cache(maxsize=32)
+def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2) -> dict:
+    """Register layouts (constexpr) for NW warps of TW tokens each, WK / WV code words per thread per K / V
+    row: MMA accumulator, dot operands, code words."""
+    if TW not in (16, 32):
+        raise ValueError(f"tokens per warp must be 16 or 32, got {TW}")
+    mma = ttgl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
+    warps = [[b, 0, 0, 0] for b in _bits(NW)]
+    hi_tok = [[0, 0, 0, 16]] if TW == 32 else []  # token bit 4 in registers
+    # K words [NW, wi WK, r 4, TW]: wi in registers, r = lane % 4, token = lane // 4 (+ 8, + 16 in registers)
+    kw = ttgl.DistributedLinearLayout(
+        reg_bases=[[0, b, 0, 0] for b in _bits(WK)] + [[0, 0, 0, 8]] + hi_tok,
+        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
+        warp_bases=warps, block_bases=[], shape=[NW, WK, 4, TW])
+    # V words [NW, we WV, g 8, TW]: we and token bits 0, 3 (, 4) in registers, token bits 1-2 = lane % 4, g = lane // 4
+    vw = ttgl.DistributedLinearLayout(
+        reg_bases=[[0, b, 0, 0] for b in _bits(WV)] + [[0, 0, 0, 1], [0, 0, 0, 8]] + hi_tok,
+        lane_bases=[[0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
+        warp_bases=warps, block_bases=[], shape=[NW, WV, 8, TW])
+    # V words of the first / second token of each fragment pair [NW, we WV, g 8, c TW/2] (c = token pair)
+    vwa = ttgl.DistributedLinearLayout(
+        reg_bases=[[0, b, 0, 0] for b in _bits(WV)] + [[0, 0, 0, 4]] + ([[0, 0, 0, 8]] if TW == 32 else []),
+        lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
+        warp_bases=warps, block_bases=[], shape=[NW, WV, 8, TW // 2])
+    return dict(VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+                B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
+
+
+@gluon.jit
+def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale,
+                       num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                       KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
+                       HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
+                       GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
+                       DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
+                       KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr):
+    """q [B, Hq, 128]; K / V codes as int32 words [N, Hk, P, 128 bits / 32] and fp16 scales [N, Hk, P, 4]
+    (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*).
+    Writes OUT [B, Hq, 128] (DIRECT) or OP [B, Hq, S, 128] + LSE [B, Hq, S] (log2)."""
+    b = ttgl.program_id(0)
+    hk = ttgl.program_id(1)
+    sp = ttgl.program_id(2)
+    BN: ttgl.constexpr = NW * TW
+    p0 = ttgl.load(INDPTR + b)
+    p1 = ttgl.load(INDPTR + b + 1)
+    L = ttgl.where(p1 > p0, (p1 - p0 - 1) * P + ttgl.load(LAST + b), 0)
+    per = ttgl.cdiv(ttgl.cdiv(L, num_splits), BN) * BN  # tokens per split, whole tiles
+    lo = sp * per
+    hi = ttgl.minimum(lo + per, L)
+    IDX = INDICES + p0
+
+    # queries [NW (same for every warp), GP, 128] in kappa order, scaled by qk_scale (log2 domain)
+    qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, A)))
+    qg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, A)))
+    kap = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
+    qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
+    qrow = qz[:, None, None] * 0 + qg[None, :, None]
+    qm = (qrow < GROUP) & (qch[None, None, :] < 128)
+    q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, None, :], mask=qm, other=0.0)
+    qs = qk_scale
+    if HAS_KTS:
+        qs = qs * ttgl.load(KTS)
+    q = (q.to(ttgl.float32) * qs).to(ttgl.float16)
+
+    # token index helpers: score tile [NW, GP, TW] and the word / scale tiles of K and V
+    SL: ttgl.constexpr = ttgl.SliceLayout(1, MMA)
+    sw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, SL))
+    sn = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, SL))
+    s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile
+
+    m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
+    l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
+    acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
+    kw, ks = k_load(KC, KS, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
+    va, vb, vsa, vsb = v_load(VC, VS, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW, VWA, NW)
+    for t0 in range(lo, hi, BN):
+        # the next tile's codes are requested before this tile's math (software prefetch into registers)
+        nkw, nks = k_load(KC, KS, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
+        nva, nvb, nvsa, nvsb = v_load(VC, VS, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW,
+                                       VWA, NW)
+        kt = k_build(kw, ks, KCODEC, B, NW, TW)
+        s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
+        valid = (t0 + s_tok) < hi
+        s = ttgl.where(valid[:, None, :], s, float("-inf"))
+        m_new = ttgl.maximum(m_i, ttgl.max(s, 2))
+        m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = ttgl.exp2(m_i - m_safe)
+        p = ttgl.exp2(s - m_safe[:, :, None])
+        l_i = l_i * alpha + ttgl.sum(p, 2)
+        m_i = m_new
+        vt = v_build(va, vb, vsa, vsb, VCODEC, B, NW, TW)
+        pa = ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True)
+        acc = mma_v2(pa, vt, acc * alpha[:, :, None])
+        kw, ks, va, vb, vsa, vsb = nkw, nks, nva, nvb, nvsa, nvsb
+
+    # merge the warps' softmax states
+    m_all = ttgl.max(m_i, 0)  # [GP]
+    m_all_safe = ttgl.where(m_all == float("-inf"), 0.0, m_all)
+    wgt = ttgl.exp2(m_i - m_all_safe[None, :])  # [NW, GP]
+    l_all = ttgl.sum(l_i * wgt, 0)  # [GP]
+    inv = ttgl.where(l_all > 0, 1.0 / ttgl.where(l_all > 0, l_all, 1.0), 0.0)  # rows with no token -> 0
+    if HAS_VTS:
+        inv = inv * ttgl.load(VTS)
+    o = ttgl.sum(acc * (wgt * inv[None, :])[:, :, None], 0)  # [GP, 128]
+    OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
+    og = ttgl.arange(0, GP, layout=ttgl.SliceLayout(1, OL))
+    on = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, OL))
+    och = ttgl.load(VPERM + on)  # head-dim channel of output column n (v_channel_order)
+    heads = hk * GROUP + og
+    om = (og < GROUP)[:, None] & (och < 128)[None, :]
+    if DIRECT:
+        ttgl.store(OUT + b * so0 + heads[:, None] * so1 + och[None, :], o.to(OUT.dtype.element_ty), mask=om)
+    else:
+        row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
+        ttgl.store(OP + row[:, None] * 128 + och[None, :], o, mask=om)
+        lse = ttgl.where(l_all > 0, m_all + ttgl.log2(ttgl.where(l_all > 0, l_all, 1.0)), float("-inf"))
+        lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
+        lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
+        ttgl.store(LSE + lrow, lse, mask=lg < GROUP)
+
+
+# ---- host side ------------------------------------------------------------------------------------
+def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) -> str | None:
+    """None when the Gluon MMA kernel runs this call; else the reason it does not."""
+    for name, spec in (("K", k_spec), ("V", v_spec)):
+        if codec_of(spec) is None:
+            return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
+                    "; no rotation, keys after RoPE)")
+    if D != 128:
+        return f"head_dim must be 128, got {D}"
+    if P % PAGE_UNIT:
+        return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
+    if group > GP.value:
+        return f"GQA group must be <= {GP.value}, got {group}"
+    if has_fp:
+        return "full-precision window / sink tokens are not handled (use the Triton kernel)"
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
+    need = (8, 9) if F8 in (codec_of(k_spec), codec_of(v_spec)) else (8, 0)
+    cap = tuple(torch.cuda.get_device_capability(dev))
+    if cap < need:
+        return f"needs sm_{need[0]}{need[1]}+ (mma.sync{', fp8 conversion' if need[1] else ''}); this GPU is sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
+                 num_splits, k_tensor_scale=None, v_tensor_scale=None, num_warps=4, tokens_per_warp=16, out=None,
+                 plan=False):
+    """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts."""
+    from .triton import _merge_kernel
+    B, Hq, D = q.shape
+    Hk = k_pages["codes"].shape[1]
+    group = Hq // Hk
+    NW, TW, S = int(num_warps), int(tokens_per_warp), int(num_splits)
+    if NW not in (1, 2, 4, 8):
+        raise ValueError(f"gluon decode: num_warps must be 1, 2, 4 or 8, got {NW}")
+    kcodec, vcodec = codec_of(k_spec), codec_of(v_spec)
+    kc, vc = k_pages["codes"].view(torch.int32), v_pages["codes"].view(torch.int32)
+    ks, vs = k_pages.get("scales"), v_pages.get("scales")
+    for name, t in (("K codes", kc), ("V codes", vc), ("K scales", ks), ("V scales", vs)):
+        if t is not None and (t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]):
+            raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
+    lay = layouts(NW, TW, WORDS_K[kcodec], WORDS_V[vcodec])
+    if out is None:
+        out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
+    op = lse = out
+    if S > 1:
+        op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
+    if not (k_spec.axis == "tensor" and k_spec.has_scale):
+        k_tensor_scale = None  # only axis-tensor specs with a static scale carry one (as in decode_triton)
+    if not (v_spec.axis == "tensor" and v_spec.has_scale):
+        v_tensor_scale = None
+    kts = None if k_tensor_scale is None else torch.as_tensor(k_tensor_scale, dtype=torch.float32,
+                                                              device=q.device).reshape(1)
+    vts = None if v_tensor_scale is None else torch.as_tensor(v_tensor_scale, dtype=torch.float32,
+                                                              device=q.device).reshape(1)
+    ks = kc if ks is None else ks  # codecs without group scales never read these
+    vs = vc if vs is None else vs
+
+    def launch():
+        _decode_mma_kernel[(B, Hk, S)](
+            q, out, op, lse, kc, ks, vc, vs, out if kts is None else kts, out if vts is None else vts,
+            *channel_orders(kcodec, vcodec, q.device), kv_indptr, kv_indices, kv_last_page_len,
+            sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
+            KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], HAS_KTS=kts is not None,
+            HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
+            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW)
+        if S > 1:
+            _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
+                                   num_warps=4)
+        return out
+
+    return launch if plan else launch()

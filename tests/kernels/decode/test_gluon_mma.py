@@ -1,0 +1,305 @@
+"""Gluon MMA-fragment decode (q4_0, q8_0 / int8 g32, fp8_e4m3; K and V codecs independent).
+
+Gluon has no interpreter. On CPU: the kernel's own source runs through kvlab.kernels.gluon_emu (torch
+ops, a PTX interpreter for its asm) against the float32 reference, the asm strings are checked value
+by value, and the kernel is compiled for sm_90 offline (no spills, no shared memory in the main loop).
+On a GPU: the compiled kernel against the reference."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import kvlab
+from kvlab.kernels.decode import decode
+from paged_cases import call_args, make_paged
+
+gluon_mma = pytest.importorskip("kvlab.kernels.decode.gluon_mma", reason="this Triton has no Gluon dialect",
+                                exc_type=ImportError)
+from kvlab.kernels.decode import gluon_codecs as gc  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
+TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
+SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0", "int8:g32:sym"]
+
+
+@pytest.mark.parametrize("codec", [gc.Q4, gc.I8, gc.F8])
+def test_channel_orders_are_permutations(codec):
+    k, v = gc.k_channel_order(codec), gc.v_channel_order(codec)
+    assert sorted(k) == list(range(128)) and sorted(v) == list(range(128))
+    # a thread (lane % 4 = r) holds one 32-channel block of each key row: one scale
+    assert all(k[kap] // 32 == (kap >> 1) & 3 for kap in range(128))
+    # a thread (lane // 4 = g) holds one block's channels of each value row: one scale per token
+    assert all(v[n] // 32 == (n & 7) // 2 for n in range(128))
+
+
+def test_codec_of():
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("q4_0", "q8_0", "int8:g32:sym", "fp8_e4m3")] == \
+        [gc.Q4, gc.I8, gc.I8, gc.F8]
+    for n in ("q4_1", "int4:g32:asym", "int4_had", "int8:g64:sym", "fp8_e5m2", "nvfp4", "kivi4", "bf16"):
+        assert gc.codec_of(kvlab.scheme(n).k) is None, n
+
+
+@pytest.mark.parametrize("scheme", ["q4_0", "q8_0", "fp8_e4m3"])
+def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
+    """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
+    TRITON_INTERPRET (this session's jit helpers were built for the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-m", "kvlab.kernels.decode.sm90_offline", f"gluon:{scheme}", "--top", "60"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    if "ptxas" in p.stderr and "No such file" in p.stderr:
+        pytest.skip("this Triton wheel has no ptxas")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:") or "smem ops:" in ln]
+    assert p.returncode == 0 and len(lines) == 2, p.stdout[-2000:] + p.stderr[-3000:]
+    head, smem = lines
+    assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
+    ops = dict(re.findall(r"([A-Z][A-Z0-9_]*):(\d+)", head.split("loop_instrs=")[1]))
+    assert int(re.search(r"loop_instrs=(\d+)", head).group(1)) > 100
+    assert int(ops.get("HMMA", 0)) >= 32, head  # 2 x 8 (scores) + 16 (P V) mma.m16n8k16 per 16 tokens per warp
+    assert smem.split("smem ops:")[1].strip() == "", f"shared-memory instructions in the main loop: {smem}"
+
+
+def test_gluon_config_rejects_other_schemes():
+    sch = kvlab.scheme("q4_1")
+    dev = "cuda" if CUDA else "cpu"
+    c = make_paged([20], 2, 128, 16, sch.k, sch.v, device=dev)
+    q = torch.randn(1, 8, 128, device=dev)
+    args, kw = call_args(c)
+    with pytest.raises(ValueError, match="kernel='gluon' cannot run this call: K spec .* has no Gluon codec"):
+        decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "gluon"})
+    with pytest.raises(ValueError, match="config kernel='cuda'; allowed: 'triton', 'gluon'"):
+        decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "cuda"})
+
+
+def test_why_not_names_each_limit():
+    s = kvlab.scheme("q4_0")
+    assert "head_dim must be 128" in gluon_mma.why_not(s.k, s.v, 64, 16, 4, False, "cpu")
+    assert "page size must be a multiple of 16" in gluon_mma.why_not(s.k, s.v, 128, 8, 4, False, "cpu")
+    assert "GQA group must be <= 16" in gluon_mma.why_not(s.k, s.v, 128, 16, 32, False, "cpu")
+    assert "full-precision window" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, True, "cpu")
+    assert "CUDA GPU" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, False, "cpu")
+    h = kvlab.scheme("k=q4_0,v=int4:g32:asym")
+    assert "V spec" in gluon_mma.why_not(h.k, h.v, 128, 16, 4, False, "cpu")
+
+
+# ---- the PTX strings, run by the emulator's interpreter ------------------------------------------------------
+RNG = np.random.default_rng(0)
+W = RNG.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+WB = RNG.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+S = (RNG.standard_normal(256) * 0.05).astype(np.float16)
+SR = S[::-1].copy()
+
+
+def _bits(x):
+    return x.view(np.uint16).astype(np.uint32)
+
+
+def _f16(r):
+    return (r & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _want(code, sc):
+    return (code.astype(np.float32) * sc.astype(np.float32)).astype(np.float16).astype(np.float32)
+
+
+def _byte(w, k):
+    return (w >> (8 * k)) & 0xFF
+
+
+def _e4m3(b):
+    return torch.from_numpy(b.astype(np.uint8)).view(torch.float8_e4m3fn).float().numpy()
+
+
+def _hi_close(got, want, sc):
+    """High nibbles: exact where s / 16 is a normal fp16 number (|s| >= 2^-10), else within one rounding of
+    the subnormal s / 16 times |n - 8| <= 8 (gluon_codecs module doc)."""
+    normal = np.abs(sc.astype(np.float32)) >= 2.0 ** -10
+    assert (~normal).any() and normal.any()  # the samples cover both cases
+    np.testing.assert_array_equal(got[normal], want[normal])
+    assert (np.abs(got - want)[~normal] <= 8 * 2.0 ** -20 + np.abs(want[~normal]) * 2.0 ** -10).all()
+
+
+def test_ptx_q4_decodes_nibbles():
+    from kvlab.kernels.gluon_emu import run_ptx
+    s16 = (S.astype(np.float32) / 16).astype(np.float16)
+    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64) - 8  # noqa: E731
+    outs = run_ptx(gc.ASM_K_Q4.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [W, _bits(S), _bits(s16)])
+    for q in range(4):
+        for h2 in range(2):  # register q, half h2 = byte (q >> 1) + 2 h2, nibble q & 1 (k_channel_order)
+            got, want = _f16(outs[2 * q + h2]), _want(nib(W, (q >> 1) + 2 * h2, q & 1), S)
+            if q & 1:
+                _hi_close(got, want, S)
+            else:
+                np.testing.assert_array_equal(got, want)
+    for k in range(4):
+        lo_a, lo_b, hi_a, hi_b = run_ptx(gc.asm_v(gc.Q4, k), "=h,=h,=h,=h,r,r,h,h,h,h",
+                                         [W, WB, _bits(S), _bits(SR), _bits(s16), _bits(s16[::-1].copy())])
+        np.testing.assert_array_equal(_f16(lo_a), _want(nib(W, k, 0), S))
+        np.testing.assert_array_equal(_f16(lo_b), _want(nib(WB, k, 0), SR))
+        _hi_close(_f16(hi_a), _want(nib(W, k, 1), S), S)
+        _hi_close(_f16(hi_b), _want(nib(WB, k, 1), SR), SR)
+
+
+def test_ptx_i8_decodes_signed_bytes():
+    from kvlab.kernels.gluon_emu import run_ptx
+    sb = lambda w, k: _byte(w, k).astype(np.uint8).view(np.int8).astype(np.int64)  # noqa: E731
+    outs = run_ptx(gc.ASM_K_I8.value, "=h,=h,=h,=h,r,h", [W, _bits(S)])
+    for q in range(2):
+        for h2 in range(2):  # register q, half h2 = byte q + 2 h2
+            np.testing.assert_array_equal(_f16(outs[2 * q + h2]), _want(sb(W, q + 2 * h2), S))
+    for k in range(4):
+        a, b = run_ptx(gc.asm_v(gc.I8, k), "=h,=h,r,r,h,h", [W, WB, _bits(S), _bits(SR)])
+        np.testing.assert_array_equal(_f16(a), _want(sb(W, k), S))
+        np.testing.assert_array_equal(_f16(b), _want(sb(WB, k), SR))
+
+
+def test_ptx_f8_converts_e4m3():
+    from kvlab.kernels.gluon_emu import run_ptx
+    outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
+    for q in range(2):
+        for h2 in range(2):  # register q, half h2 = byte 2 q + h2
+            np.testing.assert_array_equal(_f16(outs[2 * q + h2]), _e4m3(_byte(W, 2 * q + h2)))
+    for k in range(4):
+        a, b = run_ptx(gc.asm_v(gc.F8, k), "=h,=h,r,r", [W, WB])
+        np.testing.assert_array_equal(_f16(a), _e4m3(_byte(W, k)))
+        np.testing.assert_array_equal(_f16(b), _e4m3(_byte(WB, k)))
+
+
+# ---- CPU: the kernel's own source run by kvlab.kernels.gluon_emu -------------------------------------------
+def _poison_past_end(cache, lens, P):
+    """NaN / inf scales (and NaN fp8 codes) in every row the kernel may read past a sequence's end."""
+    indptr, idx = cache["kv_indptr"].tolist(), cache["kv_indices"].tolist()
+    for name in ("k_pages", "v_pages"):
+        pages = cache[name]
+        unused = sorted(set(range(pages["codes"].shape[0])) - set(idx))
+        tail = [(idx[indptr[b + 1] - 1], L - (indptr[b + 1] - indptr[b] - 1) * P) for b, L in enumerate(lens)
+                if indptr[b + 1] > indptr[b]]
+        if pages.get("scales") is not None:
+            pages["scales"][unused] = float("nan")
+            for pg, r in tail:
+                pages["scales"][pg, :, r:] = float("inf")
+        else:  # fp8 codes: 0x7F is NaN in e4m3
+            pages["codes"][unused] = 0x7F
+            for pg, r in tail:
+                pages["codes"][pg, :, r:] = 0x7F
+
+
+# (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
+EMU_CASES = [
+    ("q4_0", [1, 17, 63, 200], 8, 2, 16, 1, 4, 16),
+    ("q4_0", [1, 17, 63, 200], 8, 2, 16, 3, 4, 32),   # two pages per warp and tile
+    ("q4_0", [100, 70], 16, 1, 64, 2, 8, 16),         # GQA 16, pages of 64, 8 warps
+    ("q8_0", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),
+    ("q8_0", [0, 130], 4, 4, 32, 2, 2, 32),           # GQA 1, an empty sequence, pages of 32
+    ("fp8_e4m3", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),
+    ("fp8_e4m3", [150, 97], 8, 2, 48, 2, 2, 32),      # pages of 48: a warp's tokens cross a page mid-tile
+    ("k=q8_0,v=q4_0", [5, 77], 8, 2, 16, 2, 4, 32),
+    ("k=fp8_e4m3,v=q8_0", [5, 77], 8, 2, 32, 1, 4, 16),
+]
+
+
+@pytest.mark.parametrize("c", EMU_CASES, ids=[f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}"
+                                              for c in EMU_CASES])
+def test_emulated_kernel_matches_reference(c, monkeypatch):
+    """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf in
+    every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
+    from kvlab.kernels.gluon_emu import emulate
+    name, lens, Hq, Hk, P, S_, NW, TW = c
+    monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
+    sch = kvlab.scheme(name)
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11)
+    _poison_past_end(cache, lens, P)
+    args, kw = call_args(cache)
+    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    assert torch.isfinite(ref).all()
+    out = torch.full_like(q, float("nan"))
+    got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, P, sm_scale=128 ** -0.5, num_splits=S_, num_warps=NW,
+                                 tokens_per_warp=TW, k_tensor_scale=kw["k_tensor_scale"],
+                                 v_tensor_scale=kw["v_tensor_scale"], out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < TOL, f"relative error {err:.2e}"
+    for b, L in enumerate(lens):
+        if L == 0:
+            assert (got[b] == 0).all()
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------
+# (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
+CASES = [
+    ("q4_0", [1, 17, 63, 1000, 4096], 32, 8, 16, None, 4, 16),
+    ("q4_0", [1, 17, 63, 1000, 4096], 32, 8, 16, 1, 4, 32),
+    ("q4_0", [1, 17, 63, 1000, 4096], 32, 8, 16, 7, 8, 16),
+    ("q4_0", [5, 100, 333], 8, 8, 32, 3, 4, 32),     # GQA 1
+    ("q4_0", [64, 65, 777], 64, 8, 64, 2, 4, 16),    # GQA 8, pages of 64
+    ("q4_0", [0, 48, 2000], 16, 1, 16, 5, 2, 32),    # GQA 16, an empty sequence
+    ("q4_0", [150, 97], 32, 8, 48, 2, 4, 32),        # a warp's tokens cross a page mid-tile
+    ("q4_0", [32768], 32, 8, 16, None, 4, 32),
+    *[(s, [1, 17, 63, 1000, 4096], 32, 8, 16, S_, 4, tw) for s in SCHEMES[1:] for S_, tw in ((None, 16), (3, 32))],
+    ("q8_0", [0, 48, 2000], 16, 1, 16, 5, 8, 32),
+    ("fp8_e4m3", [150, 97], 32, 8, 48, 2, 4, 32),
+]
+
+
+@GPU
+@pytest.mark.parametrize("c", CASES, ids=[f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}"
+                                          for c in CASES])
+def test_gluon_matches_reference(c):
+    name, lens, Hq, Hk, P, S_, NW, TW = c
+    sch = kvlab.scheme(name)
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=sum(lens) % 997, device="cuda")
+    _poison_past_end(cache, lens, P)
+    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
+    args, kw = call_args(cache)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    out = torch.full_like(q, float("nan"))
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=S_, out=out,
+                 config={"kernel": "gluon", "num_warps": NW, "tokens_per_warp": TW})
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    assert err < TOL, f"relative error {err:.2e}"
+    empty = [i for i, L in enumerate(lens) if L == 0]
+    if empty:
+        assert (got[empty] == 0).all()
+
+
+@GPU
+def test_gluon_plan_relaunches_on_updated_q():
+    sch = kvlab.scheme("q4_0")
+    cache = make_paged([300, 40], 8, 128, 16, sch.k, sch.v, seed=1, device="cuda")
+    args, kw = call_args(cache)
+    q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    run = decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "gluon"}, plan=True)
+    first = run().clone()
+    q.copy_(torch.randn_like(q))
+    second = run()
+    ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    assert not torch.equal(first, second)
+    assert (second.float() - ref).abs().max().item() / ref.abs().max().item() < TOL
+
+
+@GPU
+def test_tuner_offers_gluon_where_it_runs(monkeypatch):
+    from kvlab.kernels import tuning
+    monkeypatch.setenv("KVLAB_GLUON", "1")
+    for name in ("q4_0", "q8_0", "fp8_e4m3"):
+        space = tuning.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, False, "cuda")
+        assert len(space) == 4 and {c["kernel"] for c in space} == {"gluon"}, name
+    assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda") == []
+    assert tuning.gluon_space(kvlab.scheme("q4_1"), 32, 32, 8, 128, 16, False, "cuda") == []
+
+
+def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
+    from kvlab.kernels import tuning
+    monkeypatch.delenv("KVLAB_GLUON", raising=False)
+    monkeypatch.setattr(gluon_mma, "GPU_VERIFIED", False)
+    assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, False, "cuda") == []
