@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -44,51 +45,12 @@ class _StubDriver:
         raise RuntimeError("no GPU")
 
 
-def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
-    """-> list of CompiledKernel objects for one decode call (decode kernel [+ merge])."""
-    import triton
+@contextlib.contextmanager
+def offline_compiles():
+    """Within: the active Triton driver is an sm_90 stub and every JIT launch compiles without running;
+    yields the list that collects (kernel name, CompiledKernel). The previous driver comes back after."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
-    import kvlab
-    from . import triton as dt
-    from ..tuning import synthetic_cache
-    sch = kvlab.scheme(scheme)
-    kernels = []
-    orig = JITFunction.run
-
-    def run(self, *args, grid, warmup, **kw):
-        k = orig(self, *args, grid=grid, warmup=True, **kw)
-        kernels.append((self.fn.__name__, k))
-        return k
-    driver.set_active(_StubDriver())
-    JITFunction.run = run
-    dt._OFFLINE = True
-    try:
-        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
-        q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
-        W = max(sch.window + sch.sink, 1) if (sch.window or sch.sink or sch.k.axis == "chan") else 0
-        fp = dict(k_fp=None, v_fp=None, fp_len=None)
-        if W:
-            fp = dict(k_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16), v_fp=torch.randn(B, Hk, W, D,
-                      dtype=torch.bfloat16), fp_len=torch.full((B,), W, dtype=torch.int32))
-        dt.decode_triton(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                         sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                         sm_scale=D ** -0.5, config=config, num_splits=2)
-    finally:
-        JITFunction.run = orig
-        dt._OFFLINE = False
-    return kernels
-
-
-def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
-                  num_splits=2):
-    """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
-    import kvlab
-    from . import gluon_mma
-    from ..tuning import synthetic_cache
-    sch = kvlab.scheme(scheme)
     kernels = []
     orig = JITFunction.run
 
@@ -100,14 +62,49 @@ def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk
     driver.set_active(_StubDriver())
     JITFunction.run = run
     try:
+        yield kernels
+    finally:
+        JITFunction.run = orig
+        driver._active = prev
+
+
+def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
+    """-> list of (name, CompiledKernel) for one Triton decode call (decode kernel [+ merge])."""
+    import kvlab
+    from . import triton as dt
+    from ..tuning import synthetic_cache
+    sch = kvlab.scheme(scheme)
+    with offline_compiles() as kernels:
+        dt._OFFLINE = True
+        try:
+            c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
+            q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
+            W = max(sch.window + sch.sink, 1) if (sch.window or sch.sink or sch.k.axis == "chan") else 0
+            fp = dict(k_fp=None, v_fp=None, fp_len=None)
+            if W:
+                fp = dict(k_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16), v_fp=torch.randn(B, Hk, W, D,
+                          dtype=torch.bfloat16), fp_len=torch.full((B,), W, dtype=torch.int32))
+            dt.decode_triton(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                             sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                             sm_scale=D ** -0.5, config=config, num_splits=2)
+        finally:
+            dt._OFFLINE = False
+    return kernels
+
+
+def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
+                  num_splits=2):
+    """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
+    import kvlab
+    from . import gluon_mma
+    from ..tuning import synthetic_cache
+    sch = kvlab.scheme(scheme)
+    with offline_compiles() as kernels:
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
         q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
         gluon_mma.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
                                sch.k, sch.v, P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
                                tokens_per_warp=tokens_per_warp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"])
-    finally:
-        JITFunction.run = orig
-        driver._active = prev
     return kernels
 
 
