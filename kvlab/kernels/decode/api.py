@@ -97,7 +97,10 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     k_fp, v_fp:       [B, Hk, W, D] full-precision tokens (sinks, window, unfinished group); fp_len [B] used
     k/v_tensor_scale: per-tensor float (axis-tensor static scale or NVFP4's fp32 second-level scale)
     sm_scale:         softmax scale (default 1/sqrt(D)); num_splits: split-K count (default: tuned/auto)
-    config:           {"BLOCK_N", "num_warps", "num_stages", "num_splits", "asm", "dot"} (default: tuned cache)
+    config:           {"BLOCK_N", "num_warps", "num_stages", "num_splits", "asm", "dot", "layout", "orient"}
+                      (default: tuned cache); {"kernel": "gluon", "num_warps", "tokens_per_warp", "num_splits"}
+                      runs the Gluon MMA-fragment kernel (q4_0 / q8_0 / int8 g32 / fp8_e4m3, D 128, CUDA;
+                      `gluon_mma.why_not` says why a call cannot)
     use_asm:          fp16 magic-number nibble conversion via inline PTX (GPU only; default from config)
     out:              optional [B, Hq, D] tensor of q.dtype to write into (Triton backend)
     plan:             return a zero-argument callable that re-launches the kernels on the same buffers
