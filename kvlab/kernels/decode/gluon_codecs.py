@@ -1,9 +1,13 @@
 """Code formats of the Gluon MMA-fragment decode (gluon_mma.py): loads and fragment builders per codec.
 
 A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragments in registers:
-- Q4 (0): q4_0, int4 sym group 32 GGML-packed, fp16 scales: v = (nibble - 8) s.
+- Q4 (0): int4 sym group 32, fp16 scales (q4_0; GGML or sequential nibbles): v = (nibble - 8) s.
 - I8 (1): q8_0 / int8 sym group 32, fp16 scales, two's-complement bytes: v = byte s.
 - F8 (2): fp8_e4m3 bytes (optionally one per-tensor scale, applied by the kernel): v = e4m3(byte).
+- Q4A (3): int4 asym group 32, fp16 scales and zeros (q4_1, int4:g32:asym, int4_had): v = nibble s + m.
+The nibble order within a byte (GGML: element i and i + 16 of a group; sequential: 2i and 2i + 1)
+only changes which channel each fragment element is, i.e. the channel orders below, not the kernel.
+A Hadamard rotation is applied outside the kernel (q rotated, the output rotated back).
 
 Keys (scores = q K^T, contraction over the head dim): a thread with lane % 4 = r owns the 32 channels
 of block r for its tokens, so it reads one contiguous run per row (16 bytes for Q4, 32 for I8 / F8)
@@ -25,37 +29,42 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 
-Q4, I8, F8 = 0, 1, 2
-C_Q4, C_I8, C_F8 = ttgl.constexpr(Q4), ttgl.constexpr(I8), ttgl.constexpr(F8)  # the same, for jit code
-CODECS = {Q4: "q4_0 (int4 sym g32, GGML nibbles, fp16 scales)", I8: "q8_0 / int8 sym g32 (fp16 scales)",
-          F8: "fp8_e4m3 (no group scales)"}
-WORDS_K = {Q4: 4, I8: 8, F8: 8}   # 32-bit code words per thread per key row (one 32-channel block)
-WORDS_V = {Q4: 2, I8: 4, F8: 4}   # ... per value row (16 output columns)
-ROW_WORDS = {Q4: 16, I8: 32, F8: 32}  # words per row (head dim 128)
+Q4, I8, F8, Q4A = 0, 1, 2, 3
+C_Q4, C_I8, C_F8, C_Q4A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A))  # the same, for jit code
+CODECS = {Q4: "int4 sym g32 (q4_0; fp16 scales)", I8: "int8 sym g32 (q8_0; fp16 scales)",
+          F8: "fp8_e4m3 (no group scales)", Q4A: "int4 asym g32 (q4_1, int4:g32:asym; fp16 scales and zeros)"}
+WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4}   # 32-bit code words per thread per key row (one 32-channel block)
+WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2}   # ... per value row (16 output columns)
 
 
 def codec_of(spec) -> int | None:
     """The codec that decodes `spec`'s pages, or None."""
-    if spec.rotation != "none" or spec.pre_rope or spec.tensor_scale:
+    if spec.pre_rope or spec.tensor_scale or spec.rotation not in ("none", "had"):
         return None
-    if spec.fmt == "int" and spec.sym and spec.axis == "tok" and spec.group == 32 and spec.scale_dtype == "f16":
-        if spec.bits == 4 and spec.pack == "ggml":
-            return Q4
-        if spec.bits == 8:
+    if spec.fmt == "int" and spec.axis == "tok" and spec.group == 32 and spec.scale_dtype == "f16":
+        if spec.bits == 4 and spec.pack in ("ggml", "seq"):
+            return Q4 if spec.sym else Q4A
+        if spec.bits == 8 and spec.sym:
             return I8
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     return None
 
 
-def k_channel_order(codec: int = Q4, D: int = 128) -> list[int]:
+def _nibble_channel(j: int, h: int, pack: str) -> int:
+    """Channel of nibble h of byte j of a 128-channel int4 row: GGML holds elements i and i + 16 of each
+    32-group in byte 16 g + i, sequential packing elements 2j and 2j + 1."""
+    return 32 * (j // 16) + j % 16 + 16 * h if pack == "ggml" else 2 * j + h
+
+
+def k_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[int]:
     """Head-dim channel of each score contraction index kappa = h2 + 2 r + 8 x (x = the thread's register)."""
     out = []
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
-        if codec == Q4:  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
+        if codec in (Q4, Q4A):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
-            out.append(32 * r + 4 * wi + (q >> 1) + 2 * h2 + 16 * (q & 1))
+            out.append(_nibble_channel(16 * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack))
         elif codec == I8:  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
             q, wi = x & 1, x >> 1
             out.append(32 * r + 4 * wi + q + 2 * h2)
@@ -65,15 +74,14 @@ def k_channel_order(codec: int = Q4, D: int = 128) -> list[int]:
     return out
 
 
-def v_channel_order(codec: int = Q4, D: int = 128) -> list[int]:
+def v_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[int]:
     """Head-dim channel of each output column n = g + 8 nt."""
     out = []
     for n in range(D):
         g, nt = n & 7, n >> 3
-        if codec == Q4:  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's 8 bytes
+        if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's 8 bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
-            j = 8 * g + 4 * we + k
-            out.append(32 * (j // 16) + j % 16 + 16 * h)
+            out.append(_nibble_channel(8 * g + 4 * we + k, h, pack))
         else:  # nt = k + 4 we: byte k of word we of the thread's 16 bytes
             k, we = nt & 3, nt >> 2
             out.append(16 * g + 4 * we + k)
@@ -81,29 +89,26 @@ def v_channel_order(codec: int = Q4, D: int = 128) -> list[int]:
 
 
 # ---- inline PTX (outputs first; the emulator in kvlab.kernels.gluon_emu runs these strings) ----------
-# Q4 keys: word -> registers (lo b0, lo b2), (hi b0, hi b2), (lo b1, lo b3), (hi b1, hi b3). In: $8 w, $9 s, $10 s/16.
-ASM_K_Q4 = ttgl.constexpr("""{ .reg .b32 u, r0, r1, r2, r3, s1, s16, cl, ch;
-mov.b32 cl, 0xE408E408;
-mov.b32 ch, 0xE480E480;
-mov.b32 s1, {$9, $9};
-mov.b32 s16, {$10, $10};
-shr.b32 u, $8, 8;
-lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 r1, $8, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 r2, u, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 r3, u, 0x00F000F0, 0x64006400, 0xEA;
-add.rn.f16x2 r0, r0, cl;
-add.rn.f16x2 r1, r1, ch;
-add.rn.f16x2 r2, r2, cl;
-add.rn.f16x2 r3, r3, ch;
-mul.rn.f16x2 r0, r0, s1;
-mul.rn.f16x2 r1, r1, s16;
-mul.rn.f16x2 r2, r2, s1;
-mul.rn.f16x2 r3, r3, s16;
-mov.b32 {$0, $1}, r0;
-mov.b32 {$2, $3}, r1;
-mov.b32 {$4, $5}, r2;
-mov.b32 {$6, $7}, r3; }""")
+def _asm_k4(asym: bool) -> str:
+    """Int4 keys: word -> registers (lo b0, lo b2), (hi b0, hi b2), (lo b1, lo b3), (hi b1, hi b3).
+    Sym: outputs $0..$7, in $8 w, $9 s, $10 s/16; (x - 1032 | 1152) * s. Asym: in also $11 m;
+    (x - 1024) * s + m (one HFMA2; the high nibbles come in as 16 n and meet s / 16)."""
+    lo_c, hi_c = ("0xE400E400", "0xE400E400") if asym else ("0xE408E408", "0xE480E480")
+    fin = ("fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};")
+    lines = ["{ .reg .b32 u, r0, r1, r2, r3, s1, s16, cl, ch, m1;", f"mov.b32 cl, {lo_c};", f"mov.b32 ch, {hi_c};",
+             "mov.b32 s1, {$9, $9};", "mov.b32 s16, {$10, $10};"] + (["mov.b32 m1, {$11, $11};"] if asym else []) + [
+        "shr.b32 u, $8, 8;",
+        "lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r1, $8, 0x00F000F0, 0x64006400, 0xEA;",
+        "lop3.b32 r2, u, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r3, u, 0x00F000F0, 0x64006400, 0xEA;",
+        "add.rn.f16x2 r0, r0, cl;", "add.rn.f16x2 r1, r1, ch;", "add.rn.f16x2 r2, r2, cl;", "add.rn.f16x2 r3, r3, ch;",
+        fin.format(r="r0", s="s1"), fin.format(r="r1", s="s16"), fin.format(r="r2", s="s1"),
+        fin.format(r="r3", s="s16"),
+        "mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1;", "mov.b32 {$4, $5}, r2;", "mov.b32 {$6, $7}, r3; }"]
+    return "\n".join(lines)
+
+
+ASM_K_Q4 = ttgl.constexpr(_asm_k4(False))
+ASM_K_Q4A = ttgl.constexpr(_asm_k4(True))
 # I8 keys: word -> registers (b0, b2), (b1, b3): (x & 0x00FF00FF) ^ 0x64806480 = 0x6400 | (x ^ 0x80) per half
 # (lop3 0x6A = (a & b) ^ c), minus 1152 = the signed byte. In: $4 w, $5 s.
 ASM_K_I8 = ttgl.constexpr("""{ .reg .b32 u, r0, r1, s1, c;
@@ -125,21 +130,21 @@ cvt.rn.f16x2.e4m3x2 r0, l;
 cvt.rn.f16x2.e4m3x2 r1, h;
 mov.b32 {$0, $1}, r0;
 mov.b32 {$2, $3}, r1; }""")
-# Q4 values, byte k of words A and B -> (lo A, lo B, hi A, hi B). In: $4 wA, $5 wB, $6 sA, $7 sB, $8 sA/16, $9 sB/16.
-_ASM_V_Q4 = """{ .reg .b32 t, lo, hi, s1, s16, cl, ch;
-mov.b32 cl, 0xE408E408;
-mov.b32 ch, 0xE480E480;
-mov.b32 s1, {$6, $7};
-mov.b32 s16, {$8, $9};
-prmt.b32 t, $4, $5, SEL;
-lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;
-add.rn.f16x2 lo, lo, cl;
-add.rn.f16x2 hi, hi, ch;
-mul.rn.f16x2 lo, lo, s1;
-mul.rn.f16x2 hi, hi, s16;
-mov.b32 {$0, $1}, lo;
-mov.b32 {$2, $3}, hi; }"""
+def _asm_v4(asym: bool) -> str:
+    """Int4 values, byte k of words A and B -> (lo A, lo B, hi A, hi B). In: $4 wA, $5 wB, $6 sA, $7 sB,
+    $8 sA/16, $9 sB/16 (asym: $10 mA, $11 mB)."""
+    lo_c, hi_c = ("0xE400E400", "0xE400E400") if asym else ("0xE408E408", "0xE480E480")
+    fin = ("fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};")
+    lines = ["{ .reg .b32 t, lo, hi, s1, s16, cl, ch, m1;", f"mov.b32 cl, {lo_c};", f"mov.b32 ch, {hi_c};",
+             "mov.b32 s1, {$6, $7};", "mov.b32 s16, {$8, $9};"] + (["mov.b32 m1, {$10, $11};"] if asym else []) + [
+        "prmt.b32 t, $4, $5, SEL;",
+        "lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;",
+        "add.rn.f16x2 lo, lo, cl;", "add.rn.f16x2 hi, hi, ch;",
+        fin.format(r="lo", s="s1"), fin.format(r="hi", s="s16"),
+        "mov.b32 {$0, $1}, lo;", "mov.b32 {$2, $3}, hi; }"]
+    return "\n".join(lines)
+
+
 # I8 values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB, $4 sA, $5 sB.
 _ASM_V_I8 = """{ .reg .b32 t, s1, c;
 mov.b32 c, 0xE480E480;
@@ -158,14 +163,16 @@ mov.b32 {$0, $1}, r; }"""
 
 
 def asm_v(codec: int, k: int) -> str:
-    """The value asm for byte k. PRMT selector nibbles, byte 0 first: Q4 / I8 put A's byte k at bytes 0-1
+    """The value asm for byte k. PRMT selector nibbles, byte 0 first: int4 / I8 put A's byte k at bytes 0-1
     and B's at 2-3 (two fp16 lanes); F8 packs A's and B's byte k into the low 16 bits (one e4m3x2)."""
     if codec == F8:
         return _ASM_V_F8.replace("SEL", f"0x00{4 + k}{k}")
-    return (_ASM_V_Q4 if codec == Q4 else _ASM_V_I8).replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
+    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _ASM_V_I8}[codec]
+    return text.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
 
 
 AVQ0, AVQ1, AVQ2, AVQ3 = (ttgl.constexpr(asm_v(Q4, k)) for k in range(4))
+AVA0, AVA1, AVA2, AVA3 = (ttgl.constexpr(asm_v(Q4A, k)) for k in range(4))
 AVI0, AVI1, AVI2, AVI3 = (ttgl.constexpr(asm_v(I8, k)) for k in range(4))
 AVF0, AVF1, AVF2, AVF3 = (ttgl.constexpr(asm_v(F8, k)) for k in range(4))
 
@@ -191,11 +198,11 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 
 
 @gluon.jit
-def k_load(KC, KS, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
+def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr):
-    """Raw K code words [NW, WK, r, TW] (int32) and scales [NW, r, TW] (fp16; 1 for F8) of tokens
-    t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page;
-    the kernel scores them -inf)."""
+    """Raw K code words [NW, WK, r, TW] (int32), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec
+    has none) of tokens t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused
+    rows of the last page; the kernel scores them -inf). Zeros share the scales' strides."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
     wi = ttgl.arange(0, WK, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
@@ -203,21 +210,24 @@ def k_load(KC, KS, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, W
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, 4 * WK, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
+    m = ttgl.full([NW, 4, TW], 0.0, ttgl.float16, layout=LS)
     if CODEC == C_F8:
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, 4, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
         s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
-    return w, s
+        if CODEC == C_Q4A:
+            m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
+    return w, s, m
 
 
 @gluon.jit
-def v_load(VC, VS, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
+def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
            P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
-    of each fragment pair ([NW, WV, g, c] int32), and their scales ([NW, g, c] fp16: 0 past `hi`, so those
-    rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0)."""
+    of each fragment pair ([NW, WV, g, c] int32), and their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
+    so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0)."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, VW)
     we = ttgl.arange(0, WV, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
@@ -234,6 +244,8 @@ def v_load(VC, VS, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, W
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
     S3: ttgl.constexpr = ttgl.SliceLayout(1, VWA)  # [NW, g, c]
+    ma = ttgl.full([NW, 8, TW // 2], 0.0, ttgl.float16, layout=S3)
+    mb = ma
     if CODEC == C_F8:
         sa = ttgl.full([NW, 8, TW // 2], 1.0, ttgl.float16, layout=S3)
         sb = sa
@@ -247,7 +259,10 @@ def v_load(VC, VS, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, W
         off = srow[:, None, :] + (sg // 2)[None, :, None]
         sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
         sb = ttgl.load(VS + off + 4, mask=(ta + 1 < hi)[:, None, :], other=0.0)
-    return wa, wb, sa, sb
+        if CODEC == C_Q4A:
+            ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
+            mb = ttgl.load(VZ + off + 4, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+    return wa, wb, sa, sb, ma, mb
 
 
 # ---- fragment builders ---------------------------------------------------------------------------------
@@ -257,12 +272,18 @@ def _j2(a, b):
 
 
 @gluon.jit
-def k_build(w, s, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
-    """K^T fragment [NW, 128, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales."""
+def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
+    """K^T fragment [NW, 128, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
+    and zeros."""
     s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
-    if CODEC == C_Q4:
-        o = ttgl.inline_asm_elementwise(ASM_K_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s * 0.0625],
-                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    if CODEC == C_Q4 or CODEC == C_Q4A:
+        if CODEC == C_Q4:
+            o = ttgl.inline_asm_elementwise(ASM_K_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s * 0.0625],
+                                            dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+        else:
+            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            o = ttgl.inline_asm_elementwise(ASM_K_Q4A, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h,h", [w, s, s * 0.0625, m],
+                                            dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
                       ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
         j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
@@ -286,6 +307,13 @@ def _v_q4(wa, wb, sa, sb, sa16, sb16, ASM: ttgl.constexpr):
 
 
 @gluon.jit
+def _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, ASM: ttgl.constexpr):
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,h,h,h,h,h,h", [wa, wb, sa, sb, sa16, sb16, ma, mb],
+                                    dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+    return ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))  # [..., t0, h]
+
+
+@gluon.jit
 def _v_i8(wa, wb, sa, sb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16,) * 2,
                                     is_pure=True, pack=1)
@@ -299,15 +327,24 @@ def _v_f8(wa, wb, ASM: ttgl.constexpr):
 
 
 @gluon.jit
-def v_build(wa, wb, sa, sb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
-    """V fragment [NW, TW, 128] fp16, columns in v_channel_order(CODEC), from `v_load`'s words and scales."""
+def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
+            TW: ttgl.constexpr):
+    """V fragment [NW, TW, 128] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
     sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
     sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
-    if CODEC == C_Q4:
+    if CODEC == C_Q4 or CODEC == C_Q4A:
         sa16 = sa * 0.0625
         sb16 = sb * 0.0625
-        j = ttgl.join(ttgl.join(_v_q4(wa, wb, sa, sb, sa16, sb16, AVQ0), _v_q4(wa, wb, sa, sb, sa16, sb16, AVQ1)),
-                      ttgl.join(_v_q4(wa, wb, sa, sb, sa16, sb16, AVQ2), _v_q4(wa, wb, sa, sb, sa16, sb16, AVQ3)))
+        if CODEC == C_Q4:
+            j = ttgl.join(ttgl.join(_v_q4(wa, wb, sa, sb, sa16, sb16, AVQ0), _v_q4(wa, wb, sa, sb, sa16, sb16, AVQ1)),
+                          ttgl.join(_v_q4(wa, wb, sa, sb, sa16, sb16, AVQ2), _v_q4(wa, wb, sa, sb, sa16, sb16, AVQ3)))
+        else:
+            ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
+            mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
+            j = ttgl.join(ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA0),
+                                    _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA1)),
+                          ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA2),
+                                    _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, we, g, c, t0, h, k0, k1] -> [NW, c, t0, we, k1, k0, h, g]
     else:
         if CODEC == C_I8:

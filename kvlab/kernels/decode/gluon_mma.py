@@ -40,11 +40,11 @@ PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
 
-@functools.lru_cache(maxsize=8)
-def channel_orders(kcodec: int, vcodec: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+@functools.lru_cache(maxsize=16)
+def channel_orders(kcodec: int, kpack: str, vcodec: int, vpack: str, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_channel_order, v_channel_order) as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
-    return (torch.tensor(k_channel_order(kcodec), dtype=torch.int32, device=device),
-            torch.tensor(v_channel_order(vcodec), dtype=torch.int32, device=device))
+    return (torch.tensor(k_channel_order(kcodec, kpack), dtype=torch.int32, device=device),
+            torch.tensor(v_channel_order(vcodec, vpack), dtype=torch.int32, device=device))
 
 
 def _bits(n: int) -> list[int]:
@@ -80,7 +80,7 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2) -> dict:
 
 
 @gluon.jit
-def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale,
+def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale,
                        num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
@@ -124,14 +124,15 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KTS, VTS, KPERM, VPERM, 
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
-    kw, ks = k_load(KC, KS, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
-    va, vb, vsa, vsb = v_load(VC, VS, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW, VWA, NW)
+    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
+    va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW,
+                                          VWA, NW)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
-        nkw, nks = k_load(KC, KS, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
-        nva, nvb, nvsa, nvsb = v_load(VC, VS, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW,
-                                       VWA, NW)
-        kt = k_build(kw, ks, KCODEC, B, NW, TW)
+        nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
+        nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
+                                                   WV, P, TW, VW, VWA, NW)
+        kt = k_build(kw, ks, kz, KCODEC, B, NW, TW)
         s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
         valid = (t0 + s_tok) < hi
         s = ttgl.where(valid[:, None, :], s, float("-inf"))
@@ -141,10 +142,10 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, VC, VS, KTS, VTS, KPERM, VPERM, 
         p = ttgl.exp2(s - m_safe[:, :, None])
         l_i = l_i * alpha + ttgl.sum(p, 2)
         m_i = m_new
-        vt = v_build(va, vb, vsa, vsb, VCODEC, B, NW, TW)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW)
         pa = ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True)
         acc = mma_v2(pa, vt, acc * alpha[:, :, None])
-        kw, ks, va, vb, vsa, vsb = nkw, nks, nva, nvb, nvsa, nvsb
+        kw, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [GP]
@@ -178,7 +179,7 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
     for name, spec in (("K", k_spec), ("V", v_spec)):
         if codec_of(spec) is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
-                    "; no rotation, keys after RoPE)")
+                    "; Hadamard rotation allowed; keys after RoPE)")
     if D != 128:
         return f"head_dim must be 128, got {D}"
     if P % PAGE_UNIT:
@@ -200,8 +201,9 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
 def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
                  num_splits, k_tensor_scale=None, v_tensor_scale=None, num_warps=4, tokens_per_warp=16, out=None,
                  plan=False):
-    """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts."""
-    from .triton import _merge_kernel
+    """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts.
+    A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton)."""
+    from .triton import _merge_kernel, hadamard_cached
     B, Hq, D = q.shape
     Hk = k_pages["codes"].shape[1]
     group = Hq // Hk
@@ -211,9 +213,13 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     kcodec, vcodec = codec_of(k_spec), codec_of(v_spec)
     kc, vc = k_pages["codes"].view(torch.int32), v_pages["codes"].view(torch.int32)
     ks, vs = k_pages.get("scales"), v_pages.get("scales")
+    kz, vz = k_pages.get("zeros"), v_pages.get("zeros")
     for name, t in (("K codes", kc), ("V codes", vc), ("K scales", ks), ("V scales", vs)):
         if t is not None and (t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]):
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
+    for name, z, sc in (("K zeros", kz, ks), ("V zeros", vz, vs)):
+        if z is not None and z.stride() != sc.stride():
+            raise ValueError(f"{name} must have the scales' strides {sc.stride()}; got {z.stride()}")
     lay = layouts(NW, TW, WORDS_K[kcodec], WORDS_V[vcodec])
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
@@ -229,13 +235,25 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
                                                               device=q.device).reshape(1)
     vts = None if v_tensor_scale is None else torch.as_tensor(v_tensor_scale, dtype=torch.float32,
                                                               device=q.device).reshape(1)
-    ks = kc if ks is None else ks  # codecs without group scales never read these
+    ks = kc if ks is None else ks  # codecs without group scales / zeros never read these
     vs = vc if vs is None else vs
+    kz = ks if kz is None else kz
+    vz = vs if vz is None else vz
+    rot_k, rot_v = k_spec.rotation == "had", v_spec.rotation == "had"
+    kern_out = out if not rot_v else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
+    user_out = out
+    q_in = q
 
     def launch():
+        q = q_in
+        if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
+            q = q.float() @ hadamard_cached(D, q.device)
+        out = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            q, out, op, lse, kc, ks, vc, vs, out if kts is None else kts, out if vts is None else vts,
-            *channel_orders(kcodec, vcodec, q.device), kv_indptr, kv_indices, kv_last_page_len,
+            q, out, op if S > 1 else out, lse if S > 1 else out, kc, ks, kz, vc, vs, vz,
+            out if kts is None else kts, out if vts is None else vts,
+            *channel_orders(kcodec, k_spec.pack, vcodec, v_spec.pack, q.device), kv_indptr, kv_indices,
+            kv_last_page_len,
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
             KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], HAS_KTS=kts is not None,
@@ -244,6 +262,8 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)
-        return out
+        if rot_v:  # the pages hold v H: out H^T
+            user_out.copy_(out @ hadamard_cached(D, out.device).T)
+        return user_out
 
     return launch if plan else launch()

@@ -1,4 +1,4 @@
-"""Gluon MMA-fragment decode (q4_0, q8_0 / int8 g32, fp8_e4m3; K and V codecs independent).
+"""Gluon MMA-fragment decode (int4 sym / asym g32, q8_0 / int8 g32, fp8_e4m3; K and V codecs independent).
 
 Gluon has no interpreter. On CPU: the kernel's own source runs through kvlab.kernels.gluon_emu (torch
 ops, a PTX interpreter for its asm) against the float32 reference, the asm strings are checked value
@@ -26,12 +26,14 @@ from kvlab.kernels.decode import gluon_codecs as gc  # noqa: E402
 CUDA = torch.cuda.is_available()
 GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
 TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
-SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0", "int8:g32:sym"]
+SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
+           "int8:g32:sym"]
 
 
-@pytest.mark.parametrize("codec", [gc.Q4, gc.I8, gc.F8])
-def test_channel_orders_are_permutations(codec):
-    k, v = gc.k_channel_order(codec), gc.v_channel_order(codec)
+@pytest.mark.parametrize("codec,pack", [(gc.Q4, "ggml"), (gc.Q4, "seq"), (gc.Q4A, "ggml"), (gc.Q4A, "seq"),
+                                        (gc.I8, "ggml"), (gc.F8, "seq")])
+def test_channel_orders_are_permutations(codec, pack):
+    k, v = gc.k_channel_order(codec, pack), gc.v_channel_order(codec, pack)
     assert sorted(k) == list(range(128)) and sorted(v) == list(range(128))
     # a thread (lane % 4 = r) holds one 32-channel block of each key row: one scale
     assert all(k[kap] // 32 == (kap >> 1) & 3 for kap in range(128))
@@ -40,9 +42,10 @@ def test_channel_orders_are_permutations(codec):
 
 
 def test_codec_of():
-    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("q4_0", "q8_0", "int8:g32:sym", "fp8_e4m3")] == \
-        [gc.Q4, gc.I8, gc.I8, gc.F8]
-    for n in ("q4_1", "int4:g32:asym", "int4_had", "int8:g64:sym", "fp8_e5m2", "nvfp4", "kivi4", "bf16"):
+    names = ("q4_0", "int4:g32:sym", "q8_0", "int8:g32:sym", "fp8_e4m3", "q4_1", "int4:g32:asym", "int4_had")
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in names] == [gc.Q4, gc.Q4, gc.I8, gc.I8, gc.F8, gc.Q4A, gc.Q4A,
+                                                               gc.Q4A]
+    for n in ("int4:g64:asym", "int8:g64:sym", "int8:g32:asym", "fp8_e5m2", "nvfp4", "kivi4", "bf16", "int3:g32:asym"):
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
 
 
@@ -66,7 +69,7 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
 
 
 def test_gluon_config_rejects_other_schemes():
-    sch = kvlab.scheme("q4_1")
+    sch = kvlab.scheme("int3:g32:asym")
     dev = "cuda" if CUDA else "cpu"
     c = make_paged([20], 2, 128, 16, sch.k, sch.v, device=dev)
     q = torch.randn(1, 8, 128, device=dev)
@@ -84,7 +87,7 @@ def test_why_not_names_each_limit():
     assert "GQA group must be <= 16" in gluon_mma.why_not(s.k, s.v, 128, 16, 32, False, "cpu")
     assert "full-precision window" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, True, "cpu")
     assert "CUDA GPU" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, False, "cpu")
-    h = kvlab.scheme("k=q4_0,v=int4:g32:asym")
+    h = kvlab.scheme("k=q4_0,v=int2:g32:asym")
     assert "V spec" in gluon_mma.why_not(h.k, h.v, 128, 16, 4, False, "cpu")
 
 
@@ -146,6 +149,34 @@ def test_ptx_q4_decodes_nibbles():
         _hi_close(_f16(hi_b), _want(nib(WB, k, 1), SR), SR)
 
 
+def test_ptx_q4a_decodes_nibbles_with_zeros():
+    from kvlab.kernels.gluon_emu import run_ptx
+    s16 = (S.astype(np.float32) / 16).astype(np.float16)
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64)  # noqa: E731
+    want = lambda c, sc, z: (c.astype(np.float32) * sc.astype(np.float32) + z.astype(np.float32))  # noqa: E731
+    # one fp16 rounding of c s + m (HFMA2), as the reference rounds the fp32 value once to fp16
+    close = lambda got, w: np.testing.assert_array_equal(got, w.astype(np.float16).astype(np.float32))  # noqa: E731
+    outs = run_ptx(gc.ASM_K_Q4A.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h,h", [W, _bits(S), _bits(s16), _bits(m)])
+    normal = np.abs(S.astype(np.float32)) >= 2.0 ** -10
+    for q in range(4):
+        for h2 in range(2):
+            got, w = _f16(outs[2 * q + h2]), want(nib(W, (q >> 1) + 2 * h2, q & 1), S, m)
+            if q & 1:  # high nibbles: 16 n meets s / 16 (exact while s / 16 is a normal fp16)
+                close(got[normal], w[normal])
+            else:
+                close(got, w)
+    for k in range(4):
+        lo_a, lo_b, hi_a, hi_b = run_ptx(gc.asm_v(gc.Q4A, k), "=h,=h,=h,=h,r,r,h,h,h,h,h,h",
+                                         [W, WB, _bits(S), _bits(SR), _bits(s16), _bits(s16[::-1].copy()), _bits(m),
+                                          _bits(mr)])
+        close(_f16(lo_a), want(nib(W, k, 0), S, m))
+        close(_f16(lo_b), want(nib(WB, k, 0), SR, mr))
+        close(_f16(hi_a)[normal], want(nib(W, k, 1), S, m)[normal])
+        close(_f16(hi_b)[normal[::-1]], want(nib(WB, k, 1), SR, mr)[normal[::-1]])
+
+
 def test_ptx_i8_decodes_signed_bytes():
     from kvlab.kernels.gluon_emu import run_ptx
     sb = lambda w, k: _byte(w, k).astype(np.uint8).view(np.int8).astype(np.int64)  # noqa: E731
@@ -201,6 +232,10 @@ EMU_CASES = [
     ("fp8_e4m3", [150, 97], 8, 2, 48, 2, 2, 32),      # pages of 48: a warp's tokens cross a page mid-tile
     ("k=q8_0,v=q4_0", [5, 77], 8, 2, 16, 2, 4, 32),
     ("k=fp8_e4m3,v=q8_0", [5, 77], 8, 2, 32, 1, 4, 16),
+    ("q4_1", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),
+    ("int4:g32:asym", [40, 130], 8, 2, 16, 2, 2, 32),    # sequential nibbles
+    ("int4_had", [40, 130], 8, 2, 32, 2, 4, 16),         # Hadamard-rotated K and V
+    ("int4:g32:sym", [33, 90], 16, 2, 16, 1, 4, 16),     # sym, sequential nibbles
 ]
 
 
