@@ -80,16 +80,52 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2) -> dict:
 
 
 @gluon.jit
-def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST, qk_scale,
-                       num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+def _scores(q, kt, valid, m_i, l_i, MMA: ttgl.constexpr, GP: ttgl.constexpr, TW: ttgl.constexpr,
+            NW: ttgl.constexpr):
+    """One online-softmax step of every warp: scores q K^T [NW, GP, TW] (log2 domain; columns not `valid` are
+    -inf) -> (p, new max, new sum, alpha = the factor that rescales the accumulator)."""
+    s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
+    s = ttgl.where(valid[:, None, :], s, float("-inf"))
+    m_new = ttgl.maximum(m_i, ttgl.max(s, 2))
+    m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0, not NaN
+    alpha = ttgl.exp2(m_i - m_safe)
+    p = ttgl.exp2(s - m_safe[:, :, None])
+    return p, m_new, l_i * alpha + ttgl.sum(p, 2), alpha
+
+
+@gluon.jit
+def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
+             TW: ttgl.constexpr):
+    """Full-precision tokens f0 + w * TW + [0, TW) (< F) of one (sequence, head) of a [W, D] buffer (row stride
+    `stride`) as an fp16 MMA B fragment: OPERAND 0 = K^T [NW, 128, TW] in the K codec's contraction order
+    (PERM = KPERM), 1 = V [NW, TW, 128] in the V codec's column order (PERM = VPERM). Rows past F are 0."""
+    if OPERAND == 0:
+        w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
+        c = ttgl.load(PERM + ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B))))
+        n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B)))
+        t = f0 + (w * TW)[:, None, None] + n[None, None, :]  # [NW, 1, TW]
+        x = ttgl.load(BASE + t * stride + c[None, :, None], mask=(t < F) & (c[None, :, None] < 128), other=0.0)
+    else:
+        w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
+        n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B)))
+        c = ttgl.load(PERM + ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B))))
+        t = f0 + (w * TW)[:, None, None] + n[None, :, None]  # [NW, TW, 1]
+        x = ttgl.load(BASE + t * stride + c[None, None, :], mask=(t < F) & (c[None, None, :] < 128), other=0.0)
+    return x.to(ttgl.float16)
+
+
+@gluon.jit
+def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST,
+                       KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
+                       vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr):
     """q [B, Hq, 128]; K / V codes as int32 words [N, Hk, P, 128 bits / 32] and fp16 scales [N, Hk, P, 4]
-    (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*).
-    Writes OUT [B, Hq, 128] (DIRECT) or OP [B, Hq, S, 128] + LSE [B, Hq, S] (log2)."""
+    (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*);
+    KFP / VFP [B, Hk, W, 128] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, 128] (DIRECT) or OP [B, Hq, S, 128] + LSE [B, Hq, S] (log2)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -133,19 +169,19 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
                                                    WV, P, TW, VW, VWA, NW)
         kt = k_build(kw, ks, kz, KCODEC, B, NW, TW)
-        s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
-        valid = (t0 + s_tok) < hi
-        s = ttgl.where(valid[:, None, :], s, float("-inf"))
-        m_new = ttgl.maximum(m_i, ttgl.max(s, 2))
-        m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = ttgl.exp2(m_i - m_safe)
-        p = ttgl.exp2(s - m_safe[:, :, None])
-        l_i = l_i * alpha + ttgl.sum(p, 2)
-        m_i = m_new
+        s, m_i, l_i, alpha = _scores(q, kt, (t0 + s_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW)
-        pa = ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True)
-        acc = mma_v2(pa, vt, acc * alpha[:, :, None])
+        acc = mma_v2(ttgl.convert_layout(s.to(ttgl.float16), A, assert_trivial=True), vt, acc * alpha[:, :, None])
         kw, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
+    if HAS_FP:
+        if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
+            F = ttgl.load(FPLEN + b)
+            for f0 in range(0, F, BN):
+                kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW)
+                s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW)
+                vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW)
+                acc = mma_v2(ttgl.convert_layout(s.to(ttgl.float16), A, assert_trivial=True), vt,
+                             acc * alpha[:, :, None])
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [GP]
@@ -175,7 +211,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
 
 # ---- host side ------------------------------------------------------------------------------------
 def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) -> str | None:
-    """None when the Gluon MMA kernel runs this call; else the reason it does not."""
+    """None when the Gluon MMA kernel runs this call; else the reason it does not. (`has_fp`: the call has
+    full-precision window / sink tokens; they are handled, the argument stays for callers that pass it.)"""
     for name, spec in (("K", k_spec), ("V", v_spec)):
         if codec_of(spec) is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
@@ -186,8 +223,6 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
         return f"GQA group must be <= {GP.value}, got {group}"
-    if has_fp:
-        return "full-precision window / sink tokens are not handled (use the Triton kernel)"
     dev = torch.device(device)
     if dev.type != "cuda":
         return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
@@ -199,8 +234,8 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
 
 
 def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
-                 num_splits, k_tensor_scale=None, v_tensor_scale=None, num_warps=4, tokens_per_warp=16, out=None,
-                 plan=False):
+                 num_splits, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None, v_tensor_scale=None,
+                 num_warps=4, tokens_per_warp=16, out=None, plan=False):
     """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts.
     A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton)."""
     from .triton import _merge_kernel, hadamard_cached
@@ -244,19 +279,27 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     user_out = out
     q_in = q
 
+    has_fp = k_fp is not None
+
     def launch():
-        q = q_in
+        q, kf, vf = q_in, k_fp, v_fp
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
             q = q.float() @ hadamard_cached(D, q.device)
+            kf = None if kf is None else kf.float() @ hadamard_cached(D, q.device)
+        if rot_v and vf is not None:
+            vf = vf.float() @ hadamard_cached(D, q.device)
+        kf = kf if has_fp else kc  # never read without HAS_FP
+        vf = vf if has_fp else vc
         out = kern_out
         _decode_mma_kernel[(B, Hk, S)](
             q, out, op if S > 1 else out, lse if S > 1 else out, kc, ks, kz, vc, vs, vz,
             out if kts is None else kts, out if vts is None else vts,
             *channel_orders(kcodec, k_spec.pack, vcodec, v_spec.pack, q.device), kv_indptr, kv_indices,
-            kv_last_page_len,
+            kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
-            KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], HAS_KTS=kts is not None,
+            *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
+            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], HAS_KTS=kts is not None,
             HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
             B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW)
         if S > 1:

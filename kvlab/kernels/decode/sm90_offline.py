@@ -79,11 +79,7 @@ def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=6
         try:
             c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
             q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
-            W = max(sch.window + sch.sink, 1) if (sch.window or sch.sink or sch.k.axis == "chan") else 0
-            fp = dict(k_fp=None, v_fp=None, fp_len=None)
-            if W:
-                fp = dict(k_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16), v_fp=torch.randn(B, Hk, W, D,
-                          dtype=torch.bfloat16), fp_len=torch.full((B,), W, dtype=torch.int32))
+            fp = _fp_args(sch, B, Hk, D)
             dt.decode_triton(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
                              sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
                              sm_scale=D ** -0.5, config=config, num_splits=2)
@@ -104,8 +100,18 @@ def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk
         q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
         gluon_mma.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
                                sch.k, sch.v, P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
-                               tokens_per_warp=tokens_per_warp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"])
+                               tokens_per_warp=tokens_per_warp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                               **_fp_args(sch, B, Hk, D))
     return kernels
+
+
+def _fp_args(sch, B, Hk, D) -> dict:
+    """Full-precision window / sink buffers for a scheme that has them (else Nones)."""
+    W = max(sch.window + sch.sink, 1) if (sch.window or sch.sink or sch.k.axis == "chan") else 0
+    if not W:
+        return dict(k_fp=None, v_fp=None, fp_len=None)
+    return dict(k_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16), v_fp=torch.randn(B, Hk, W, D, dtype=torch.bfloat16),
+                fp_len=torch.full((B,), W, dtype=torch.int32))
 
 
 def sass(kernel, what="-sass") -> str:

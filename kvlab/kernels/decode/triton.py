@@ -334,7 +334,8 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
             raise ValueError(f"config kernel='gluon' cannot run this call: {why}")
         S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
         return gluon_mma.decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P,
-                                      sm_scale=sm_scale, num_splits=S, k_tensor_scale=k_tensor_scale,
+                                      sm_scale=sm_scale, num_splits=S, k_fp=k_fp, v_fp=v_fp, fp_len=fp_len,
+                                      k_tensor_scale=k_tensor_scale,
                                       v_tensor_scale=v_tensor_scale, num_warps=int(cfg.get("num_warps", 4)),
                                       tokens_per_warp=int(cfg.get("tokens_per_warp", 16)), out=out, plan=plan)
     asm = bool(cfg.get("asm", True) if use_asm is None else use_asm) and not interpreting() and (q.is_cuda or _OFFLINE)

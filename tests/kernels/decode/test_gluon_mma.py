@@ -85,7 +85,6 @@ def test_why_not_names_each_limit():
     assert "head_dim must be 128" in gluon_mma.why_not(s.k, s.v, 64, 16, 4, False, "cpu")
     assert "page size must be a multiple of 16" in gluon_mma.why_not(s.k, s.v, 128, 8, 4, False, "cpu")
     assert "GQA group must be <= 16" in gluon_mma.why_not(s.k, s.v, 128, 16, 32, False, "cpu")
-    assert "full-precision window" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, True, "cpu")
     assert "CUDA GPU" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, False, "cpu")
     h = kvlab.scheme("k=q4_0,v=int2:g32:asym")
     assert "V spec" in gluon_mma.why_not(h.k, h.v, 128, 16, 4, False, "cpu")
@@ -239,16 +238,29 @@ EMU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", EMU_CASES, ids=[f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}"
-                                              for c in EMU_CASES])
+# full-precision window / sink tokens: (scheme, lens, fp_lens, splits, tokens per warp)
+EMU_FP_CASES = [
+    ("q4_0", [17, 300, 0], [5, 0, 40], 3, 16),      # a sequence held only in the full-precision buffer
+    ("int4_had", [40, 130], [70, 3], 2, 32),       # rotated: the buffer tokens are rotated as the pages
+    ("fp8_e4m3", [64, 90], [1, 33], 1, 16),
+]
+
+
+def _emu_ids(cases):
+    return [f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}" for c in cases]
+
+
+@pytest.mark.parametrize("c", EMU_CASES + [(n, lens, 8, 2, 16, S_, 4, tw, fp) for n, lens, fp, S_, tw in EMU_FP_CASES],
+                         ids=_emu_ids(EMU_CASES) + [f"{n}-fp{max(fp)}-S{S_}-tw{tw}" for n, _, fp, S_, tw in EMU_FP_CASES])
 def test_emulated_kernel_matches_reference(c, monkeypatch):
     """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf in
     every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
     from kvlab.kernels.gluon_emu import emulate
-    name, lens, Hq, Hk, P, S_, NW, TW = c
+    name, lens, Hq, Hk, P, S_, NW, TW = c[:8]
+    fp_lens = c[8] if len(c) > 8 else None
     monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
     sch = kvlab.scheme(name)
-    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11)
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11, fp_lens=fp_lens)
     _poison_past_end(cache, lens, P)
     args, kw = call_args(cache)
     q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
@@ -256,14 +268,13 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
     assert torch.isfinite(ref).all()
     out = torch.full_like(q, float("nan"))
     got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, P, sm_scale=128 ** -0.5, num_splits=S_, num_warps=NW,
-                                 tokens_per_warp=TW, k_tensor_scale=kw["k_tensor_scale"],
-                                 v_tensor_scale=kw["v_tensor_scale"], out=out)
+                                 tokens_per_warp=TW, out=out, **kw)
     assert got.data_ptr() == out.data_ptr()
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
     assert err < TOL, f"relative error {err:.2e}"
     for b, L in enumerate(lens):
-        if L == 0:
+        if L == 0 and not (fp_lens and fp_lens[b]):
             assert (got[b] == 0).all()
 
 
@@ -282,15 +293,18 @@ CASES = [
     ("q8_0", [0, 48, 2000], 16, 1, 16, 5, 8, 32),
     ("fp8_e4m3", [150, 97], 32, 8, 48, 2, 4, 32),
 ]
+GPU_FP_CASES = [("q4_0", [17, 3000, 0], [5, 132, 40], 3, 16), ("int4_had", [40, 1300], [70, 3], 2, 32),
+                ("q8_0", [640, 90], [1, 33], 1, 16)]
 
 
 @GPU
-@pytest.mark.parametrize("c", CASES, ids=[f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}"
-                                          for c in CASES])
+@pytest.mark.parametrize("c", CASES + [(n, lens, 32, 8, 16, S_, 4, tw, fp) for n, lens, fp, S_, tw in GPU_FP_CASES],
+                         ids=_emu_ids(CASES) + [f"{n}-fp{max(fp)}-S{S_}-tw{tw}" for n, _, fp, S_, tw in GPU_FP_CASES])
 def test_gluon_matches_reference(c):
-    name, lens, Hq, Hk, P, S_, NW, TW = c
+    name, lens, Hq, Hk, P, S_, NW, TW = c[:8]
+    fp_lens = c[8] if len(c) > 8 else None
     sch = kvlab.scheme(name)
-    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=sum(lens) % 997, device="cuda")
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=sum(lens) % 997, device="cuda", fp_lens=fp_lens)
     _poison_past_end(cache, lens, P)
     q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
     args, kw = call_args(cache)
@@ -302,7 +316,7 @@ def test_gluon_matches_reference(c):
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
     assert err < TOL, f"relative error {err:.2e}"
-    empty = [i for i, L in enumerate(lens) if L == 0]
+    empty = [i for i, L in enumerate(lens) if L == 0 and not (fp_lens and fp_lens[i])]
     if empty:
         assert (got[empty] == 0).all()
 
@@ -329,8 +343,8 @@ def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     for name in ("q4_0", "q8_0", "fp8_e4m3"):
         space = tuning.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, False, "cuda")
         assert len(space) == 4 and {c["kernel"] for c in space} == {"gluon"}, name
-    assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda") == []
-    assert tuning.gluon_space(kvlab.scheme("q4_1"), 32, 32, 8, 128, 16, False, "cuda") == []
+    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 4  # with a window
+    assert tuning.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, False, "cuda") == []
 
 
 def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
