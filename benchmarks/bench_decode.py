@@ -195,6 +195,8 @@ def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONT
         if rowfirst and name in ROWFIRST_SCHEMES:  # the tuned row may pick the rowfirst layout
             cands += [{"BLOCK_N": t[0], "num_warps": t[1], "num_stages": t[2], "num_splits": tuning.auto_splits(32, HK),
                        "asm": True, "layout": "rowfirst"} for t in ROWFIRST_TILES]
+        # the Gluon MMA-fragment kernel, once GPU-verified (gluon_mma.GPU_VERIFIED) or with KVLAB_GLUON=1
+        cands += tuning.gluon_space(sch, 32, HQ, HK, D, page_size(name), bool(sch.window or sch.sink), "cuda")
         try:
             cfg, ms = tuning.tune("decode", sch, {"batch": 32, "heads_q": HQ, "heads_kv": HK, "head_dim": D,
                                                   "page_size": page_size(name), "context": 32768},
