@@ -34,9 +34,10 @@ SCHEMES = ("q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had")
 
 def check(name: str) -> dict:
     """Relative error of the Gluon kernel (every warps x tokens-per-warp config) against the reference."""
+    from paged_cases import call_args, make_paged
+
     import kvlab
     from kvlab.kernels.decode import decode
-    from paged_cases import call_args, make_paged
     sch = kvlab.scheme(name)
     c = make_paged([1, 300, 517, 4000], HK, D, P, sch.k, sch.v, device="cuda")
     args, kw = call_args(c)
@@ -53,10 +54,11 @@ def check(name: str) -> dict:
 
 def main() -> None:
     import triton
+    from bench_decode import copy_bandwidth, header, kv_bytes, peers
+
     import kvlab
     from kvlab.kernels import tuning
     from kvlab.kernels.decode import decode
-    from bench_decode import copy_bandwidth, header, kv_bytes, peers
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_gluon_out")
     ap.add_argument("--batches", default="32,1,8")
@@ -98,11 +100,11 @@ def main() -> None:
         vd = torch.randn_like(kd)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        def cudnn():
+        def cudnn(qd=qd, kd=kd, vd=vd):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)
         cud_g = triton.testing.do_bench_cudagraph(cudnn, rep=30, return_mode="median")
-        del qd, kd, vd
+        del qd, kd, vd, cudnn
         torch.cuda.empty_cache()
         w.writerow({"variant": "cudnn_bf16_dense", "batch": B, "context": CTX, "eager_ms": cud_e, "graph_ms": cud_g,
                     "kv_bytes": 2 * B * HK * CTX * D * 2, "x_cudnn_bf16_graph": 1.0, "error": perr})

@@ -34,7 +34,7 @@ _NAME_MAP = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_MEM_CACHE: dict[tuple, "GGUFWeights"] = {}
+_MEM_CACHE: dict[tuple, GGUFWeights] = {}
 
 
 @dataclass

@@ -89,14 +89,22 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[i
 
 
 # ---- inline PTX (outputs first; the emulator in kvlab.kernels.gluon_emu runs these strings) ----------
+def _int4_head(asym: bool, regs: str, s_ops: str, s16_ops: str, m_ops: str) -> tuple[list[str], str]:
+    """Register declarations and constants shared by the int4 asm: offsets to subtract from the magic
+    (sym: 1032 / 1152 for low / high nibbles; asym: 1024 both) and the finishing op (HMUL2 by the scale,
+    or HFMA2 by scale and zero) as a format string over {r} (register) and {s} (scale register)."""
+    lo_c, hi_c = ("0xE400E400", "0xE400E400") if asym else ("0xE408E408", "0xE480E480")
+    head = [f"{{ .reg .b32 {regs}, s1, s16, cl, ch, m1;", f"mov.b32 cl, {lo_c};", f"mov.b32 ch, {hi_c};",
+            f"mov.b32 s1, {{{s_ops}}};", f"mov.b32 s16, {{{s16_ops}}};"] + ([f"mov.b32 m1, {{{m_ops}}};"] if asym else [])
+    return head, ("fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};")
+
+
 def _asm_k4(asym: bool) -> str:
     """Int4 keys: word -> registers (lo b0, lo b2), (hi b0, hi b2), (lo b1, lo b3), (hi b1, hi b3).
     Sym: outputs $0..$7, in $8 w, $9 s, $10 s/16; (x - 1032 | 1152) * s. Asym: in also $11 m;
     (x - 1024) * s + m (one HFMA2; the high nibbles come in as 16 n and meet s / 16)."""
-    lo_c, hi_c = ("0xE400E400", "0xE400E400") if asym else ("0xE408E408", "0xE480E480")
-    fin = ("fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};")
-    lines = ["{ .reg .b32 u, r0, r1, r2, r3, s1, s16, cl, ch, m1;", f"mov.b32 cl, {lo_c};", f"mov.b32 ch, {hi_c};",
-             "mov.b32 s1, {$9, $9};", "mov.b32 s16, {$10, $10};"] + (["mov.b32 m1, {$11, $11};"] if asym else []) + [
+    head, fin = _int4_head(asym, "u, r0, r1, r2, r3", "$9, $9", "$10, $10", "$11, $11")
+    lines = head + [
         "shr.b32 u, $8, 8;",
         "lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r1, $8, 0x00F000F0, 0x64006400, 0xEA;",
         "lop3.b32 r2, u, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r3, u, 0x00F000F0, 0x64006400, 0xEA;",
@@ -130,13 +138,13 @@ cvt.rn.f16x2.e4m3x2 r0, l;
 cvt.rn.f16x2.e4m3x2 r1, h;
 mov.b32 {$0, $1}, r0;
 mov.b32 {$2, $3}, r1; }""")
+
+
 def _asm_v4(asym: bool) -> str:
     """Int4 values, byte k of words A and B -> (lo A, lo B, hi A, hi B). In: $4 wA, $5 wB, $6 sA, $7 sB,
     $8 sA/16, $9 sB/16 (asym: $10 mA, $11 mB)."""
-    lo_c, hi_c = ("0xE400E400", "0xE400E400") if asym else ("0xE408E408", "0xE480E480")
-    fin = ("fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};")
-    lines = ["{ .reg .b32 t, lo, hi, s1, s16, cl, ch, m1;", f"mov.b32 cl, {lo_c};", f"mov.b32 ch, {hi_c};",
-             "mov.b32 s1, {$6, $7};", "mov.b32 s16, {$8, $9};"] + (["mov.b32 m1, {$10, $11};"] if asym else []) + [
+    head, fin = _int4_head(asym, "t, lo, hi", "$6, $7", "$8, $9", "$10, $11")
+    lines = head + [
         "prmt.b32 t, $4, $5, SEL;",
         "lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;",
         "add.rn.f16x2 lo, lo, cl;", "add.rn.f16x2 hi, hi, ch;",

@@ -28,8 +28,19 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gluon_codecs import CODECS, F8, WORDS_K, WORDS_V, codec_of, k_build, k_channel_order, k_load, v_build, \
-    v_channel_order, v_load
+from .gluon_codecs import (
+    CODECS,
+    F8,
+    WORDS_K,
+    WORDS_V,
+    codec_of,
+    k_build,
+    k_channel_order,
+    k_load,
+    v_build,
+    v_channel_order,
+    v_load,
+)
 
 # Set True once the GPU tests (tests/kernels/decode/test_gluon_mma.py, `bash benchmarks/h200_run.sh gluon`)
 # have passed on a GPU: until then the tuner does not offer this kernel (it times, it does not check results);

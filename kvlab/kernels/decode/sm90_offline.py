@@ -71,8 +71,9 @@ def offline_compiles():
 def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
     """-> list of (name, CompiledKernel) for one Triton decode call (decode kernel [+ merge])."""
     import kvlab
-    from . import triton as dt
+
     from ..tuning import synthetic_cache
+    from . import triton as dt
     sch = kvlab.scheme(scheme)
     with offline_compiles() as kernels:
         dt._OFFLINE = True
@@ -92,8 +93,9 @@ def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk
                   num_splits=2):
     """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
     import kvlab
-    from . import gluon_mma
+
     from ..tuning import synthetic_cache
+    from . import gluon_mma
     sch = kvlab.scheme(scheme)
     with offline_compiles() as kernels:
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")

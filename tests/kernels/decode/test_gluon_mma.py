@@ -14,14 +14,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from paged_cases import call_args, make_paged
 
 import kvlab
 from kvlab.kernels.decode import decode
-from paged_cases import call_args, make_paged
 
 gluon_mma = pytest.importorskip("kvlab.kernels.decode.gluon_mma", reason="this Triton has no Gluon dialect",
                                 exc_type=ImportError)
-from kvlab.kernels.decode import gluon_codecs as gc  # noqa: E402
+from kvlab.kernels.decode import gluon_codecs as gc
 
 CUDA = torch.cuda.is_available()
 GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
@@ -130,7 +130,7 @@ def _hi_close(got, want, sc):
 def test_ptx_q4_decodes_nibbles():
     from kvlab.kernels.gluon_emu import run_ptx
     s16 = (S.astype(np.float32) / 16).astype(np.float16)
-    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64) - 8  # noqa: E731
+    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64) - 8
     outs = run_ptx(gc.ASM_K_Q4.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [W, _bits(S), _bits(s16)])
     for q in range(4):
         for h2 in range(2):  # register q, half h2 = byte (q >> 1) + 2 h2, nibble q & 1 (k_channel_order)
@@ -153,10 +153,10 @@ def test_ptx_q4a_decodes_nibbles_with_zeros():
     s16 = (S.astype(np.float32) / 16).astype(np.float16)
     m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
     mr = m[::-1].copy()
-    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64)  # noqa: E731
-    want = lambda c, sc, z: (c.astype(np.float32) * sc.astype(np.float32) + z.astype(np.float32))  # noqa: E731
+    nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64)
+    want = lambda c, sc, z: (c.astype(np.float32) * sc.astype(np.float32) + z.astype(np.float32))
     # one fp16 rounding of c s + m (HFMA2), as the reference rounds the fp32 value once to fp16
-    close = lambda got, w: np.testing.assert_array_equal(got, w.astype(np.float16).astype(np.float32))  # noqa: E731
+    close = lambda got, w: np.testing.assert_array_equal(got, w.astype(np.float16).astype(np.float32))
     outs = run_ptx(gc.ASM_K_Q4A.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h,h", [W, _bits(S), _bits(s16), _bits(m)])
     normal = np.abs(S.astype(np.float32)) >= 2.0 ** -10
     for q in range(4):
@@ -178,7 +178,7 @@ def test_ptx_q4a_decodes_nibbles_with_zeros():
 
 def test_ptx_i8_decodes_signed_bytes():
     from kvlab.kernels.gluon_emu import run_ptx
-    sb = lambda w, k: _byte(w, k).astype(np.uint8).view(np.int8).astype(np.int64)  # noqa: E731
+    sb = lambda w, k: _byte(w, k).astype(np.uint8).view(np.int8).astype(np.int64)
     outs = run_ptx(gc.ASM_K_I8.value, "=h,=h,=h,=h,r,h", [W, _bits(S)])
     for q in range(2):
         for h2 in range(2):  # register q, half h2 = byte q + 2 h2
