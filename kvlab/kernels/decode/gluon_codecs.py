@@ -5,6 +5,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - I8 (1): q8_0 / int8 sym group 32, fp16 scales, two's-complement bytes: v = byte s.
 - F8 (2): fp8_e4m3 bytes (optionally one per-tensor scale, applied by the kernel): v = e4m3(byte).
 - Q4A (3): int4 asym group 32, fp16 scales and zeros (q4_1, int4:g32:asym, int4_had): v = nibble s + m.
+- I8A (4): int8 asym, fp16 scales and zeros: v = byte s + m (byte unsigned).
+Groups of 32, 64 or 128 channels (one fp16 scale, and zero, per group): a thread's 32 key channels
+and 16 value channels always lie in one group.
 The nibble order within a byte (GGML: element i and i + 16 of a group; sequential: 2i and 2i + 1)
 only changes which channel each fragment element is, i.e. the channel orders below, not the kernel.
 A Hadamard rotation is applied outside the kernel (q rotated, the output rotated back).
@@ -29,43 +32,45 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 
-Q4, I8, F8, Q4A = 0, 1, 2, 3
-C_Q4, C_I8, C_F8, C_Q4A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A))  # the same, for jit code
-CODECS = {Q4: "int4 sym g32 (q4_0; fp16 scales)", I8: "int8 sym g32 (q8_0; fp16 scales)",
-          F8: "fp8_e4m3 (no group scales)", Q4A: "int4 asym g32 (q4_1, int4:g32:asym; fp16 scales and zeros)"}
-WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4}   # 32-bit code words per thread per key row (one 32-channel block)
-WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2}   # ... per value row (16 output columns)
+Q4, I8, F8, Q4A, I8A = 0, 1, 2, 3, 4
+C_Q4, C_I8, C_F8, C_Q4A, C_I8A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I8A))  # the same, for jit code
+CODECS = {Q4: "int4 sym (q4_0)", Q4A: "int4 asym (q4_1, int4:g32:asym)", I8: "int8 sym (q8_0)", I8A: "int8 asym",
+          F8: "fp8_e4m3 (no group scales)"}
+GROUPS = (32, 64, 128)  # int codecs: token-axis groups with fp16 scales (and zeros)
+WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4, I8A: 8}   # 32-bit code words per thread per key row (32 channels)
+WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2, I8A: 4}   # ... per value row (16 output columns)
 
 
 def codec_of(spec) -> int | None:
     """The codec that decodes `spec`'s pages, or None."""
     if spec.pre_rope or spec.tensor_scale or spec.rotation not in ("none", "had"):
         return None
-    if spec.fmt == "int" and spec.axis == "tok" and spec.group == 32 and spec.scale_dtype == "f16":
+    if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16":
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
-        if spec.bits == 8 and spec.sym:
-            return I8
+        if spec.bits == 8:
+            return I8 if spec.sym else I8A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     return None
 
 
-def _nibble_channel(j: int, h: int, pack: str) -> int:
-    """Channel of nibble h of byte j of a 128-channel int4 row: GGML holds elements i and i + 16 of each
-    32-group in byte 16 g + i, sequential packing elements 2j and 2j + 1."""
-    return 32 * (j // 16) + j % 16 + 16 * h if pack == "ggml" else 2 * j + h
+def _nibble_channel(j: int, h: int, pack: str, G: int = 32) -> int:
+    """Channel of nibble h of byte j of a 128-channel int4 row: GGML holds elements i and i + G / 2 of each
+    G-group in byte G / 2 * g + i, sequential packing elements 2j and 2j + 1."""
+    half = G // 2
+    return G * (j // half) + j % half + half * h if pack == "ggml" else 2 * j + h
 
 
-def k_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[int]:
+def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
     """Head-dim channel of each score contraction index kappa = h2 + 2 r + 8 x (x = the thread's register)."""
     out = []
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
         if codec in (Q4, Q4A):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
-            out.append(_nibble_channel(16 * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack))
-        elif codec == I8:  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
+            out.append(_nibble_channel(16 * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
+        elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
             q, wi = x & 1, x >> 1
             out.append(32 * r + 4 * wi + q + 2 * h2)
         else:  # F8: register x = q + 2 wi holds bytes (2 q, 2 q + 1) of word wi
@@ -74,14 +79,14 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[i
     return out
 
 
-def v_channel_order(codec: int = Q4, pack: str = "ggml", D: int = 128) -> list[int]:
+def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
     """Head-dim channel of each output column n = g + 8 nt."""
     out = []
     for n in range(D):
         g, nt = n & 7, n >> 3
         if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's 8 bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
-            out.append(_nibble_channel(8 * g + 4 * we + k, h, pack))
+            out.append(_nibble_channel(8 * g + 4 * we + k, h, pack, G))
         else:  # nt = k + 4 we: byte k of word we of the thread's 16 bytes
             k, we = nt & 3, nt >> 2
             out.append(16 * g + 4 * we + k)
@@ -131,6 +136,21 @@ mul.rn.f16x2 r0, r0, s1;
 mul.rn.f16x2 r1, r1, s1;
 mov.b32 {$0, $1}, r0;
 mov.b32 {$2, $3}, r1; }""")
+# I8A keys: word -> registers (b0, b2), (b1, b3): (x & 0x00FF00FF) | 0x64006400 = 1024 + byte, minus 1024, then
+# byte s + m (one HFMA2). In: $4 w, $5 s, $6 m.
+ASM_K_I8A = ttgl.constexpr("""{ .reg .b32 u, r0, r1, s1, m1, c;
+mov.b32 c, 0xE400E400;
+mov.b32 s1, {$5, $5};
+mov.b32 m1, {$6, $6};
+shr.b32 u, $4, 8;
+lop3.b32 r0, $4, 0x00FF00FF, 0x64006400, 0xEA;
+lop3.b32 r1, u, 0x00FF00FF, 0x64006400, 0xEA;
+add.rn.f16x2 r0, r0, c;
+add.rn.f16x2 r1, r1, c;
+fma.rn.f16x2 r0, r0, s1, m1;
+fma.rn.f16x2 r1, r1, s1, m1;
+mov.b32 {$0, $1}, r0;
+mov.b32 {$2, $3}, r1; }""")
 # F8 keys: word -> registers (b0, b1), (b2, b3) by the hardware e4m3x2 -> f16x2 conversion (sm_89+). In: $4 w.
 ASM_K_F8 = ttgl.constexpr("""{ .reg .b16 l, h; .reg .b32 r0, r1;
 mov.b32 {l, h}, $4;
@@ -162,6 +182,16 @@ lop3.b32 t, t, 0x00FF00FF, 0x64806480, 0x6A;
 add.rn.f16x2 t, t, c;
 mul.rn.f16x2 t, t, s1;
 mov.b32 {$0, $1}, t; }"""
+# I8A values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB, $4 sA, $5 sB, $6 mA, $7 mB.
+_ASM_V_I8A = """{ .reg .b32 t, s1, m1, c;
+mov.b32 c, 0xE400E400;
+mov.b32 s1, {$4, $5};
+mov.b32 m1, {$6, $7};
+prmt.b32 t, $2, $3, SEL;
+lop3.b32 t, t, 0x00FF00FF, 0x64006400, 0xEA;
+add.rn.f16x2 t, t, c;
+fma.rn.f16x2 t, t, s1, m1;
+mov.b32 {$0, $1}, t; }"""
 # F8 values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB.
 _ASM_V_F8 = """{ .reg .b16 l, h; .reg .b32 t, r;
 prmt.b32 t, $2, $3, SEL;
@@ -175,12 +205,13 @@ def asm_v(codec: int, k: int) -> str:
     and B's at 2-3 (two fp16 lanes); F8 packs A's and B's byte k into the low 16 bits (one e4m3x2)."""
     if codec == F8:
         return _ASM_V_F8.replace("SEL", f"0x00{4 + k}{k}")
-    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _ASM_V_I8}[codec]
+    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _ASM_V_I8, I8A: _ASM_V_I8A}[codec]
     return text.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
 
 
 AVQ0, AVQ1, AVQ2, AVQ3 = (ttgl.constexpr(asm_v(Q4, k)) for k in range(4))
 AVA0, AVA1, AVA2, AVA3 = (ttgl.constexpr(asm_v(Q4A, k)) for k in range(4))
+AVB0, AVB1, AVB2, AVB3 = (ttgl.constexpr(asm_v(I8A, k)) for k in range(4))
 AVI0, AVI1, AVI2, AVI3 = (ttgl.constexpr(asm_v(I8, k)) for k in range(4))
 AVF0, AVF1, AVF2, AVF3 = (ttgl.constexpr(asm_v(F8, k)) for k in range(4))
 
@@ -207,7 +238,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
-           P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr):
+           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr):
     """Raw K code words [NW, WK, r, TW] (int32), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec
     has none) of tokens t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused
     rows of the last page; the kernel scores them -inf). Zeros share the scales' strides."""
@@ -223,16 +254,17 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
-        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, 4, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
+        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, 128 // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
+        rs = rs * 32 // G  # the group of the thread's 32 channels
         s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
-        if CODEC == C_Q4A:
+        if CODEC == C_Q4A or CODEC == C_I8A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
     return w, s, m
 
 
 @gluon.jit
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
-           P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr):
+           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), and their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0)."""
@@ -260,16 +292,16 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     else:  # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of the thread's bytes (g // 2)
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
-        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, 4, P, TW, TW // 2, 2, L2, NW)  # first token of each pair
+        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, 128 // G, P, TW, TW // 2, 2, L2, NW)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + 2 * tc[None, :]  # [NW, c] first token of the pair
-        off = srow[:, None, :] + (sg // 2)[None, :, None]
+        off = srow[:, None, :] + (sg * 16 // G)[None, :, None]  # the group of the thread's 16 channels
         sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
-        sb = ttgl.load(VS + off + 4, mask=(ta + 1 < hi)[:, None, :], other=0.0)
-        if CODEC == C_Q4A:
+        sb = ttgl.load(VS + off + 128 // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+        if CODEC == C_Q4A or CODEC == C_I8A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
-            mb = ttgl.load(VZ + off + 4, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+            mb = ttgl.load(VZ + off + 128 // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
     return wa, wb, sa, sb, ma, mb
 
 
@@ -299,6 +331,10 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
         if CODEC == C_I8:
             o = ttgl.inline_asm_elementwise(ASM_K_I8, "=h,=h,=h,=h,r,h", [w, s], dtype=(ttgl.float16,) * 4,
                                             is_pure=True, pack=1)
+        elif CODEC == C_I8A:
+            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            o = ttgl.inline_asm_elementwise(ASM_K_I8A, "=h,=h,=h,=h,r,h,h", [w, s, m], dtype=(ttgl.float16,) * 4,
+                                            is_pure=True, pack=1)
         else:
             o = ttgl.inline_asm_elementwise(ASM_K_F8, "=h,=h,=h,=h,r", [w], dtype=(ttgl.float16,) * 4,
                                             is_pure=True, pack=1)
@@ -324,6 +360,13 @@ def _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, ASM: ttgl.constexpr):
 @gluon.jit
 def _v_i8(wa, wb, sa, sb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16,) * 2,
+                                    is_pure=True, pack=1)
+    return _j2(o[0], o[1])  # [..., t0]
+
+
+@gluon.jit
+def _v_i8a(wa, wb, sa, sb, ma, mb, ASM: ttgl.constexpr):
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h,h,h", [wa, wb, sa, sb, ma, mb], dtype=(ttgl.float16,) * 2,
                                     is_pure=True, pack=1)
     return _j2(o[0], o[1])  # [..., t0]
 
@@ -358,6 +401,11 @@ def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW
         if CODEC == C_I8:
             j = ttgl.join(ttgl.join(_v_i8(wa, wb, sa, sb, AVI0), _v_i8(wa, wb, sa, sb, AVI1)),
                           ttgl.join(_v_i8(wa, wb, sa, sb, AVI2), _v_i8(wa, wb, sa, sb, AVI3)))
+        elif CODEC == C_I8A:
+            ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
+            mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
+            j = ttgl.join(ttgl.join(_v_i8a(wa, wb, sa, sb, ma, mb, AVB0), _v_i8a(wa, wb, sa, sb, ma, mb, AVB1)),
+                          ttgl.join(_v_i8a(wa, wb, sa, sb, ma, mb, AVB2), _v_i8a(wa, wb, sa, sb, ma, mb, AVB3)))
         else:
             j = ttgl.join(ttgl.join(_v_f8(wa, wb, AVF0), _v_f8(wa, wb, AVF1)),
                           ttgl.join(_v_f8(wa, wb, AVF2), _v_f8(wa, wb, AVF3)))

@@ -51,11 +51,17 @@ PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
 
-@functools.lru_cache(maxsize=16)
-def channel_orders(kcodec: int, kpack: str, vcodec: int, vpack: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _group(spec) -> int:
+    """Channels per scale group (32 for codecs without group scales: never used)."""
+    return spec.group if spec.group in (32, 64, 128) else 32
+
+
+@functools.lru_cache(maxsize=32)
+def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg: int, device) -> tuple[torch.Tensor,
+                                                                                                     torch.Tensor]:
     """(k_channel_order, v_channel_order) as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
-    return (torch.tensor(k_channel_order(kcodec, kpack), dtype=torch.int32, device=device),
-            torch.tensor(v_channel_order(vcodec, vpack), dtype=torch.int32, device=device))
+    return (torch.tensor(k_channel_order(kcodec, kpack, kg), dtype=torch.int32, device=device),
+            torch.tensor(v_channel_order(vcodec, vpack, vg), dtype=torch.int32, device=device))
 
 
 def _bits(n: int) -> list[int]:
@@ -130,6 +136,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                        KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
+                       GK: ttgl.constexpr, GV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
@@ -171,14 +178,15 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
-    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
-    va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, P, TW, VW,
+    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW)
+    va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
                                           VWA, NW)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
-        nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, P, TW, KW, NW)
+        nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
+                               NW)
         nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
-                                                   WV, P, TW, VW, VWA, NW)
+                                                   WV, GV, P, TW, VW, VWA, NW)
         kt = k_build(kw, ks, kz, KCODEC, B, NW, TW)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + s_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW)
@@ -305,12 +313,14 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
         _decode_mma_kernel[(B, Hk, S)](
             q, out, op if S > 1 else out, lse if S > 1 else out, kc, ks, kz, vc, vs, vz,
             out if kts is None else kts, out if vts is None else vts,
-            *channel_orders(kcodec, k_spec.pack, vcodec, v_spec.pack, q.device), kv_indptr, kv_indices,
+            *channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device),
+            kv_indptr, kv_indices,
             kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
             sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
             *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
-            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], HAS_KTS=kts is not None,
+            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], GK=_group(k_spec),
+            GV=_group(v_spec), HAS_KTS=kts is not None,
             HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
             B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW)
         if S > 1:

@@ -27,25 +27,27 @@ CUDA = torch.cuda.is_available()
 GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
 TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
-           "int8:g32:sym"]
+           "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml"]
 
 
-@pytest.mark.parametrize("codec,pack", [(gc.Q4, "ggml"), (gc.Q4, "seq"), (gc.Q4A, "ggml"), (gc.Q4A, "seq"),
-                                        (gc.I8, "ggml"), (gc.F8, "seq")])
-def test_channel_orders_are_permutations(codec, pack):
-    k, v = gc.k_channel_order(codec, pack), gc.v_channel_order(codec, pack)
+@pytest.mark.parametrize("codec,pack,G", [(c, p, G) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq") for G in gc.GROUPS]
+                         + [(gc.I8, "ggml", 32), (gc.I8A, "seq", 64), (gc.F8, "seq", 32)])
+def test_channel_orders_are_permutations(codec, pack, G):
+    k, v = gc.k_channel_order(codec, pack, G), gc.v_channel_order(codec, pack, G)
     assert sorted(k) == list(range(128)) and sorted(v) == list(range(128))
-    # a thread (lane % 4 = r) holds one 32-channel block of each key row: one scale
-    assert all(k[kap] // 32 == (kap >> 1) & 3 for kap in range(128))
-    # a thread (lane // 4 = g) holds one block's channels of each value row: one scale per token
-    assert all(v[n] // 32 == (n & 7) // 2 for n in range(128))
+    # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group 32 r // G
+    assert all(k[kap] // G == 32 * ((kap >> 1) & 3) // G for kap in range(128))
+    # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group 16 g // G
+    assert all(v[n] // G == 16 * (n & 7) // G for n in range(128))
 
 
 def test_codec_of():
-    names = ("q4_0", "int4:g32:sym", "q8_0", "int8:g32:sym", "fp8_e4m3", "q4_1", "int4:g32:asym", "int4_had")
+    names = ("q4_0", "int4:g128:sym", "q8_0", "int8:g64:sym", "fp8_e4m3", "q4_1", "int4:g64:asym", "int4_had",
+             "int8:g32:asym")
     assert [gc.codec_of(kvlab.scheme(n).k) for n in names] == [gc.Q4, gc.Q4, gc.I8, gc.I8, gc.F8, gc.Q4A, gc.Q4A,
-                                                               gc.Q4A]
-    for n in ("int4:g64:asym", "int8:g64:sym", "int8:g32:asym", "fp8_e5m2", "nvfp4", "kivi4", "bf16", "int3:g32:asym"):
+                                                               gc.Q4A, gc.I8A]
+    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nvfp4", "kivi4", "bf16", "int3:g32:asym",
+              "int4:g32:asym:s=bf16", "int4:head:asym"):
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
 
 
@@ -189,6 +191,22 @@ def test_ptx_i8_decodes_signed_bytes():
         np.testing.assert_array_equal(_f16(b), _want(sb(WB, k), SR))
 
 
+def test_ptx_i8a_decodes_unsigned_bytes_with_zeros():
+    from kvlab.kernels.gluon_emu import run_ptx
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    ub = lambda w, k: _byte(w, k).astype(np.int64)  # noqa: E731
+    want = lambda c, sc, z: (c * sc.astype(np.float32) + z.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    outs = run_ptx(gc.ASM_K_I8A.value, "=h,=h,=h,=h,r,h,h", [W, _bits(S), _bits(m)])
+    for q in range(2):
+        for h2 in range(2):
+            np.testing.assert_array_equal(_f16(outs[2 * q + h2]), want(ub(W, q + 2 * h2), S, m))
+    for k in range(4):
+        a, b = run_ptx(gc.asm_v(gc.I8A, k), "=h,=h,r,r,h,h,h,h", [W, WB, _bits(S), _bits(SR), _bits(m), _bits(mr)])
+        np.testing.assert_array_equal(_f16(a), want(ub(W, k), S, m))
+        np.testing.assert_array_equal(_f16(b), want(ub(WB, k), SR, mr))
+
+
 def test_ptx_f8_converts_e4m3():
     from kvlab.kernels.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
@@ -235,6 +253,10 @@ EMU_CASES = [
     ("int4:g32:asym", [40, 130], 8, 2, 16, 2, 2, 32),    # sequential nibbles
     ("int4_had", [40, 130], 8, 2, 32, 2, 4, 16),         # Hadamard-rotated K and V
     ("int4:g32:sym", [33, 90], 16, 2, 16, 1, 4, 16),     # sym, sequential nibbles
+    ("int4:g64:asym:pack=ggml", [33, 90], 8, 2, 16, 2, 4, 16),   # groups of 64, GGML halves of 32
+    ("int4:g128:sym", [33, 90], 8, 2, 16, 2, 4, 32),
+    ("int8:g64:asym", [17, 100], 8, 2, 16, 3, 4, 16),
+    ("k=int8:g128:sym,v=int4:g64:sym", [17, 100], 8, 2, 32, 2, 2, 16),
 ]
 
 
