@@ -158,7 +158,6 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, dev
         from .decode import gluon_mma
     except ImportError:  # a Triton without the Gluon dialect
         return []
-    import os
     if not (gluon_mma.GPU_VERIFIED or os.environ.get("KVLAB_GLUON") == "1"):
         return []
     if gluon_mma.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:

@@ -122,35 +122,23 @@ def _asm_k4(asym: bool) -> str:
 
 ASM_K_Q4 = ttgl.constexpr(_asm_k4(False))
 ASM_K_Q4A = ttgl.constexpr(_asm_k4(True))
-# I8 keys: word -> registers (b0, b2), (b1, b3): (x & 0x00FF00FF) ^ 0x64806480 = 0x6400 | (x ^ 0x80) per half
-# (lop3 0x6A = (a & b) ^ c), minus 1152 = the signed byte. In: $4 w, $5 s.
-ASM_K_I8 = ttgl.constexpr("""{ .reg .b32 u, r0, r1, s1, c;
-mov.b32 c, 0xE480E480;
-mov.b32 s1, {$5, $5};
-shr.b32 u, $4, 8;
-lop3.b32 r0, $4, 0x00FF00FF, 0x64806480, 0x6A;
-lop3.b32 r1, u, 0x00FF00FF, 0x64806480, 0x6A;
-add.rn.f16x2 r0, r0, c;
-add.rn.f16x2 r1, r1, c;
-mul.rn.f16x2 r0, r0, s1;
-mul.rn.f16x2 r1, r1, s1;
-mov.b32 {$0, $1}, r0;
-mov.b32 {$2, $3}, r1; }""")
-# I8A keys: word -> registers (b0, b2), (b1, b3): (x & 0x00FF00FF) | 0x64006400 = 1024 + byte, minus 1024, then
-# byte s + m (one HFMA2). In: $4 w, $5 s, $6 m.
-ASM_K_I8A = ttgl.constexpr("""{ .reg .b32 u, r0, r1, s1, m1, c;
-mov.b32 c, 0xE400E400;
-mov.b32 s1, {$5, $5};
-mov.b32 m1, {$6, $6};
-shr.b32 u, $4, 8;
-lop3.b32 r0, $4, 0x00FF00FF, 0x64006400, 0xEA;
-lop3.b32 r1, u, 0x00FF00FF, 0x64006400, 0xEA;
-add.rn.f16x2 r0, r0, c;
-add.rn.f16x2 r1, r1, c;
-fma.rn.f16x2 r0, r0, s1, m1;
-fma.rn.f16x2 r1, r1, s1, m1;
-mov.b32 {$0, $1}, r0;
-mov.b32 {$2, $3}, r1; }""")
+def _asm_k8(asym: bool) -> str:
+    """Int8 keys: word -> registers (b0, b2), (b1, b3). Sym: (x & 0x00FF00FF) ^ 0x64806480 = 0x6400 | (x ^ 0x80)
+    per half (lop3 0x6A = (a & b) ^ c), minus 1152 = the signed byte, times s; in $4 w, $5 s. Asym:
+    (x & 0x00FF00FF) | 0x64006400 = 1024 + byte (lop3 0xEA), minus 1024, then byte s + m (one HFMA2); in also $6 m."""
+    magic, lut, c = ("0x64006400", "0xEA", "0xE400E400") if asym else ("0x64806480", "0x6A", "0xE480E480")
+    fin = "fma.rn.f16x2 {r}, {r}, s1, m1;" if asym else "mul.rn.f16x2 {r}, {r}, s1;"
+    lines = ["{ .reg .b32 u, r0, r1, s1, m1, c;", f"mov.b32 c, {c};", "mov.b32 s1, {$5, $5};"] + (
+        ["mov.b32 m1, {$6, $6};"] if asym else []) + [
+        "shr.b32 u, $4, 8;",
+        f"lop3.b32 r0, $4, 0x00FF00FF, {magic}, {lut};", f"lop3.b32 r1, u, 0x00FF00FF, {magic}, {lut};",
+        "add.rn.f16x2 r0, r0, c;", "add.rn.f16x2 r1, r1, c;", fin.format(r="r0"), fin.format(r="r1"),
+        "mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1; }"]
+    return "\n".join(lines)
+
+
+ASM_K_I8 = ttgl.constexpr(_asm_k8(False))
+ASM_K_I8A = ttgl.constexpr(_asm_k8(True))
 # F8 keys: word -> registers (b0, b1), (b2, b3) by the hardware e4m3x2 -> f16x2 conversion (sm_89+). In: $4 w.
 ASM_K_F8 = ttgl.constexpr("""{ .reg .b16 l, h; .reg .b32 r0, r1;
 mov.b32 {l, h}, $4;
@@ -173,25 +161,17 @@ def _asm_v4(asym: bool) -> str:
     return "\n".join(lines)
 
 
-# I8 values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB, $4 sA, $5 sB.
-_ASM_V_I8 = """{ .reg .b32 t, s1, c;
-mov.b32 c, 0xE480E480;
-mov.b32 s1, {$4, $5};
-prmt.b32 t, $2, $3, SEL;
-lop3.b32 t, t, 0x00FF00FF, 0x64806480, 0x6A;
-add.rn.f16x2 t, t, c;
-mul.rn.f16x2 t, t, s1;
-mov.b32 {$0, $1}, t; }"""
-# I8A values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB, $4 sA, $5 sB, $6 mA, $7 mB.
-_ASM_V_I8A = """{ .reg .b32 t, s1, m1, c;
-mov.b32 c, 0xE400E400;
-mov.b32 s1, {$4, $5};
-mov.b32 m1, {$6, $7};
-prmt.b32 t, $2, $3, SEL;
-lop3.b32 t, t, 0x00FF00FF, 0x64006400, 0xEA;
-add.rn.f16x2 t, t, c;
-fma.rn.f16x2 t, t, s1, m1;
-mov.b32 {$0, $1}, t; }"""
+def _asm_v8(asym: bool) -> str:
+    """Int8 values, byte k of words A and B -> (A, B), the key's conversion per lane. In: $2 wA, $3 wB, $4 sA,
+    $5 sB (asym: $6 mA, $7 mB)."""
+    magic, lut, c = ("0x64006400", "0xEA", "0xE400E400") if asym else ("0x64806480", "0x6A", "0xE480E480")
+    lines = ["{ .reg .b32 t, s1, m1, c;", f"mov.b32 c, {c};", "mov.b32 s1, {$4, $5};"] + (
+        ["mov.b32 m1, {$6, $7};"] if asym else []) + [
+        "prmt.b32 t, $2, $3, SEL;", f"lop3.b32 t, t, 0x00FF00FF, {magic}, {lut};", "add.rn.f16x2 t, t, c;",
+        "fma.rn.f16x2 t, t, s1, m1;" if asym else "mul.rn.f16x2 t, t, s1;", "mov.b32 {$0, $1}, t; }"]
+    return "\n".join(lines)
+
+
 # F8 values, byte k of words A and B -> (A, B). In: $2 wA, $3 wB.
 _ASM_V_F8 = """{ .reg .b16 l, h; .reg .b32 t, r;
 prmt.b32 t, $2, $3, SEL;
@@ -205,7 +185,7 @@ def asm_v(codec: int, k: int) -> str:
     and B's at 2-3 (two fp16 lanes); F8 packs A's and B's byte k into the low 16 bits (one e4m3x2)."""
     if codec == F8:
         return _ASM_V_F8.replace("SEL", f"0x00{4 + k}{k}")
-    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _ASM_V_I8, I8A: _ASM_V_I8A}[codec]
+    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _asm_v8(False), I8A: _asm_v8(True)}[codec]
     return text.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
 
 

@@ -277,10 +277,6 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     lay = layouts(NW, TW, WORDS_K[kcodec], WORDS_V[vcodec])
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
-    op = lse = out
-    if S > 1:
-        op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
-        lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
     if not (k_spec.axis == "tensor" and k_spec.has_scale):
         k_tensor_scale = None  # only axis-tensor specs with a static scale carry one (as in decode_triton)
     if not (v_spec.axis == "tensor" and v_spec.has_scale):
@@ -296,6 +292,10 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     rot_k, rot_v = k_spec.rotation == "had", v_spec.rotation == "had"
     kern_out = out if not rot_v else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
     user_out = out
+    op = lse = kern_out  # split partials and their log-sum-exps (unused with one split)
+    if S > 1:
+        op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
     q_in = q
 
     has_fp = k_fp is not None
@@ -311,7 +311,7 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
         vf = vf if has_fp else vc
         out = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            q, out, op if S > 1 else out, lse if S > 1 else out, kc, ks, kz, vc, vs, vz,
+            q, out, op, lse, kc, ks, kz, vc, vs, vz,
             out if kts is None else kts, out if vts is None else vts,
             *channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device),
             kv_indptr, kv_indices,

@@ -324,26 +324,25 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
     if config is None:
         config = tuning.lookup("decode", k_spec, v_spec, B, Hq, Hk, D, P, q.device)
     cfg.update(config or {})
+    S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
     kernel = cfg.get("kernel") or "triton"
     if kernel not in ("triton", "gluon"):
-        raise ValueError(f"config kernel={kernel!r}; allowed: 'triton', 'gluon' (MMA-fragment kernel: q4_0, q8_0 / int8 g32, fp8_e4m3)")
+        raise ValueError(f"config kernel={kernel!r}; allowed: 'triton', 'gluon' (MMA-fragment kernel; gluon_mma.why_not says which calls)")
     if kernel == "gluon":
         from . import gluon_mma
         why = gluon_mma.why_not(k_spec, v_spec, D, P, group, k_fp is not None, q.device)
         if why is not None:
             raise ValueError(f"config kernel='gluon' cannot run this call: {why}")
-        S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
         return gluon_mma.decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P,
                                       sm_scale=sm_scale, num_splits=S, k_fp=k_fp, v_fp=v_fp, fp_len=fp_len,
-                                      k_tensor_scale=k_tensor_scale,
-                                      v_tensor_scale=v_tensor_scale, num_warps=int(cfg.get("num_warps", 4)),
+                                      k_tensor_scale=k_tensor_scale, v_tensor_scale=v_tensor_scale,
+                                      num_warps=int(cfg.get("num_warps", 4)),
                                       tokens_per_warp=int(cfg.get("tokens_per_warp", 16)), out=out, plan=plan)
     asm = bool(cfg.get("asm", True) if use_asm is None else use_asm) and not interpreting() and (q.is_cuda or _OFFLINE)
     BN = int(cfg["BLOCK_N"])
     for s in (k_spec, v_spec):
         if s.axis == "chan":
             BN = max(BN, s.group)
-    S = int(num_splits or cfg.get("num_splits") or tuning.auto_splits(B, Hk, q.device))
     layout = cfg.get("layout") or "operand"
     if layout not in ("operand", "rowfirst"):
         raise ValueError(f"config layout={layout!r}; allowed: 'operand', 'rowfirst'")
