@@ -4,8 +4,8 @@
 
 Shapes: Hq 32, Hk 8, D 128, page 16, context 32K, batch 32 / 1 / 8 (in that order, within --budget).
 For each batch: cuDNN SDPA on dense bf16 K/V (the issue's peer), kvlab's bf16 paged kernel, and per
-scheme the Triton kernel at its quick-tuned config and the Gluon kernel at 4 / 8 warps x 16 / 32
-tokens per warp x two split counts (B = 32; two configs at the other batches). Correctness against the float32 reference is checked first for
+scheme the Triton kernel at its quick-tuned config and the Gluon kernel over warps x tokens per warp x
+register cap (maxnreg) x split count (B = 32; three configs at the other batches). Correctness against the float32 reference is checked first for
 each scheme. Medians of triton.testing.do_bench (eager) and of CUDA-graph replays
 (do_bench_cudagraph); 3 cache copies rotate so the cache is not read from L2. Writes gluon.csv and
 header.json.
@@ -118,12 +118,16 @@ def main() -> None:
             variants.append((f"{name}_triton", sch, tri, None))
             if not ok.get(name):
                 continue  # a kernel that failed its check is not timed
-            grid = [(nw, tw, S) for nw in (4, 8) for tw in (16, 32) for S in sorted({S0, -(-3 * S0 // 2)})]
-            if B != 32:  # the full grid at the target shape; two configs elsewhere
-                grid = [(4, 16, S0), (4, 32, S0)]
-            for nw, tw, S in grid:
-                variants.append((f"{name}_gluon_w{nw}_tw{tw}", sch,
-                                 {"kernel": "gluon", "num_warps": nw, "tokens_per_warp": tw}, S))
+            S1 = -(-3 * S0 // 4)
+            # (warps, tokens per warp, register cap, splits); maxnreg 168: 3 CTAs / SM at 16 tokens (no spills)
+            grid = [(4, 16, r, S) for r in (None, 168, 128) for S in sorted({S1, S0, -(-3 * S0 // 2)})]
+            grid += [(4, 32, r, S) for r in (None, 168) for S in sorted({S1, S0})] + [(8, 32, None, S0)]
+            if B != 32:  # the full grid at the target shape; a few configs elsewhere
+                grid = [(4, 16, None, S0), (4, 16, 168, S0), (4, 32, None, S0)]
+            for nw, tw, r, S in grid:
+                variants.append((f"{name}_gluon_w{nw}_tw{tw}" + (f"_r{r}" if r else ""), sch,
+                                 {"kernel": "gluon", "num_warps": nw, "tokens_per_warp": tw,
+                                  **({"maxnreg": r} if r else {})}, S))
         caches = {}
         for label, sch, cfg, S in variants:
             row = {"variant": label, "batch": B, "context": CTX, "config": json.dumps(cfg),

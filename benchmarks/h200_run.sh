@@ -4,7 +4,7 @@
 #   bash benchmarks/h200_run.sh stage     # only stage the GGUF's first half (when no kernel run is due)
 #   bash benchmarks/h200_run.sh profile   # ncu on the decode kernel (also stages part A)
 #   bash benchmarks/h200_run.sh store     # store kernel: all store tests on the GPU, bench_store, ncu
-#   bash benchmarks/h200_run.sh gluon     # Gluon MMA decode: GPU tests, bench vs Triton/cuDNN, ncu (then: store)
+#   bash benchmarks/h200_run.sh gluon     # Gluon MMA decode: GPU tests, bench vs Triton/cuDNN, ncu (DECODE=1: decode table; STORE=1: store job)
 #   bash benchmarks/h200_run.sh sweep     # the default sweep's GPU variant under CUDA MPS (BENCH_EVAL=1: eval timing first)
 # The SmolLM2 GGUF (98 MB) exceeds what one call may carry, so it travels in two halves
 # (gpu_a/part with the first call, gpu_b/part with the second, on a machine still warm).
@@ -48,6 +48,10 @@ elif [ "$mode" = gluon ]; then   # the Gluon MMA decode: GPU tests, benchmark vs
   timeout "${GBENCH_S:-300}" python3 benchmarks/bench_gluon.py --out "$W/gluon" 2>&1 | tail -80 | tee "$W/bench_gluon.log"
   [ -n "${NO_PROFILE:-}" ] || OUT="$W" timeout 150 bash benchmarks/profile_decode.sh 'q4_0@{"kernel":"gluon"}' \
     'q8_0@{"kernel":"gluon"}' 2>&1 | tail -60
+  if [ -n "${DECODE:-}" ]; then   # DECODE=1: then the whole decode table (its tuner now offers the Gluon kernel)
+    timeout "${KTIMEOUT:-330}" python3 benchmarks/bench_decode.py --out "$W/decode" --budget "${KBUDGET:-170}" \
+      ${KARGS:-} 2>&1 | tail -60 > "$W/bench_decode.log"; tail -45 "$W/bench_decode.log"
+  fi
   [ -z "${STORE:-}" ] || store_job   # STORE=1: also the store job (may not fit one 10-minute call)
 elif [ "$mode" = kernels ]; then
   timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/kernels/decode tests/kernels/store/test_store_exact.py -k "rowfirst or fast or exact or kv_major or fma or q5 or ggml" 2>&1 | tail -6 | tee "$W/pytest_kernels.log"

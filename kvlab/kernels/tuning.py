@@ -152,18 +152,21 @@ def rowfirst_ok(spec) -> bool:
 
 
 def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, device=None) -> list[dict]:
-    """The Gluon MMA-fragment kernel (decode/gluon_mma.py) as candidates where it runs this call (once
-    `gluon_mma.GPU_VERIFIED`, or with KVLAB_GLUON=1): 4 or 8 warps of 16 or 32 tokens."""
+    """The Gluon MMA-fragment kernel (decode/gluon_mma.py) as candidates where it runs this call, on GPUs of
+    a compute capability in `gluon_mma.GPU_VERIFIED` (or any with KVLAB_GLUON=1): 4 warps of 16 or 32
+    tokens, at the compiler's register count or capped (maxnreg 168: 3 CTAs of 4 warps per SM on sm_90,
+    no spills at 16 tokens), and 8 warps of 32 tokens."""
     try:
         from .decode import gluon_mma
     except ImportError:  # a Triton without the Gluon dialect
         return []
-    if not (gluon_mma.GPU_VERIFIED or os.environ.get("KVLAB_GLUON") == "1"):
+    if not (gluon_mma.gpu_verified(device or "cuda") or os.environ.get("KVLAB_GLUON") == "1"):
         return []
     if gluon_mma.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
         return []
-    return [{"kernel": "gluon", "num_warps": w, "tokens_per_warp": tw, "num_splits": auto_splits(B, Hk, device)}
-            for w in (4, 8) for tw in (16, 32)]
+    S = auto_splits(B, Hk, device)
+    return [{"kernel": "gluon", "num_warps": w, "tokens_per_warp": tw, "num_splits": S, **({"maxnreg": r} if r else {})}
+            for w, tw, r in ((4, 16, None), (4, 16, 168), (4, 32, None), (4, 32, 168), (8, 32, None))]
 
 
 def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:

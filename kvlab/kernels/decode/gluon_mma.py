@@ -42,10 +42,19 @@ from .gluon_codecs import (
     v_load,
 )
 
-# Set True once the GPU tests (tests/kernels/decode/test_gluon_mma.py, `bash benchmarks/h200_run.sh gluon`)
-# have passed on a GPU: until then the tuner does not offer this kernel (it times, it does not check results);
-# `config={"kernel": "gluon"}` runs it on request. KVLAB_GLUON=1 lets the tuner offer it anyway.
-GPU_VERIFIED = False
+# Compute capabilities on which the GPU tests (tests/kernels/decode/test_gluon_mma.py, run by
+# `bash benchmarks/h200_run.sh gluon`) have passed. The tuner offers this kernel only on these (it times
+# candidates, it does not check their results); `config={"kernel": "gluon"}` runs it on request anywhere
+# `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
+# sm_90: H200, triton 3.6.0, torch 2.11 (sweeps/results/h200/gluon/header.json).
+GPU_VERIFIED: tuple[tuple[int, int], ...] = ((9, 0),)
+
+
+def gpu_verified(device) -> bool:
+    """True when `device` is a CUDA GPU of a compute capability in GPU_VERIFIED."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and torch.cuda.is_available() and \
+        tuple(torch.cuda.get_device_capability(dev)) in GPU_VERIFIED
 
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
@@ -254,9 +263,10 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
 
 def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
                  num_splits, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None, v_tensor_scale=None,
-                 num_warps=4, tokens_per_warp=16, out=None, plan=False):
+                 num_warps=4, tokens_per_warp=16, maxnreg=None, out=None, plan=False):
     """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts.
-    A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton)."""
+    A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton).
+    `maxnreg` caps registers per thread (ptx .maxnreg): fewer registers, more CTAs resident per SM."""
     from .triton import _merge_kernel, hadamard_cached
     B, Hq, D = q.shape
     Hk = k_pages["codes"].shape[1]
@@ -299,6 +309,9 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     q_in = q
 
     has_fp = k_fp is not None
+    if maxnreg is not None and not (32 <= int(maxnreg) <= 255):
+        raise ValueError(f"gluon decode: maxnreg must be in [32, 255], got {maxnreg}")
+    launch_opts = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
 
     def launch():
         q, kf, vf = q_in, k_fp, v_fp
@@ -322,7 +335,7 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None,
             HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
-            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW)
+            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW, **launch_opts)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)

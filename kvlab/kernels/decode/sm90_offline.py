@@ -90,7 +90,7 @@ def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=6
 
 
 def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
-                  num_splits=2):
+                  num_splits=2, maxnreg=None):
     """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
     import kvlab
 
@@ -102,7 +102,7 @@ def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk
         q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
         gluon_mma.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
                                sch.k, sch.v, P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
-                               tokens_per_warp=tokens_per_warp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                               tokens_per_warp=tokens_per_warp, maxnreg=maxnreg, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
                                **_fp_args(sch, B, Hk, D))
     return kernels
 
@@ -175,7 +175,7 @@ def main(argv=None):
            "layout": a.layout, "dot": a.dot, "orient": a.orient}
     for s in a.schemes:
         gl = s.startswith("gluon:")
-        compiled = compile_gluon(s[len("gluon:"):], a.warps, a.tw) if gl else compile_decode(s, cfg)
+        compiled = compile_gluon(s[len("gluon:"):], a.warps, a.tw, maxnreg=a.maxnreg) if gl else compile_decode(s, cfg)
         for name, k in compiled:
             if name not in ("_decode_kernel", "_decode_mma_kernel"):
                 continue

@@ -25,6 +25,9 @@ from kvlab.kernels.decode import gluon_codecs as gc
 
 CUDA = torch.cuda.is_available()
 GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
+# the emulated kernel runs on CPU tensors; with splits, the Triton merge kernel runs on them too (interpreter)
+EMU = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                         reason="emulated kernel + Triton merge on CPU tensors need TRITON_INTERPRET=1")
 TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml"]
@@ -274,6 +277,7 @@ def _emu_ids(cases):
 
 @pytest.mark.parametrize("c", EMU_CASES + [(n, lens, 8, 2, 16, S_, 4, tw, fp) for n, lens, fp, S_, tw in EMU_FP_CASES],
                          ids=_emu_ids(EMU_CASES) + [f"{n}-fp{max(fp)}-S{S_}-tw{tw}" for n, _, fp, S_, tw in EMU_FP_CASES])
+@EMU
 def test_emulated_kernel_matches_reference(c, monkeypatch):
     """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf in
     every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
@@ -359,18 +363,44 @@ def test_gluon_plan_relaunches_on_updated_q():
 
 
 @GPU
+@pytest.mark.parametrize("name,maxnreg,tw", [("q4_0", 168, 16), ("q4_0", 128, 32), ("q8_0", 168, 32),
+                                              ("int4_had", 128, 16)])
+def test_gluon_register_cap_keeps_results(name, maxnreg, tw):
+    """A register cap (maxnreg: spills at 128 / at 32 tokens) changes the schedule, never the result."""
+    sch = kvlab.scheme(name)
+    cache = make_paged([1, 63, 1000, 4096], 8, 128, 16, sch.k, sch.v, seed=5, device="cuda")
+    _poison_past_end(cache, [1, 63, 1000, 4096], 16)
+    q = torch.randn(4, 32, 128, generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
+    args, kw = call_args(cache)
+    ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3,
+                 config={"kernel": "gluon", "num_warps": 4, "tokens_per_warp": tw, "maxnreg": maxnreg})
+    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+def test_gluon_rejects_bad_register_cap():
+    sch = kvlab.scheme("q4_0")
+    cache = make_paged([20], 2, 128, 16, sch.k, sch.v, seed=1)
+    args, kw = call_args(cache)
+    q = torch.randn(1, 8, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="maxnreg must be in"):
+        gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=0.1, num_splits=1, maxnreg=16, **kw)
+
+@GPU
 def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     from kvlab.kernels import tuning
     monkeypatch.setenv("KVLAB_GLUON", "1")
     for name in ("q4_0", "q8_0", "fp8_e4m3"):
         space = tuning.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, False, "cuda")
-        assert len(space) == 4 and {c["kernel"] for c in space} == {"gluon"}, name
-    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 4  # with a window
+        assert len(space) == 5 and {c["kernel"] for c in space} == {"gluon"}, name
+    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 5  # with a window
     assert tuning.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, False, "cuda") == []
 
 
 def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
     from kvlab.kernels import tuning
     monkeypatch.delenv("KVLAB_GLUON", raising=False)
-    monkeypatch.setattr(gluon_mma, "GPU_VERIFIED", False)
+    monkeypatch.setattr(gluon_mma, "GPU_VERIFIED", ())
     assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, False, "cuda") == []
+    assert not gluon_mma.gpu_verified("cpu")
