@@ -14,6 +14,7 @@ import argparse
 import csv
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -46,8 +47,10 @@ def page_size(name: str) -> int:
 
 def header(out: Path, copy_tbps: float) -> dict:
     import triton
+    # KVLAB_COMMIT first: the device machine's copy of .git can lag the working tree it was sent
+    commit = os.environ.get("KVLAB_COMMIT")
     try:
-        commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True).strip()
+        commit = commit or subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001
         commit = "unknown"
     h = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
