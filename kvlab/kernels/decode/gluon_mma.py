@@ -46,7 +46,7 @@ from .gluon_codecs import (
 # `bash benchmarks/h200_run.sh gluon`) have passed. The tuner offers this kernel only on these (it times
 # candidates, it does not check their results); `config={"kernel": "gluon"}` runs it on request anywhere
 # `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
-# sm_90: H200, triton 3.6.0, torch 2.11 (sweeps/results/h200/gluon/header.json).
+# sm_90: H200, triton 3.6.0, torch 2.11 (sweeps/results/h200/runs/gluon-6abe433/header.json).
 GPU_VERIFIED: tuple[tuple[int, int], ...] = ((9, 0),)
 
 
