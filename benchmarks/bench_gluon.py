@@ -5,7 +5,8 @@
 Shapes: Hq 32, Hk 8, D 128, page 16, context 32K, batch 32 / 1 / 8 (in that order, within --budget).
 For each batch: cuDNN SDPA on dense bf16 K/V (the issue's peer), kvlab's bf16 paged kernel, and per
 scheme the Triton kernel at its quick-tuned config and the Gluon kernel over warps x tokens per warp x
-register cap (maxnreg) x split count (B = 32; three configs at the other batches). Correctness against the float32 reference is checked first for
+register cap (maxnreg) x accumulator orientation (O^T or O; `_O` in the name) x split count (B = 32;
+four configs at the other batches). Correctness against the float32 reference is checked first for
 each scheme. Medians of triton.testing.do_bench (eager) and of CUDA-graph replays
 (do_bench_cudagraph); 3 cache copies rotate so the cache is not read from L2. Writes gluon.csv and
 header.json.
@@ -118,15 +119,19 @@ def main() -> None:
             variants.append((f"{name}_triton", sch, tri, None))
             if not ok.get(name):
                 continue  # a kernel that failed its check is not timed
-            S1 = -(-3 * S0 // 4)
-            # (warps, tokens per warp, register cap, splits); maxnreg 168: 3 CTAs / SM at 16 tokens (no spills)
-            grid = [(4, 16, r, S) for r in (None, 168, 128) for S in sorted({S1, S0, -(-3 * S0 // 2)})]
-            grid += [(4, 32, r, S) for r in (None, 168) for S in sorted({S1, S0})] + [(8, 32, None, S0)]
+            S1, S2 = -(-3 * S0 // 4), -(-3 * S0 // 2)
+            # (warps, tokens per warp, register cap, O^T, splits). O^T: 16 tokens ~155 registers (3 CTAs / SM),
+            # capped at 128: 4 CTAs (8 B of stack for q4_0); 32 tokens capped at 168: 3 CTAs
+            grid = [(4, 16, r, True, S) for r in (None, 128) for S in sorted({S1, S0, S2})]
+            grid += [(4, 32, r, True, S) for r in (None, 168) for S in sorted({S0 // 2, S1, S0})]
+            grid += [(8, 32, None, True, S0), (4, 16, 168, False, S1), (4, 16, 168, False, S0),
+                     (4, 32, None, False, S0 // 2)]
             if B != 32:  # the full grid at the target shape; a few configs elsewhere
-                grid = [(4, 16, None, S0), (4, 16, 168, S0), (4, 32, None, S0)]
-            for nw, tw, r, S in grid:
-                variants.append((f"{name}_gluon_w{nw}_tw{tw}" + (f"_r{r}" if r else ""), sch,
-                                 {"kernel": "gluon", "num_warps": nw, "tokens_per_warp": tw,
+                grid = [(4, 16, None, True, S0), (4, 16, 128, True, S0), (4, 32, None, True, S0),
+                        (4, 16, 168, False, S0)]
+            for nw, tw, r, ot, S in grid:
+                variants.append((f"{name}_gluon_w{nw}_tw{tw}" + (f"_r{r}" if r else "") + ("" if ot else "_O"), sch,
+                                 {"kernel": "gluon", "num_warps": nw, "tokens_per_warp": tw, "ot": ot,
                                   **({"maxnreg": r} if r else {})}, S))
         caches = {}
         for label, sch, cfg, S in variants:

@@ -153,9 +153,10 @@ def rowfirst_ok(spec) -> bool:
 
 def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, device=None) -> list[dict]:
     """The Gluon MMA-fragment kernel (decode/gluon_mma.py) as candidates where it runs this call, on GPUs of
-    a compute capability in `gluon_mma.GPU_VERIFIED` (or any with KVLAB_GLUON=1): 4 warps of 16 or 32
-    tokens, at the compiler's register count or capped (maxnreg 168: 3 CTAs of 4 warps per SM on sm_90,
-    no spills at 16 tokens), and 8 warps of 32 tokens."""
+    a compute capability in `gluon_mma.GPU_VERIFIED` (or any with KVLAB_GLUON=1). With O^T accumulated
+    (the default): 4 warps of 16 tokens at the compiler's registers or capped at 128 (4 CTAs of 4 warps per
+    SM on sm_90), 4 warps of 32 tokens uncapped or at 168 (3 CTAs), 8 warps of 32; and O = P V at 16
+    tokens capped at 168 (the best of the first H200 grid, runs/gluon-6abe433)."""
     try:
         from .decode import gluon_mma
     except ImportError:  # a Triton without the Gluon dialect
@@ -165,8 +166,10 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, has_fp: bool, dev
     if gluon_mma.why_not(sch.k, sch.v, D, P, Hq // Hk, has_fp, device) is not None:
         return []
     S = auto_splits(B, Hk, device)
-    return [{"kernel": "gluon", "num_warps": w, "tokens_per_warp": tw, "num_splits": S, **({"maxnreg": r} if r else {})}
-            for w, tw, r in ((4, 16, None), (4, 16, 168), (4, 32, None), (4, 32, 168), (8, 32, None))]
+    grid = ((4, 16, None, True), (4, 16, 128, True), (4, 32, None, True), (4, 32, 168, True), (8, 32, None, True),
+            (4, 16, 168, False))
+    return [{"kernel": "gluon", "num_warps": w, "tokens_per_warp": tw, "num_splits": S, **({"maxnreg": r} if r else {}),
+             **({} if ot else {"ot": False})} for w, tw, r, ot in grid]
 
 
 def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:

@@ -120,6 +120,35 @@ def _scores(q, kt, valid, m_i, l_i, MMA: ttgl.constexpr, GP: ttgl.constexpr, TW:
 
 
 @gluon.jit
+def _heads(x, GPN: ttgl.constexpr, NW: ttgl.constexpr):
+    """x [NW, GP, ...] (rows = padded heads, MMA row layout) -> its first GPN rows (GPN 8: row bit 3 lives in
+    registers, so this is a register selection)."""
+    if GPN == 8:
+        if len(x.shape) == 2:
+            x = ttgl.split(ttgl.permute(ttgl.reshape(x, [NW, 2, 8]), [0, 2, 1]))[0]
+        else:
+            x = ttgl.split(ttgl.permute(ttgl.reshape(x, [NW, 2, 8, x.shape[2]]), [0, 2, 3, 1]))[0]
+    return x
+
+
+@gluon.jit
+def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, MMA: ttgl.constexpr,
+        GPN: ttgl.constexpr, NW: ttgl.constexpr):
+    """acc * alpha + P V for every warp. p [NW, GP, TW] fp32 (score layout), vt [NW, TW, 128] fp16 (B fragment).
+    OT: acc is O^T [NW, 128, GPN]: V^T is the A operand (the same registers as vt, reordered) and P^T the B
+    operand (p's registers for the first GPN rows), so the accumulator holds GPN heads, not 16 padded rows;
+    alpha moves to the accumulator's column layout (a warp-local exchange). Else acc is O [NW, GP, 128]."""
+    if OT:
+        pt = ttgl.convert_layout(ttgl.permute(_heads(p.to(ttgl.float16), GPN, NW), [0, 2, 1]), B,
+                                 assert_trivial=True)
+        va = ttgl.convert_layout(ttgl.permute(vt, [0, 2, 1]), A, assert_trivial=True)
+        al = ttgl.convert_layout(_heads(alpha, GPN, NW), ttgl.SliceLayout(1, MMA))
+        return mma_v2(va, pt, acc * al[:, None, :])
+    else:
+        return mma_v2(ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True), vt, acc * alpha[:, :, None])
+
+
+@gluon.jit
 def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
              TW: ttgl.constexpr):
     """Full-precision tokens f0 + w * TW + [0, TW) (< F) of one (sequence, head) of a [W, D] buffer (row stride
@@ -149,7 +178,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
-                       KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr):
+                       KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
+                       GPN: ttgl.constexpr):
     """q [B, Hq, 128]; K / V codes as int32 words [N, Hk, P, 128 bits / 32] and fp16 scales [N, Hk, P, 4]
     (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*);
     KFP / VFP [B, Hk, W, 128] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, 128] (DIRECT) or OP [B, Hq, S, 128] + LSE [B, Hq, S] (log2)."""
@@ -186,7 +216,10 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
 
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
-    acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
+    if OT:
+        acc = ttgl.zeros([NW, 128, GPN], ttgl.float32, layout=MMA)  # O^T
+    else:
+        acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
     kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW)
     va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
                                           VWA, NW)
@@ -199,7 +232,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         kt = k_build(kw, ks, kz, KCODEC, B, NW, TW)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + s_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW)
-        acc = mma_v2(ttgl.convert_layout(s.to(ttgl.float16), A, assert_trivial=True), vt, acc * alpha[:, :, None])
+        acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
         kw, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
     if HAS_FP:
         if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
@@ -208,8 +241,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                 kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW)
                 s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW)
                 vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW)
-                acc = mma_v2(ttgl.convert_layout(s.to(ttgl.float16), A, assert_trivial=True), vt,
-                             acc * alpha[:, :, None])
+                acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [GP]
@@ -219,18 +251,27 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     inv = ttgl.where(l_all > 0, 1.0 / ttgl.where(l_all > 0, l_all, 1.0), 0.0)  # rows with no token -> 0
     if HAS_VTS:
         inv = inv * ttgl.load(VTS)
-    o = ttgl.sum(acc * (wgt * inv[None, :])[:, :, None], 0)  # [GP, 128]
     OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
-    og = ttgl.arange(0, GP, layout=ttgl.SliceLayout(1, OL))
-    on = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, OL))
-    och = ttgl.load(VPERM + on)  # head-dim channel of output column n (v_channel_order)
+    if OT:
+        sc = ttgl.convert_layout(_heads(wgt * inv[None, :], GPN, NW), ttgl.SliceLayout(1, MMA))
+        o = ttgl.sum(acc * sc[:, None, :], 0)  # O^T [128, GPN]
+        od = ttgl.arange(0, 128, layout=ttgl.SliceLayout(1, OL))
+        og = ttgl.arange(0, GPN, layout=ttgl.SliceLayout(0, OL))
+        och = ttgl.load(VPERM + od)[:, None]  # head-dim channel of accumulator row d (v_channel_order)
+        og = og[None, :]
+    else:
+        o = ttgl.sum(acc * (wgt * inv[None, :])[:, :, None], 0)  # [GP, 128]
+        og = ttgl.arange(0, GP, layout=ttgl.SliceLayout(1, OL))
+        on = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, OL))
+        och = ttgl.load(VPERM + on)[None, :]  # head-dim channel of output column n (v_channel_order)
+        og = og[:, None]
     heads = hk * GROUP + og
-    om = (og < GROUP)[:, None] & (och < 128)[None, :]
+    om = (og < GROUP) & (och < 128)
     if DIRECT:
-        ttgl.store(OUT + b * so0 + heads[:, None] * so1 + och[None, :], o.to(OUT.dtype.element_ty), mask=om)
+        ttgl.store(OUT + b * so0 + heads * so1 + och, o.to(OUT.dtype.element_ty), mask=om)
     else:
         row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
-        ttgl.store(OP + row[:, None] * 128 + och[None, :], o, mask=om)
+        ttgl.store(OP + row * 128 + och, o, mask=om)
         lse = ttgl.where(l_all > 0, m_all + ttgl.log2(ttgl.where(l_all > 0, l_all, 1.0)), float("-inf"))
         lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
@@ -263,10 +304,12 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
 
 def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
                  num_splits, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None, v_tensor_scale=None,
-                 num_warps=4, tokens_per_warp=16, maxnreg=None, out=None, plan=False):
+                 num_warps=4, tokens_per_warp=16, maxnreg=None, transpose_o=True, out=None, plan=False):
     """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts.
     A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton).
-    `maxnreg` caps registers per thread (ptx .maxnreg): fewer registers, more CTAs resident per SM."""
+    `maxnreg` caps registers per thread (ptx .maxnreg): fewer registers, more CTAs resident per SM.
+    `transpose_o` accumulates O^T (V^T P^T: 8 head columns for GQA <= 8 instead of 16 padded rows, half the
+    accumulator registers, rescales and P V MMAs); False keeps O = P V."""
     from .triton import _merge_kernel, hadamard_cached
     B, Hq, D = q.shape
     Hk = k_pages["codes"].shape[1]
@@ -335,7 +378,8 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None,
             HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
-            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], num_warps=NW, **launch_opts)
+            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], OT=bool(transpose_o), GPN=8 if group <= 8 else 16,
+            num_warps=NW, **launch_opts)
         if S > 1:
             _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                                    num_warps=4)

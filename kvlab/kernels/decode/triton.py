@@ -338,7 +338,8 @@ def decode_triton(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, 
                                       k_tensor_scale=k_tensor_scale, v_tensor_scale=v_tensor_scale,
                                       num_warps=int(cfg.get("num_warps", 4)),
                                       tokens_per_warp=int(cfg.get("tokens_per_warp", 16)),
-                                      maxnreg=cfg.get("maxnreg"), out=out, plan=plan)
+                                      maxnreg=cfg.get("maxnreg"), transpose_o=bool(cfg.get("ot", True)),
+                                      out=out, plan=plan)
     asm = bool(cfg.get("asm", True) if use_asm is None else use_asm) and not interpreting() and (q.is_cuda or _OFFLINE)
     BN = int(cfg["BLOCK_N"])
     for s in (k_spec, v_spec):

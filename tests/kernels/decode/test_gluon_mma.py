@@ -69,7 +69,8 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
     assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
     ops = dict(re.findall(r"([A-Z][A-Z0-9_]*):(\d+)", head.split("loop_instrs=")[1]))
     assert int(re.search(r"loop_instrs=(\d+)", head).group(1)) > 100
-    assert int(ops.get("HMMA", 0)) >= 32, head  # 2 x 8 (scores) + 16 (P V) mma.m16n8k16 per 16 tokens per warp
+    # mma.m16n8k16 per 16 tokens per warp: 2 x 8 for the scores, 8 for V^T P^T (8 head columns: GQA 4)
+    assert int(ops.get("HMMA", 0)) == 24, head
     assert smem.split("smem ops:")[1].strip() == "", f"shared-memory instructions in the main loop: {smem}"
 
 
@@ -304,6 +305,25 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
             assert (got[b] == 0).all()
 
 
+
+@EMU
+@pytest.mark.parametrize("name,Hq", [("q4_0", 8), ("k=q8_0,v=q4_1", 16)])
+def test_emulated_untransposed_accumulator(name, Hq, monkeypatch):
+    """transpose_o=False (O = P V, 16 padded head rows) == the reference too."""
+    from kvlab.kernels.gluon_emu import emulate
+    monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
+    sch = kvlab.scheme(name)
+    lens = [33, 90]
+    cache = make_paged(lens, 1, 128, 16, sch.k, sch.v, seed=3)
+    _poison_past_end(cache, lens, 16)
+    args, kw = call_args(cache)
+    q = torch.randn(2, Hq, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=128 ** -0.5, num_splits=2, num_warps=2,
+                                 tokens_per_warp=16, transpose_o=False, **kw)
+    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < TOL, f"relative error {err:.2e}"
+
 # ---- GPU ------------------------------------------------------------------------------------------------
 # (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
 CASES = [
@@ -363,10 +383,13 @@ def test_gluon_plan_relaunches_on_updated_q():
 
 
 @GPU
-@pytest.mark.parametrize("name,maxnreg,tw", [("q4_0", 168, 16), ("q4_0", 128, 32), ("q8_0", 168, 32),
-                                              ("int4_had", 128, 16)])
-def test_gluon_register_cap_keeps_results(name, maxnreg, tw):
-    """A register cap (maxnreg: spills at 128 / at 32 tokens) changes the schedule, never the result."""
+@pytest.mark.parametrize("name,maxnreg,tw,ot", [("q4_0", 168, 16, True), ("q4_0", 128, 32, True),
+                                                 ("q8_0", 168, 32, True), ("int4_had", 128, 16, True),
+                                                 ("q4_0", None, 16, False), ("q8_0", 168, 32, False),
+                                                 ("fp8_e4m3", None, 32, False)])
+def test_gluon_register_cap_and_orientation_keep_results(name, maxnreg, tw, ot):
+    """A register cap (maxnreg: spills at 128 / at 32 tokens) changes the schedule, never the result; so does
+    accumulating O = P V (ot False) instead of O^T."""
     sch = kvlab.scheme(name)
     cache = make_paged([1, 63, 1000, 4096], 8, 128, 16, sch.k, sch.v, seed=5, device="cuda")
     _poison_past_end(cache, [1, 63, 1000, 4096], 16)
@@ -374,7 +397,7 @@ def test_gluon_register_cap_keeps_results(name, maxnreg, tw):
     args, kw = call_args(cache)
     ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
     got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3,
-                 config={"kernel": "gluon", "num_warps": 4, "tokens_per_warp": tw, "maxnreg": maxnreg})
+                 config={"kernel": "gluon", "num_warps": 4, "tokens_per_warp": tw, "maxnreg": maxnreg, "ot": ot})
     err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
     assert err < TOL, f"relative error {err:.2e}"
 
@@ -393,8 +416,8 @@ def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     monkeypatch.setenv("KVLAB_GLUON", "1")
     for name in ("q4_0", "q8_0", "fp8_e4m3"):
         space = tuning.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, False, "cuda")
-        assert len(space) == 5 and {c["kernel"] for c in space} == {"gluon"}, name
-    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 5  # with a window
+        assert len(space) == 6 and {c["kernel"] for c in space} == {"gluon"}, name
+    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 6  # with a window
     assert tuning.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, False, "cuda") == []
 
 
