@@ -2,7 +2,7 @@
 
     bash benchmarks/profile_decode.sh q4_0 q8_0 fp8_e4m3 bf16      # on the H200 (device call)
 
-The driver builds the B=32 x 32K synthetic cache (Hq 32, Hk 8, D 128, page 16) and launches the
+The driver builds the B=32 x 32K synthetic cache (Hq 32, Hk 8, D 128, page 16; 32 for channel-axis keys) and launches the
 decode kernel three times with `--config` (the shell wrapper tunes in a separate process and
 passes the winner; without --config the driver tunes itself, and ncu would see those launches
 too); the wrapper has ncu skip the first two launches and profile the third.
@@ -26,9 +26,10 @@ def main() -> None:
     from kvlab.kernels.decode import decode
     from kvlab.kernels.tuning import synthetic_cache, tune
     from kvlab.spec import scheme
-    B, Hq, Hk, D, P, L = a.batch, 32, 8, 128, 16, a.context
+    B, Hq, Hk, D, L = a.batch, 32, 8, 128, a.context
     for name in a.schemes:
         sch = scheme(name)
+        P = 32 if sch.k.axis == "chan" else 16  # channel-axis keys (kivi4): a page holds a whole group
         shape = {"batch": B, "heads_q": Hq, "heads_kv": Hk, "head_dim": D, "page_size": P, "context": L}
         cfg = json.loads(a.config) if a.config else tune("decode", sch, shape, quick=True, save=False)[0]
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")

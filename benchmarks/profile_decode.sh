@@ -2,7 +2,7 @@
 # Nsight Compute on the decode kernel (H200, Firecracker runtime: hardware counters readable with
 # --clock-control none; METHOD.md: leave the clocks alone). For each scheme the quick tuner runs
 # first in its own process (so ncu does not see its launches) and its config is passed to the
-# driver, whose 3rd decode launch is the one profiled. Untested on the GPU as of 2026-11-30.
+# driver, whose 3rd decode launch is the one profiled.
 #   bash benchmarks/profile_decode.sh q4_0 q8_0 fp8_e4m3 bf16 'q4_0@{"orient":"kv","asm":true,"BLOCK_N":128}'
 # A scheme may carry config overrides after '@' (JSON merged over the tuned config).
 set -uo pipefail
@@ -18,7 +18,8 @@ for arg in "$@"; do
 import json, sys
 from kvlab.kernels.tuning import tune
 from kvlab.spec import scheme
-shape = {"batch": 32, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "page_size": 16, "context": 32768}
+shape = {"batch": 32, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "context": 32768,
+         "page_size": 32 if scheme(sys.argv[1]).k.axis == "chan" else 16}
 over = json.loads(sys.argv[2])
 cfg = {**tune("decode", scheme(sys.argv[1]), shape, quick=True, save=False)[0], **over}
 if "orient" in over:
