@@ -124,6 +124,7 @@ def main() -> None:
             # capped at 128: 4 CTAs (8 B of stack for q4_0); 32 tokens capped at 168: 3 CTAs
             grid = [(4, 16, r, True, S) for r in (None, 128) for S in sorted({S1, S0, S2})]
             grid += [(4, 32, r, True, S) for r in (None, 168) for S in sorted({S0 // 2, S1, S0})]
+            grid += [(4, 16, None, True, 1), (4, 32, None, True, 1)]  # one split: no partials, no merge launch
             grid += [(8, 32, None, True, S0), (4, 16, 168, False, S1), (4, 16, 168, False, S0),
                      (4, 32, None, False, S0 // 2)]
             if B != 32:  # the full grid at the target shape; a few configs elsewhere

@@ -43,9 +43,10 @@ elif [ "$mode" = store ]; then   # the store kernel alone: every store test on t
   store_job
   ncu_store ${PROFILE_STORE:-q8_0 q4_0 fp8_e4m3}
 elif [ "$mode" = gluon ]; then   # the Gluon MMA decode: GPU tests, benchmark vs Triton + cuDNN, ncu (~9 min)
-  timeout "${PYTEST_S:-200}" python3 -m pytest -q -rf -p no:cacheprovider tests/kernels/decode/test_gluon_mma.py 2>&1 \
-    | tail -15 | tee "$W/pytest_gluon.log"
-  timeout "${GBENCH_S:-300}" python3 benchmarks/bench_gluon.py --out "$W/gluon" 2>&1 | tail -80 | tee "$W/bench_gluon.log"
+  [ -n "${NO_TESTS:-}" ] || timeout "${PYTEST_S:-200}" python3 -m pytest -q -rf -p no:cacheprovider \
+    tests/kernels/decode/test_gluon_mma.py 2>&1 | tail -15 | tee "$W/pytest_gluon.log"
+  timeout "${GBENCH_S:-300}" python3 benchmarks/bench_gluon.py --out "$W/gluon" ${GARGS:-} 2>&1 | tail -80 \
+    | tee "$W/bench_gluon.log"
   [ -n "${NO_PROFILE:-}" ] || OUT="$W" timeout 150 bash benchmarks/profile_decode.sh 'q4_0@{"kernel":"gluon"}' \
     'q8_0@{"kernel":"gluon"}' 2>&1 | tail -60
   if [ -n "${DECODE:-}" ]; then   # DECODE=1: then the whole decode table (its tuner now offers the Gluon kernel)

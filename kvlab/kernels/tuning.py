@@ -177,9 +177,13 @@ def split_space(best: dict, B: int, Hk: int, device=None) -> list[dict]:
     fractional steps let the grid (B * Hk * splits programs) end on a whole wave: at 3 programs per
     SM (q4_0's 168 registers), B=32 x Hk=8 x 4 splits is 2.59 waves on 132 SMs (ncu, H200), and 3
     or 6 splits is 1.94 or 3.88. The split count is a runtime argument of the decode kernel; only one
-    split (no merge) and a new power of two of splits in the merge kernel compile again."""
+    split (no merge) and a new power of two of splits in the merge kernel compile again. Where B * Hk
+    programs alone reach every SM, one split is tried too: no partial outputs and no merge launch."""
     base = best["num_splits"]
-    outs = sorted({max(1, base // 2), max(1, 3 * base // 4), min(128, -(-3 * base // 2)), min(128, base * 2)} - {base})
+    outs = {max(1, base // 2), max(1, 3 * base // 4), min(128, -(-3 * base // 2)), min(128, base * 2)}
+    if B * Hk >= num_sms(device):
+        outs.add(1)
+    outs = sorted(outs - {base})
     return [{**best, "num_splits": s} for s in outs]
 
 

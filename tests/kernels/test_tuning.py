@@ -46,3 +46,16 @@ def test_tune_on_cpu_returns_default_without_timing(tmp_cache):
 def test_auto_splits_fill_the_machine():
     assert tuning.auto_splits(1, 8) >= tuning.auto_splits(32, 8) >= 1
     assert tuning.auto_splits(10_000, 8) == 1
+
+
+def test_split_space_steps_around_the_best(monkeypatch):
+    monkeypatch.setattr(tuning, "num_sms", lambda device=None: 132)
+    got = [c["num_splits"] for c in tuning.split_space({"num_splits": 4, "BLOCK_N": 64}, 1, 8)]
+    assert got == [2, 3, 6, 8]  # B * Hk = 8 programs cannot fill 132 SMs without splitting: no 1
+
+
+def test_split_space_offers_one_split_when_the_grid_fills_the_gpu(monkeypatch):
+    monkeypatch.setattr(tuning, "num_sms", lambda device=None: 132)
+    got = [c["num_splits"] for c in tuning.split_space({"num_splits": 2, "kernel": "gluon"}, 32, 8)]
+    assert got == [1, 3, 4]
+    assert all(c["kernel"] == "gluon" for c in tuning.split_space({"num_splits": 2, "kernel": "gluon"}, 32, 8))
