@@ -36,7 +36,10 @@ ROWFIRST_TILES = ((64, 4, 2), (128, 4, 2))
 HQ, HK, D = 32, 8, 128
 BATCHES, CONTEXTS = (1, 8, 32), (4096, 32768, 131072)
 COLUMNS = ["scheme", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms", "kv_bytes",
-           "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms", "config", "error"]
+           "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms", "graph_ms",
+           "roofline_frac_graph", "config", "error"]
+# graph_ms: the same call replayed from a CUDA graph (as engines run decode); eager medians of small cells
+# (batch 1, short contexts) time the host's launch path, not the kernel
 BRIEF = [{"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
          {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3}]
 
@@ -149,7 +152,8 @@ def peers(B: int, ctx: int) -> tuple[float | None, float | None, str]:
     return res[0], res[1], err
 
 
-def time_cell(name: str, sch, B: int, ctx: int, cfg: dict, use_asm=None) -> float:
+def time_cell(name: str, sch, B: int, ctx: int, cfg: dict, use_asm=None) -> tuple[float, float | None]:
+    """(eager do_bench median, CUDA-graph replay median or None where capture failed), in ms."""
     import triton
     from kvlab.kernels.decode import decode
     from kvlab.kernels.tuning import synthetic_cache
@@ -160,9 +164,14 @@ def time_cell(name: str, sch, B: int, ctx: int, cfg: dict, use_asm=None) -> floa
                 P, **fp_args(sch, B), k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], config=cfg,
                 use_asm=use_asm, plan=True)
     ms = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+    try:
+        g = triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
+    except Exception as e:  # noqa: BLE001
+        print("graph capture failed", name, B, ctx, type(e).__name__, str(e)[:200], flush=True)
+        g = None
     del c, fn
     torch.cuda.empty_cache()
-    return ms
+    return ms, g
 
 
 def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONTEXTS, budget_s: float = 330.0,
@@ -239,9 +248,11 @@ def run(out_dir: str = "bench_out", schemes=None, batches=BATCHES, contexts=CONT
                         row["error"] += "skipped: does not fit"
                     else:
                         try:
-                            ms = time_cell(name, sch, B, ctx, cfg, asm)
+                            ms, g = time_cell(name, sch, B, ctx, cfg, asm)
                             row.update(median_ms=ms, achieved_tbps=nbytes / (ms * 1e-3) / 1e12,
                                        roofline_frac=(nbytes / (bw * 1e12)) / (ms * 1e-3))
+                            if g:
+                                row.update(graph_ms=g, roofline_frac_graph=(nbytes / (bw * 1e12)) / (g * 1e-3))
                             if cudnn_ms:
                                 row["speedup_vs_cudnn"] = cudnn_ms / ms
                         except Exception as e:  # noqa: BLE001
