@@ -16,8 +16,8 @@ are q K^T with the GQA group in the MMA's M = 16 rows; the output is accumulated
 padded rows. The next tile's code words are loaded before the current tile's math (a register
 prefetch). Splits are merged by the Triton `_merge_kernel`.
 
-Measured on the H200 (sweeps/results/h200/README.md): B = 32 x 32K, q4_0 0.437 ms, q8_0 0.573, fp8
-0.528 against cuDNN's 0.931 on dense bf16; the Triton kernel took 0.836 / 1.195 / 0.926.
+Measured on the H200 (sweeps/results/h200/README.md): B = 32 x 32K, q4_0 0.441 ms, q8_0 0.556, fp8
+0.535 against cuDNN's 0.948 on dense bf16; the Triton kernel took 0.836 / 1.195 / 0.926.
 
 Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
 own source through `kvlab.kernels.gluon_emu` and compile it for sm_90 offline; the GPU tests check
