@@ -272,6 +272,22 @@ EMU_FP_CASES = [
 ]
 
 
+def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None):
+    """A paged cache poisoned past each sequence's end, bf16 queries and the float32 reference:
+    -> (scheme, positional args, keyword args, q, ref)."""
+    sch = kvlab.scheme(name)
+    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=seed, device=device, fp_lens=fp_lens)
+    _poison_past_end(cache, lens, P)
+    args, kw = call_args(cache)
+    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(q_seed)).to(device, torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    return sch, args, kw, q, ref
+
+
+def _rel_err(got, ref) -> float:
+    return (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+
+
 def _emu_ids(cases):
     return [f"{c[0]}-L{max(c[1])}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-S{c[5]}-w{c[6]}-tw{c[7]}" for c in cases]
 
@@ -286,24 +302,18 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
     name, lens, Hq, Hk, P, S_, NW, TW = c[:8]
     fp_lens = c[8] if len(c) > 8 else None
     monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
-    sch = kvlab.scheme(name)
-    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=11, fp_lens=fp_lens)
-    _poison_past_end(cache, lens, P)
-    args, kw = call_args(cache)
-    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=11, q_seed=2, fp_lens=fp_lens)
     assert torch.isfinite(ref).all()
     out = torch.full_like(q, float("nan"))
     got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, P, sm_scale=128 ** -0.5, num_splits=S_, num_warps=NW,
                                  tokens_per_warp=TW, out=out, **kw)
     assert got.data_ptr() == out.data_ptr()
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
-    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
     for b, L in enumerate(lens):
         if L == 0 and not (fp_lens and fp_lens[b]):
             assert (got[b] == 0).all()
-
 
 
 @EMU
@@ -312,17 +322,12 @@ def test_emulated_untransposed_accumulator(name, Hq, monkeypatch):
     """transpose_o=False (O = P V, 16 padded head rows) == the reference too."""
     from kvlab.kernels.gluon_emu import emulate
     monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
-    sch = kvlab.scheme(name)
-    lens = [33, 90]
-    cache = make_paged(lens, 1, 128, 16, sch.k, sch.v, seed=3)
-    _poison_past_end(cache, lens, 16)
-    args, kw = call_args(cache)
-    q = torch.randn(2, Hq, 128, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    sch, args, kw, q, ref = _case(name, [33, 90], Hq, 1, 16, seed=3, q_seed=5)
     got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=128 ** -0.5, num_splits=2, num_warps=2,
                                  tokens_per_warp=16, transpose_o=False, **kw)
-    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
+
 
 # ---- GPU ------------------------------------------------------------------------------------------------
 # (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
@@ -349,18 +354,14 @@ GPU_FP_CASES = [("q4_0", [17, 3000, 0], [5, 132, 40], 3, 16), ("int4_had", [40, 
 def test_gluon_matches_reference(c):
     name, lens, Hq, Hk, P, S_, NW, TW = c[:8]
     fp_lens = c[8] if len(c) > 8 else None
-    sch = kvlab.scheme(name)
-    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=sum(lens) % 997, device="cuda", fp_lens=fp_lens)
-    _poison_past_end(cache, lens, P)
-    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
-    args, kw = call_args(cache)
-    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=sum(lens) % 997, q_seed=3, device="cuda",
+                                  fp_lens=fp_lens)
     out = torch.full_like(q, float("nan"))
     got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=S_, out=out,
                  config={"kernel": "gluon", "num_warps": NW, "tokens_per_warp": TW})
     assert got.data_ptr() == out.data_ptr()
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
-    err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
+    err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
     empty = [i for i, L in enumerate(lens) if L == 0 and not (fp_lens and fp_lens[i])]
     if empty:
@@ -390,15 +391,10 @@ def test_gluon_plan_relaunches_on_updated_q():
 def test_gluon_register_cap_and_orientation_keep_results(name, maxnreg, tw, ot):
     """A register cap (maxnreg: spills at 128 / at 32 tokens) changes the schedule, never the result; so does
     accumulating O = P V (ot False) instead of O^T."""
-    sch = kvlab.scheme(name)
-    cache = make_paged([1, 63, 1000, 4096], 8, 128, 16, sch.k, sch.v, seed=5, device="cuda")
-    _poison_past_end(cache, [1, 63, 1000, 4096], 16)
-    q = torch.randn(4, 32, 128, generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
-    args, kw = call_args(cache)
-    ref = decode(q.float(), *args, sch.k, sch.v, 16, **kw, backend="reference")
+    sch, args, kw, q, ref = _case(name, [1, 63, 1000, 4096], 32, 8, 16, seed=5, q_seed=4, device="cuda")
     got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3,
                  config={"kernel": "gluon", "num_warps": 4, "tokens_per_warp": tw, "maxnreg": maxnreg, "ot": ot})
-    err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
+    err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
 
 
@@ -409,6 +405,7 @@ def test_gluon_rejects_bad_register_cap():
     q = torch.randn(1, 8, 128).to(torch.bfloat16)
     with pytest.raises(ValueError, match="maxnreg must be in"):
         gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=0.1, num_splits=1, maxnreg=16, **kw)
+
 
 @GPU
 def test_tuner_offers_gluon_where_it_runs(monkeypatch):
