@@ -2,9 +2,9 @@
 from .block_table import BlockTable, build_block_table
 from .capacity import page_bytes, pages_that_fit, tokens_that_fit
 from .layout import PageLayout
-from .pool import KVPool, register_store_backend
+from .pool import KVPool, reference_store
 from .pool_views import FpView, LayerCache
 from .window import FpPolicy
 
 __all__ = ["PageLayout", "KVPool", "BlockTable", "build_block_table", "FpView", "LayerCache", "FpPolicy",
-           "tokens_that_fit", "pages_that_fit", "page_bytes", "register_store_backend"]
+           "tokens_that_fit", "pages_that_fit", "page_bytes", "reference_store"]

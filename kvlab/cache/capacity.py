@@ -42,7 +42,7 @@ def page_bytes(scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size:
 
 def static_scale_count(scheme, n_layers: int) -> int:
     """float32 static scales a pool keeps (axis-tensor scales, NVFP4 tensor scales)."""
-    return sum(int((s.axis == "tensor" and s.has_scale and not s.is_float_storage) or s.tensor_scale)
+    return sum(int(s.needs_tensor_scale)
                for layer in range(n_layers) for s in scheme.for_layer(layer, n_layers))
 
 
@@ -72,7 +72,7 @@ def tokens_that_fit(gib: float, scheme, n_layers: int, n_kv_heads: int, head_dim
     channel-group lcm, see `kvlab.cache.window`), holding `sink + window` tokens once it is long.
     Returns 0 when the fp buffers alone exceed the budget.
     """
-    from ..spec import scheme as as_scheme
+    from ..spec import as_scheme
     scheme = as_scheme(scheme)
     if isinstance(fp_bytes, str):
         fp_bytes = _FP_BYTES[fp_bytes]

@@ -48,7 +48,7 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
     lay = PageLayout(spec, D, page_size, Hk)
     P, G = page_size, lay.group
     slots = slots.to(device=x.device, dtype=torch.int64)
-    kw = {"scale": _as_static(scale, x.device)} if spec.axis == "tensor" and spec.has_scale else {}
+    kw = {"scale": _as_static(scale, x.device)} if spec.static_scale else {}
     if spec.tensor_scale:
         kw["tensor_scale"] = _as_static(tensor_scale, x.device)
     if spec.axis == "chan":
@@ -99,7 +99,7 @@ def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, s
     if lay.has_group_scales:
         s = take(pages["scales"], n)
         z = take(pages["zeros"], n) if pages.get("zeros") is not None else None
-    elif spec.axis == "tensor" and spec.has_scale:
+    elif spec.static_scale:
         s = store_scale(_as_static(scale, codes.device), spec.scale_dtype, elem_fmt=spec.fmt)
     ts = _as_static(tensor_scale, codes.device) if spec.tensor_scale else None
     return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32)
@@ -130,15 +130,14 @@ def calibrate(x: torch.Tensor, spec) -> tuple[torch.Tensor | None, torch.Tensor 
     all-zero (or all non-finite) sample gives 1.0 instead of a scale that would zero every code.
     """
     from ..quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
-    needs_scale = spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage
-    if not (needs_scale or spec.tensor_scale):
+    if not spec.needs_tensor_scale:
         return None, None
     xf = rotate(x) if spec.rotation == "had" else x.float()
     xf = torch.where(torch.isfinite(xf), xf, torch.zeros_like(xf)).reshape(-1)
     amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)
     one = torch.ones((), dtype=torch.float32, device=x.device)
     scale = ts = None
-    if needs_scale:
+    if spec.static_scale:
         if spec.fmt == "int":
             b = spec.bits
             if spec.rule == "signed":

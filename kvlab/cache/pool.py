@@ -11,17 +11,15 @@
 All layers share one page id space and one block table per sequence (as vLLM); each layer has
 its own page tensors (`PageLayout` of its K and V spec). Which tokens stay full precision is
 `kvlab.cache.window` (sinks, recent window, unfinished channel group). Tokens leaving the fp
-buffer are quantized into pages by the store: the torch reference (`backend="reference"`) or the
-Triton kernel (`"triton"`; `"auto"` picks it on CUDA). kvlab.cache does not import kvlab.kernels:
-the Triton store registers itself as a backend when `kvlab.kernels.store` is imported, which
-the pool does on first use of that backend. Keys are stored as given: post-RoPE, or pre-RoPE when
+buffer are quantized into pages by the pool's store function: by default the torch oracle
+(`paging.write_tokens`); a caller passes a faster one (the store op's `pool_store`, a Triton kernel);
+this package never imports the layers above it. Keys are stored as given: post-RoPE, or pre-RoPE when
 the K spec says `prerope` (the attention side then applies RoPE at positions `sink + i` for page
 tokens and `positions` of the fp buffer). Inputs are cast to the fp dtype on entry, so a token
 is quantized from the same values whether it went through the window or straight to pages.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
@@ -30,18 +28,11 @@ from .block_table import slots_of
 from .capacity import pages_that_fit
 from .layout import PageLayout
 from .paging import calibrate, write_tokens
-from .pool_views import PoolViews, needs_static
+from .pool_views import PoolViews
 from .window import FpPolicy, plan_append
 
-_STORE_BACKENDS: dict = {}
-
-
-def register_store_backend(name: str, fn) -> None:
-    """Register fn(x, pages, slots, spec, page_size, scale, tensor_scale) as a store backend."""
-    _STORE_BACKENDS[name] = fn
-
-
-def _reference_store(x, pages, slots, spec, page_size, scale, tensor_scale) -> None:
+def reference_store(x, pages, slots, spec, page_size, scale, tensor_scale) -> None:
+    """The default store function: quantize x [T, Hk, D] with the oracle and write it at slots [T]."""
     write_tokens(x, pages, slots, spec, page_size, scale=scale, tensor_scale=tensor_scale)
 
 
@@ -63,12 +54,13 @@ class KVPool(PoolViews):
 
     scheme: KVScheme or text; fp_dtype: dtype of full-precision tokens (default bf16 on CUDA,
     float32 on CPU); max_seqs: live sequences at once (rows of the fp buffer);
-    backend: "reference" | "triton" | "auto" | a callable (see `register_store_backend`).
+    store: fn(x [T, Hk, D], pages, slots [T] int64, spec, page_size, scale, tensor_scale) that quantizes
+    tokens into pages (default `reference_store`, the oracle; the store op's `pool_store` runs the Triton kernel).
     """
 
     def __init__(self, scheme, n_layers: int, n_kv_heads: int, head_dim: int, n_pages: int, page_size: int = 16, *,
-                 max_seqs: int = 64, device="cpu", fp_dtype: torch.dtype | None = None, backend="reference"):
-        from ..spec import scheme as as_scheme
+                 max_seqs: int = 64, device="cpu", fp_dtype: torch.dtype | None = None, store=None):
+        from ..spec import as_scheme
         for name, v in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                         ("n_pages", n_pages), ("page_size", page_size), ("max_seqs", max_seqs)):
             if not isinstance(v, int) or v < 1:
@@ -97,14 +89,16 @@ class KVPool(PoolViews):
         self._free_rows = list(range(max_seqs))[::-1]
         self._seqs: dict[int, _Seq] = {}
         self._next_id = 0
-        self.backend = backend
-        self._store_fn = self._resolve(backend)
+        if store is not None and not callable(store):
+            raise ValueError(f"store must be a function (x, pages, slots, spec, page_size, scale, tensor_scale) or "
+                             f"None for the oracle, got {type(store).__name__}")
+        self._store_fn = store or reference_store
 
     @classmethod
     def from_memory(cls, gib: float, scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size: int = 16,
                     **kw) -> "KVPool":
         """A pool using at most `gib` GiB (pages + fp buffers of max_seqs sequences + static scales)."""
-        from ..spec import scheme as as_scheme
+        from ..spec import as_scheme
         dev = torch.empty(0, device=kw.get("device", "cpu")).device
         fp = kw.get("fp_dtype") or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         n = pages_that_fit(gib, as_scheme(scheme), n_layers, n_kv_heads, head_dim, page_size,
@@ -112,19 +106,6 @@ class KVPool(PoolViews):
         if n < 1:
             raise ValueError(f"{gib} GiB does not hold one page plus the fp buffers; lower max_seqs or raise gib")
         return cls(scheme, n_layers, n_kv_heads, head_dim, n, page_size, **kw)
-
-    def _resolve(self, backend):
-        if callable(backend):
-            return backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "reference"
-        if backend == "reference":
-            return _reference_store
-        if backend != "triton":
-            raise ValueError(f"backend={backend!r}; allowed: 'reference', 'triton', 'auto' or a callable")
-        if "triton" not in _STORE_BACKENDS:
-            importlib.import_module("kvlab.kernels.store")  # registers "triton" (a plugin, not a layer import)
-        return _STORE_BACKENDS["triton"]
 
     # ---- sequences ----------------------------------------------------------------------
     def add_sequence(self) -> int:
@@ -182,7 +163,7 @@ class KVPool(PoolViews):
                                     ("k_ts", k_tensor_scale, kspec, 1), ("v_ts", v_tensor_scale, vspec, 1)):
             if val is None:
                 continue
-            if not needs_static(spec)[idx]:
+            if not (spec.static_scale, spec.tensor_scale)[idx]:
                 raise ValueError(f"layer {layer} {key[0].upper()} spec {spec} takes no {'tensor_' * idx}scale")
             st[key] = torch.as_tensor(val, dtype=torch.float32).reshape(()).to(self.device)
 

@@ -10,11 +10,6 @@ from .capacity import fp_token_bytes, layout_page_bytes
 from .paging import read_values
 
 
-def needs_static(spec) -> tuple[bool, bool]:
-    """(needs a static axis-tensor scale, needs an NVFP4 tensor scale)."""
-    return spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage, spec.tensor_scale
-
-
 @dataclass
 class LayerCache:
     """Everything attention needs of one layer. scale: the raw static scale the store uses;
@@ -111,7 +106,7 @@ class PoolViews:
         def mult(spec, key):
             if spec.tensor_scale:
                 return st[key + "_ts"]
-            if needs_static(spec)[0] and st[key] is not None:
+            if spec.static_scale and st[key] is not None:
                 return scale_value(store_scale(st[key], spec.scale_dtype, elem_fmt=spec.fmt), spec.scale_dtype)
             return None
         return LayerCache(kspec, vspec, self.k_pages[layer], self.v_pages[layer], st["k"], st["v"],
@@ -133,4 +128,4 @@ class PoolViews:
         n = sum(t.numel() * t.element_size() for pages in (*self.k_pages, *self.v_pages) for t in pages.values()
                 if t is not None)
         n += sum(t.numel() * t.element_size() for t in (*self.k_fp, *self.v_fp))
-        return n + 4 * sum(int(a) + int(b) for pair in self.specs for s in pair for a, b in [needs_static(s)])
+        return n + 4 * sum(int(s.static_scale) + int(s.tensor_scale) for pair in self.specs for s in pair)

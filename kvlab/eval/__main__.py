@@ -39,11 +39,11 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from ..model import load_model
-    from ..spec import scheme as to_scheme
+    from ..spec import as_scheme
     from .passkey import passkey
     from .perplexity import evaluate_scheme
     try:
-        schemes = [to_scheme(s) for s in a.scheme]
+        schemes = [as_scheme(s) for s in a.scheme]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import statistics
 
 import torch
 
-from ..spec import scheme as to_scheme
+from ..spec import as_scheme
 from ..cache.window import FpPolicy
 from .faithful import faithful_attention, quantized_history
 from .metrics import rel_l2
@@ -27,7 +27,7 @@ def attention_delta(model, captured: dict, scheme, calib: dict | None = None) ->
     """Per-layer rel-L2 attention-output error of `scheme` on captured Q/K/V.
 
     Returns {"layers": [{layer, k, v, kv}], "k", "v", "kv"} (the last three: means over layers)."""
-    sch = to_scheme(scheme)
+    sch = as_scheme(scheme)
     n = model.config.n_layers
     pos = captured["positions"]
     policy = FpPolicy.of(sch, n)

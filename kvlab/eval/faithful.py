@@ -19,7 +19,7 @@ from torch import Tensor
 from ..cache.window import FpPolicy
 from ..model.llama import MAX_SCORES  # scores one float32 attention call may hold; more queries are split
 from ..quant import fake_quantize, quantize
-from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
+from ..spec import KVQuantSpec, KVScheme, as_scheme
 
 MASK_CACHE_MAX = 1 << 26  # bool elements of one chunk's mask that a forward keeps for its later layers
 
@@ -72,7 +72,7 @@ class DecodeFaithfulBackend:
     """
 
     def __init__(self, scheme, n_layers: int, calib: dict | None = None, q_chunk: int = 2048) -> None:
-        self.scheme = to_scheme(scheme)
+        self.scheme = as_scheme(scheme)
         self.n_layers = n_layers
         self.policy = FpPolicy.of(self.scheme, n_layers)
         self.calib = calib or {}
@@ -208,7 +208,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: b
 
 
 def needs_calibration(spec: KVQuantSpec) -> bool:
-    return spec.tensor_scale or (spec.axis == "tensor" and spec.has_scale and not spec.is_float_storage)
+    """True when the spec needs a per-tensor scale calibrated on the text (static or NVFP4's second level)."""
+    return spec.needs_tensor_scale
 
 
 @torch.no_grad()
@@ -216,7 +217,7 @@ def calibrate(model, tokens: Tensor, scheme) -> dict:
     """Static per-tensor scales per layer from a calibration pass (a different text than scored).
 
     Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale= or scale=)."""
-    sch = to_scheme(scheme)
+    sch = as_scheme(scheme)
     n = model.config.n_layers
     specs = [sch.for_layer(i, n) for i in range(n)]
     if not any(needs_calibration(s) for pair in specs for s in pair):

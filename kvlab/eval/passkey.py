@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from ..spec import scheme as to_scheme
+from ..spec import as_scheme
 from .faithful import DecodeFaithfulBackend, calibrate
 from .greedy import greedy_generate_batch
 
@@ -39,7 +39,7 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> torch.Tens
 def passkey(model, tokenizer, scheme, lengths=(512, 1024), depths=(0.1, 0.5, 0.9), seed: int = 0,
             n_new: int = 8) -> dict:
     """Passkey hits of `scheme` over lengths x depths. Returns {"hits", "trials", "detail": [...]}."""
-    sch = to_scheme(scheme)
+    sch = as_scheme(scheme)
     c = model.config
     if max(lengths) + n_new > c.max_position_embeddings:
         raise ValueError(f"passkey length {max(lengths)} exceeds the model's context {c.max_position_embeddings}")

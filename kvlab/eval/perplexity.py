@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..spec import scheme as to_scheme
+from ..spec import as_scheme
 from .faithful import DecodeFaithfulBackend, calibrate
 
 TEXTS = ("pydoc", "license")
@@ -113,7 +113,7 @@ def _ms(values: list[float]) -> tuple[float, float]:
 def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: int = 2048, n_segments: int = 4,
                     seed: int = 0, greedy_tokens: int = 0, calib_text: str = "license", progress=None) -> dict:
     """Score a scheme over disjoint segments; returns mean and sd of every metric plus provenance."""
-    sch = to_scheme(scheme)
+    sch = as_scheme(scheme)
     c = model.config
     for layer in range(c.n_layers):
         for spec in sch.for_layer(layer, c.n_layers):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..quant import dequantize, quantize
-from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
+from ..spec import KVQuantSpec, KVScheme, as_scheme
 from .distributions import sample
 from .metrics import all_metrics
 
@@ -21,7 +21,7 @@ def roundtrip_scheme(s, dist: str = "student_t4", n: int = 4096, d: int = 128, s
 
     Returns {k_rel_l1, v_rel_l1, rel_l1 (mean of K and V), k_sqnr_db, ...}. n must be a multiple of
     the chan group (it is rounded down)."""
-    s: KVScheme = to_scheme(s)
+    s: KVScheme = as_scheme(s)
     x = sample(dist, n, d, seed, device)
     out = {}
     for name, spec in (("k", s.k), ("v", s.v)):

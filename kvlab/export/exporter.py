@@ -9,7 +9,7 @@ import json
 import os
 import shlex
 
-from ..spec import KVScheme, scheme as to_scheme
+from ..spec import KVScheme, as_scheme
 from . import calibrate as cal
 from .conformance import FILENAME as VECTORS, describe_layout, rows_for, write_vectors
 from .engines import SOURCES, Plan, flags, get_engine, plan
@@ -75,7 +75,7 @@ def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None) 
         for role, spec in (("k", sch.k), ("v", sch.v)):
             key = "k_pre" if (role == "k" and spec.pre_rope) else role
             kw = {}
-            if scales and spec.axis == "tensor" and spec.has_scale and spec.fmt == "fp8_e4m3":
+            if scales and spec.static_scale and spec.fmt == "fp8_e4m3":
                 kw = {"scale": scales[f"{role}_scale"][layer]}   # the engine's calibrated layer scale
             out.append({"role": role, "name": f"captured_L{layer}_h0", "x": cap[key][layer][0, 0], "kwargs": kw,
                         "source": f"model.capture layer {layer} head 0, first tokens of {prov['text']} ({key})"})
@@ -94,7 +94,7 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
     """Export `scheme` for `engine` into `out`; returns the engine.json dict (see module doc for errors)."""
     log = log or (lambda msg: None)
     eng = get_engine(engine)
-    sch = to_scheme(scheme)
+    sch = as_scheme(scheme)
     out = check_out_dir(out)
     for name, val, lo in (("--vectors", vectors, 1), ("--calib-tokens", calib_tokens, 1), ("--tp-size", tp_size, 1),
                           ("--eval-segments", eval_segments, 1), ("--eval-tokens", eval_tokens, 0)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..spec import KVScheme, scheme as to_scheme
+from ..spec import KVScheme, as_scheme
 
 FILENAME = "scheme.json"
 
@@ -17,7 +17,7 @@ FILENAME = "scheme.json"
 def scheme_dict(sch, head_dim: int = 128) -> dict:
     """`KVScheme.to_dict()` plus kvlab version and bits/element (total, K, V) at `head_dim`."""
     from .. import __version__
-    s: KVScheme = to_scheme(sch)
+    s: KVScheme = as_scheme(sch)
     return {**s.to_dict(), "kvlab_version": __version__, "head_dim": head_dim,
             "bits_per_element": s.bits_per_element(head_dim),
             "k_bits_per_element": s.k.bits_per_element_at(head_dim),
@@ -32,8 +32,8 @@ def write_scheme_json(sch, out_dir: str, head_dim: int = 128) -> str:
         json.dump(d, f, indent=1)
         f.write("\n")
     back = read_scheme_json(path)
-    if back != to_scheme(sch):  # a spec field that does not survive JSON is a bug, not a user error
-        raise RuntimeError(f"scheme.json does not read back equal: wrote {to_scheme(sch)}, read {back}")
+    if back != as_scheme(sch):  # a spec field that does not survive JSON is a bug, not a user error
+        raise RuntimeError(f"scheme.json does not read back equal: wrote {as_scheme(sch)}, read {back}")
     return path
 
 
@@ -41,4 +41,4 @@ def read_scheme_json(path: str) -> KVScheme:
     """The `KVScheme` stored in a scheme.json (a file path or the directory holding it)."""
     if os.path.isdir(path):
         path = os.path.join(path, FILENAME)
-    return to_scheme(path)
+    return as_scheme(path)

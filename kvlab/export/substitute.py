@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec import KVQuantSpec, KVScheme, scheme as to_scheme
+from ..spec import KVQuantSpec, KVScheme, as_scheme
 from .engines import Plan, candidates
 
 SECOND = "outlier_channels"  # a few channels 5-20x larger: the structure of real keys
@@ -114,7 +114,7 @@ def nearest(p: Plan, head_dim: int = 128, dist: str = "student_t4", n: int = 409
     best = rows[0]
     chosen = best.pop("_s")
     try:  # name it after the preset it equals (q4_1), as kvlab.scheme("q4_1") would
-        if to_scheme(best["label"]) == chosen:
+        if as_scheme(best["label"]) == chosen:
             chosen = KVScheme(k=chosen.k, v=chosen.v, name=best["label"])
     except ValueError:
         pass

@@ -1,7 +1,8 @@
-"""Tuned kernel configs for one scheme, copied from kvlab.kernels.tuning's per-GPU JSON cache.
+"""Tuned kernel configs for one scheme, copied from the per-GPU tuned-config store (kvlab.kernels.tuned).
 
-Cache keys are `op|k=<K spec>|v=<V spec>|B<bucket>|Hq|Hk|D|P<page>`; the entries whose K and V
-specs are the scheme's are exported with the GPU name they were tuned on.
+Attention keys are `op|k=<K spec>|v=<V spec>|B<bucket>|Hq|Hk|D|P<page>` and store keys
+`store|<spec>|Hk|D`; the entries for the scheme's K and V specs are exported with the GPU name they
+were tuned on.
 """
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ FILENAME = "tuned_configs.json"
 
 def configs_for(sch: KVScheme, path: str | None = None) -> dict:
     """{"gpu", "source", "configs": {key: config}} for `sch` from the tuning cache (empty configs if none)."""
-    from ..kernels import tuning
-    src = path or tuning.cache_path()
+    from ..kernels.tuned import cache_path
+    src = path or cache_path()
     try:
         with open(src) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {"gpu": None, "source": src, "configs": {}}
     want = (f"k={sch.k}", f"v={sch.v}")
+    specs = {str(sch.k), str(sch.v)}
     picked = {key: cfg for key, cfg in (data.get("configs") or {}).items()
-              if tuple(key.split("|")[1:3]) == want}
+              if tuple(key.split("|")[1:3]) == want or (key.startswith("store|") and key.split("|")[1] in specs)}
     return {"gpu": data.get("gpu"), "source": src, "configs": picked}
 
 

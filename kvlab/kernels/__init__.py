@@ -1,12 +1,27 @@
-"""kvlab.kernels: Triton kernels (store, decode, extend) and tuned configs. Triton loads lazily."""
+"""kvlab.kernels: the attention and store ops over paged, quantized KV caches, and their tuned configs.
 
-_LAZY = {"store": "kvlab.kernels.store", "decode": "kvlab.kernels.decode", "extend": "kvlab.kernels.extend",
-         "tune": "kvlab.kernels.tuning",
-         "export_configs": "kvlab.kernels.tuning"}
+    from kvlab.kernels import decode, extend, store, tune, TritonDecodeConfig
+    decode(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size)
+
+Layout: one folder per op (`decode/`, `extend/`, `store/`), each an `api.py` that checks inputs,
+resolves the config and picks a backend (`reference.py`, `triton.py`, `gluon.py`) through that
+backend's own `why_not`; backends import only the shared leaves (`tiles/`, `paged.py`, `checks.py`,
+`configs.py`, `env.py`). `tuned.py` stores the best configs per GPU; `autotune.py` (above the apis)
+searches them. Triton loads lazily: importing this package imports neither Triton nor a kernel.
+"""
+import importlib
+
+_LAZY = {"decode": "kvlab.kernels.decode", "extend": "kvlab.kernels.extend", "store": "kvlab.kernels.store",
+         "pool_store": "kvlab.kernels.store", "tune": "kvlab.kernels.autotune",
+         "export_configs": "kvlab.kernels.tuned", "TritonDecodeConfig": "kvlab.kernels.configs",
+         "GluonDecodeConfig": "kvlab.kernels.configs", "ExtendConfig": "kvlab.kernels.configs",
+         "StoreConfig": "kvlab.kernels.configs"}
 
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'kvlab.kernels' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

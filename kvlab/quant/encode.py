@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from .formats import scale_bytes
-from .oracle import as_spec, dequantize, group, quantize
+from ..spec import as_spec
+from .oracle import dequantize, group, quantize
 from .packing import bytes_per_group
 from .qtensor import QTensor
 

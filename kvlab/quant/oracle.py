@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import KVQuantSpec, parse_spec
+from ..spec import KVQuantSpec, as_spec
 from .formats import (ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, fp8_cast, fp8_value,
                       roundf_away, scale_value, store_scale)
 from .packing import pack, unpack
@@ -23,14 +23,6 @@ MSE_RATIOS = tuple(1.0 - 0.025 * i for i in range(21))  # clipping ratios 1.0 ..
 
 
 # ---- input checks and grouping ------------------------------------------------------------
-def as_spec(spec) -> KVQuantSpec:
-    if isinstance(spec, KVQuantSpec):
-        return spec
-    if isinstance(spec, str):
-        return parse_spec(spec)
-    raise ValueError(f"spec must be a KVQuantSpec or spec text, not {type(spec).__name__}")
-
-
 def check_input(x, spec: KVQuantSpec) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -224,7 +216,7 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
             return _quant_fp8(xg, spec, ratio, scale)
         return _quant_codebook(xg, spec, ratio, ts)
 
-    if scale is not None and not (spec.axis == "tensor" and spec.has_scale and spec.sym and spec.fmt in ("int", *FP8_MAX)):
+    if scale is not None and not (spec.static_scale and spec.sym and spec.fmt in ("int", *FP8_MAX)):
         raise ValueError("scale= fixes a static per-tensor scale; it needs a symmetric int or fp8 spec with axis "
                          "tensor and a scale rule")
     u, s_st, m_st = run(1.0)

@@ -21,37 +21,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "bf16", "fp16")
-AXES = ("tok", "chan", "head", "tensor")
-SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
-SCALE_RULES = ("absmax", "signed", "mse", "unit")
-ROUNDINGS = ("even", "away", "up")
-ROTATIONS = ("none", "had")
-PACKINGS = ("seq", "ggml")
-GROUP_MIN, GROUP_MAX = 8, 256
+from .text import format_spec
+from .vocab import (AXES, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, PACKINGS, ROTATIONS, ROUNDINGS, SCALE_BYTES,
+                    SCALE_DTYPES, SCALE_RULES, SPEC_VERSION, bit_planes)
 
-SCALE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "e8m0": 1, "e4m3": 1}
-# Fixed bit width of the non-int formats.
-FORMAT_BITS = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp4_e2m1": 4, "nf4": 4, "iq4nl": 4, "bf16": 16, "fp16": 16}
-SPEC_VERSION = 1
 
 
 def _allowed(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
-
-
-def bit_planes(bits: int) -> tuple[int, ...]:
-    """Power-of-two plane widths for a code of `bits` bits, lowest bits first.
-
-    4 -> (4,), 5 -> (4, 1), 6 -> (4, 2), 3 -> (2, 1), 7 -> (4, 2, 1), 8 -> (8,).
-    """
-    planes, rest = [], bits
-    for w in (8, 4, 2, 1):
-        if rest >= w:
-            planes.append(w)
-            rest -= w
-    return tuple(planes)
 
 
 @dataclass(frozen=True)
@@ -149,7 +127,18 @@ class KVQuantSpec:
 
     @property
     def has_scale(self) -> bool:
+        """True unless rule unit (fp8 / bf16 / fp16 values stored without a scale)."""
         return self.rule != "unit"
+
+    @property
+    def static_scale(self) -> bool:
+        """One calibrated scale for the whole tensor (axis tensor with a scale), kept beside the pages."""
+        return self.axis == "tensor" and self.has_scale
+
+    @property
+    def needs_tensor_scale(self) -> bool:
+        """Readers need one per-tensor float beside the pages: the static scale or NVFP4's second level."""
+        return self.static_scale or self.tensor_scale
 
     @property
     def planes(self) -> tuple[int, ...]:
@@ -211,5 +200,4 @@ class KVQuantSpec:
         return cls(**d)
 
     def __str__(self) -> str:
-        from .dsl import format_spec
         return format_spec(self)

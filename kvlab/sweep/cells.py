@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from .config import SweepConfig
 
 
+class Skip(Exception):
+    """A cell this device or scheme cannot run (reported as status 'skipped: ...')."""
+
+
 @dataclass(frozen=True)
 class Cell:
     index: int          # position in the sweep (the results table is ordered by it)

@@ -49,8 +49,8 @@ def _amortized(scheme: str, bits: float, params: str) -> float:
     """Effective bits of a scheme over the cell's token count (window and sinks at 16 bits)."""
     import json
 
-    from ..spec import scheme as to_scheme
-    s = to_scheme(scheme)
+    from ..spec import as_scheme
+    s = as_scheme(scheme)
     tokens = json.loads(params).get("tokens")
     for d in (64, 128, 80, 96, 256):  # the head_dim the row's bits were computed at
         try:

@@ -10,11 +10,8 @@ import torch
 
 from ..eval import roundtrip
 from ..eval.distributions import sample
-from ..spec import scheme as to_scheme
-
-
-class Skip(Exception):
-    """A cell this device or scheme cannot run (reported as status 'skipped: ...')."""
+from ..spec import as_scheme
+from .cells import Skip
 
 
 @functools.lru_cache(maxsize=2)
@@ -114,7 +111,7 @@ def warm_cell(cell: dict, device: str) -> None:
     if cell["stage"] == "speed" and device == "cuda":
         params = {k: json.loads(v) for k, v in json.loads(cell["params_items"])}
         try:
-            _speed(to_scheme(cell["scheme"]), params, device, warm_only=True)
+            _speed(as_scheme(cell["scheme"]), params, device, warm_only=True)
         except Skip:
             pass
         except Exception as e:  # noqa: BLE001 - the timed run reports it in the results; say so here too
@@ -128,7 +125,7 @@ def run_cell(cell: dict, device: str) -> dict:
     t0 = time.perf_counter()
     row = {k: cell[k] for k in ("cell_id", "index", "scheme", "name", "stage", "shape", "params")}
     try:
-        row.update(RUNNERS[cell["stage"]](to_scheme(cell["scheme"]), params, device))
+        row.update(RUNNERS[cell["stage"]](as_scheme(cell["scheme"]), params, device))
         row["status"] = "ok"
     except Skip as e:
         row["status"] = f"skipped: {e}"

@@ -100,8 +100,9 @@ def test_append_batch_equals_single_appends():
 @pytest.mark.parametrize("scheme", ["q4_0,window=4,sink=1", "k=int4:g16:chan:asym,v=mxfp4,window=2", "nvfp4"])
 def test_triton_store_backend_matches_reference(scheme):
     # the reference runs on the CPU (the GGML-exact oracle; see tests/kernels/store/store_cases.py)
-    pools = {be: KVPool(scheme, 1, HK, D, 8, 16, max_seqs=2, backend=be, device=dev, fp_dtype=torch.float32)
-             for be, dev in (("reference", "cpu"), ("triton", DEV))}
+    from kvlab.kernels.store import pool_store
+    pools = {be: KVPool(scheme, 1, HK, D, 8, 16, max_seqs=2, store=fn, device=dev, fp_dtype=torch.float32)
+             for be, fn, dev in (("reference", None, "cpu"), ("triton", pool_store, DEV))}
     for p in pools.values():
         for t in (*p.k_pages[0].values(), *p.v_pages[0].values()):
             if t is not None:
@@ -172,7 +173,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="unknown sequence"):
         pool.free(99)
     for kwargs, match in [(dict(scheme="nf4:tensor"), "axis tensor with nf4"), (dict(head_dim=48), "does not divide"),
-                          (dict(scheme="kivi4", page_size=16), "multiple of it"), (dict(backend="cuda"), "backend="),
+                          (dict(scheme="kivi4", page_size=16), "multiple of it"), (dict(store="triton"), "store must be a function"),
                           (dict(n_pages=0), "n_pages must be")]:
         a = dict(scheme="q4_0", n_layers=L, n_kv_heads=HK, head_dim=D, n_pages=4, page_size=16) | kwargs
         with pytest.raises(ValueError, match=match):

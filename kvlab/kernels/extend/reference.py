@@ -1,13 +1,12 @@
-"""Torch float32 reference for extend (chunked prefill) over a quantized paged prefix. No Triton."""
+"""Torch float32 reference of extend (chunked prefill) over a quantized paged prefix. No Triton."""
 from __future__ import annotations
 
 import torch
 
-from ..decode.reference import attend, sequence_kv
+from ..paged import PagedKV, attend, sequence_kv
 
 
-def extend_reference(q, k_new, v_new, qo_indptr, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec,
-                     v_spec, P, *, k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, sm_scale):
+def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float) -> torch.Tensor:
     """q [C, Hq, D], k_new/v_new [C, Hk, D] -> [C, Hq, D] (q.dtype): each chunk query attends the whole
     prefix (dequantized pages + full-precision buffer) and the chunk's keys up to itself."""
     Ctot, Hq, D = q.shape
@@ -16,8 +15,7 @@ def extend_reference(q, k_new, v_new, qo_indptr, k_pages, v_pages, kv_indptr, kv
         a, e = int(qo_indptr[b]), int(qo_indptr[b + 1])
         if e == a:
             continue
-        k, v = sequence_kv(b, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, D,
-                           k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale)
+        k, v = sequence_kv(kv, b, D)
         Lp, C = k.shape[1], e - a
         k = torch.cat([k, k_new[a:e].float().transpose(0, 1)], 1)  # [Hk, Lp + C, D]
         v = torch.cat([v, v_new[a:e].float().transpose(0, 1)], 1)

@@ -2,6 +2,9 @@
 quantized paged prefix, the full-precision buffer, and the chunk's own full-precision keys
 (causal within the chunk). One program per (sequence, query block, KV head); rows of a block
 are (query, GQA head) pairs, so each K/V tile is dequantized once for the whole group.
+
+Backend contract (called by `api.py` only): `why_not(q, kv, config)`, `run(q, k_new, v_new, qo_indptr, kv,
+sm_scale, config, max_qo_len, out)`.
 """
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..decode.triton import (dot_mode, fp_tile, interpreting, kv_tiles, prepare, q_operand, rotate_inputs,
-                             softmax_step, tensor_scales)
-from .. import tuning
+from ..configs import ExtendConfig
+from ..env import poisoned
+from ..paged import PagedKV, hadamard_cached, rotate_inputs
+from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor_scales
+from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
 
 
 @triton.jit
@@ -68,52 +73,46 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                  mask=rm[:, None])
 
 
-def extend_triton(q, k_new, v_new, qo_indptr, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec,
-                  v_spec, P, *, k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, sm_scale, max_qo_len=None,
-                  config=None, out=None):
-    """See `kvlab.kernels.extend.extend`. Returns [C, Hq, D] in q.dtype."""
+def why_not(q: torch.Tensor, kv: PagedKV, config: ExtendConfig) -> str | None:
+    """None when this kernel runs the call; else why not."""
+    return unsupported(q, kv)
+
+
+def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: ExtendConfig, max_qo_len=None, out=None):
+    """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given)."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
-    Hk = k_new.shape[1]
+    Hk = kv.n_kv_heads
     group = Hq // Hk
-    cfg = {"BLOCK_N": 32, "BLOCK_M": 64, "num_warps": 4, "num_stages": 2}
-    cfg.update(config or tuning.lookup("extend", k_spec, v_spec, B, Hq, Hk, D, P, q.device) or {})
-    BN = int(cfg["BLOCK_N"])
-    for s in (k_spec, v_spec):
-        if s.axis == "chan":
-            BN = max(BN, s.group)
-    K = prepare(k_pages, k_spec, D, False, q, k_tensor_scale)
-    V = prepare(v_pages, v_spec, D, False, q, v_tensor_scale)
-    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [k_fp, k_new], [v_fp, v_new], k_spec, v_spec, D)
-    out_dtype = torch.float32 if v_spec.rotation == "had" else dtype
+    BN = max([config.block_n] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
+    K = page_operands(kv.k_pages, kv.k_spec, D, False, q.device, kv.k_tensor_scale)
+    V = page_operands(kv.v_pages, kv.v_spec, D, False, q.device, kv.v_tensor_scale)
+    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [kv.k_fp, k_new], [kv.v_fp, v_new], kv.k_spec, kv.v_spec, D)
+    rot_v = kv.rotated[1]
     user_out = out
-    if out is None or out_dtype != dtype:
-        new = torch.full if interpreting() else (lambda shape, _, **kw: torch.empty(shape, **kw))
-        out = new((Ctot, Hq, D), float("nan"), dtype=out_dtype, device=q.device)
+    if out is None or rot_v:
+        out = poisoned((Ctot, Hq, D), torch.float32 if rot_v else dtype, q.device)
     if max_qo_len is None:
         max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
-    QB = max(1, int(cfg["BLOCK_M"]) // group)
+    QB = max(1, config.block_m // group)
     R = max(16, triton.next_power_of_2(QB * group))
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    kfs = k_fp.stride()[:3] if has_fp else (0, 0, 0)
-    vfs = v_fp.stride()[:3] if has_fp else (0, 0, 0)
     if B and max_qo_len:
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
-            V["lut"], V["perm"], K["ts"] if K["ts"] is not None else out, V["ts"] if V["ts"] is not None else out,
-            kv_indptr, kv_indices, kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
-            sm_scale * 1.4426950408889634, q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
+            V["lut"], V["perm"], out if K["ts"] is None else K["ts"], out if V["ts"] is None else V["ts"],
+            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
+            sm_scale * LOG2E, q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1),
             v_new.stride(0), v_new.stride(1), out.stride(0), out.stride(1),
-            *K["cs"], *K["ss"], *V["cs"], *V["ss"], *kfs, *vfs,
-            KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=P, BN=BN, HAS_FP=has_fp,
-            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(cfg.get("dot"), False),
-            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
-    if v_spec.rotation == "had":
-        from ...quant.rotation import hadamard
-        out = out @ hadamard(D, q.device).T
-    out = out.to(dtype)
+            *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
+            *(vf.stride()[:3] if has_fp else (0, 0, 0)),
+            KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    if rot_v:  # the pages hold v H: out H^T
+        out = (out @ hadamard_cached(D, q.device).T).to(dtype)
     if user_out is not None and out is not user_out:
         user_out.copy_(out)
         return user_out

@@ -1,23 +1,11 @@
 """kvlab.kernels.store: quantize + pack + scatter new tokens into KV pages.
 
-    from kvlab.kernels.store import store
+    from kvlab.kernels.store import store, pool_store
     store(x, pages, slot_mapping, spec)            # x [T, Hk, D]; pages from PageLayout.allocate
+    KVPool(..., store=pool_store)                  # a pool that stores through the kernel
 
 Triton is imported only when the Triton backend runs.
 """
-from .api import BACKENDS, store, supports_triton
+from .api import BACKENDS, pool_store, store, supports_triton
 
-__all__ = ["store", "supports_triton", "BACKENDS"]
-
-
-def _pool_store(x, pages, slots, spec, page_size, scale, tensor_scale) -> None:
-    store(x, pages, slots, spec, page_size=page_size, scale=scale, tensor_scale=tensor_scale, backend="triton",
-          check_slots=False)
-
-
-def _register() -> None:
-    from ...cache.pool import register_store_backend
-    register_store_backend("triton", _pool_store)
-
-
-_register()
+__all__ = ["store", "pool_store", "supports_triton", "BACKENDS"]

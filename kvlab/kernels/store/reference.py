@@ -10,8 +10,8 @@ import torch
 from ...cache.paging import write_tokens
 
 
-def store_reference(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
-                    scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None) -> None:
+def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
+        scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None) -> None:
     """Quantize x [T, Hk, D] with `kvlab.quantize` and write codes/scales/zeros into `pages`
     (PageLayout tensors) at slot_mapping [T] (slot = page * page_size + offset; -1 skips).
     Checked inputs only: call `kvlab.kernels.store.store` for validation."""

@@ -34,14 +34,15 @@ import triton.language as tl
 
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
 from ...quant.packing import plane_order
-from .._triton_utils import (as_f32, bf16_round, encode_scale, interpreting, narrow_float, next_pow2, rint_even,
-                             round_away)
+from ..configs import StoreConfig
+from ..env import interpreting
+from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
 RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2}
 RND_IDS = {"even": 0, "away": 1, "up": 2}
-CONFIGS = [triton.Config({"BLOCK_R": r}, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
+CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW"]
 
 
@@ -413,7 +414,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     planes = [(w, sh, spec.pack == "ggml" and w in (2, 4)) for sh, w in plane_order(spec)] + [(0, 0, False)] * 2
     sym_int = fmt == "int" and spec.sym
     p = dict(FMT=FMT_IDS[fmt], BITS=b, G=G, NG=NG, GP=next_pow2(G), NGP=next_pow2(NG), CHAN=spec.axis == "chan",
-             STATIC=spec.axis == "tensor" and spec.has_scale, SYM=spec.sym, RULE=RULE_IDS[spec.rule],
+             STATIC=spec.static_scale, SYM=spec.sym, RULE=RULE_IDS[spec.rule],
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XOR8=sym_int and b == 8)
@@ -438,31 +439,25 @@ def _prune(configs, named_args, **kw):
     return keep or configs[:1]
 
 
-_TUNED = None
+_AUTOTUNED = None
 _CODEBOOKS: dict = {}
 _DUMMY: dict = {}
 
 
 def _graph_bench(fn, quantiles=None):
     """The autotuner's timer: each config's launch replayed from a CUDA graph. A 30-50 us write timed
-    eagerly measures the Python launch path as much as the kernel, and the pick was a coin toss (the
-    same q8_0 write took 35 us in one H200 run and 50 us in the next)."""
+    eagerly measures the Python launch path as much as the kernel, and its pick was a coin toss."""
     import triton.testing
     return triton.testing.do_bench_cudagraph(fn, rep=10, quantiles=quantiles)
 
 
-def _tuned():
-    global _TUNED
-    if _TUNED is None:
-        prune = {"early_config_prune": _prune}
-        _TUNED = triton.autotune(CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=prune, do_bench=_graph_bench)(_store_kernel)
-    return _TUNED
-
-
-def tuned_config() -> str | None:
-    """The store kernel's autotuned config (BLOCK_R, warps) of its last tuned launch, or None."""
-    cfg = getattr(_TUNED, "best_config", None)
-    return None if cfg is None else str(cfg)
+def _autotuned():
+    global _AUTOTUNED
+    if _AUTOTUNED is None:
+        cands = [triton.Config({"BLOCK_R": c.block_r}, num_warps=c.num_warps) for c in CANDIDATES]
+        _AUTOTUNED = triton.autotune(cands, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune},
+                                     do_bench=_graph_bench)(_store_kernel)
+    return _AUTOTUNED
 
 
 def _codebook(fmt: str, device) -> torch.Tensor:
@@ -490,18 +485,25 @@ def _storage_view(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tenso
     return t
 
 
-def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
-                 scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None,
-                 block_rows: int | None = None, flat: bool = True) -> None:
-    """Launch the store kernel. Inputs are already checked by `kvlab.kernels.store.api.store`:
+def why_not(spec) -> str | None:
+    """None when the kernel stores `spec`; else why (the api then runs the reference)."""
+    if spec.rule == "mse":
+        return "rule=mse searches 21 clipping ratios per group; the store uses the torch reference for it"
+    return None
+
+
+def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
+        scale: torch.Tensor | None = None, tensor_scale: torch.Tensor | None = None,
+        config: StoreConfig | None = None, flat: bool = True) -> StoreConfig | None:
+    """Launch the store kernel. Inputs are already checked by `kvlab.kernels.store.store`:
     x [T, Hk, D] float32/16/bf16 (rotated when the spec rotates; `spec` then has rotation none),
     pages of `PageLayout(spec, D, page_size, Hk)`, slot_mapping [T] int32/int64 (-1: skip),
     scale / tensor_scale float32 [1] on x's device when the spec needs them.
-    `block_rows` fixes BLOCK_R (no autotune; the interpreter always uses a fixed one); `flat=False`
-    forces the general tile path (benchmarks compare the two)."""
+    config: a fixed StoreConfig; None: Triton's autotuner picks one on the GPU (returned, for the tuned
+    store), a fixed small tile under the interpreter. flat=False forces the general tile path."""
     T, Hk, D = x.shape
     if T == 0:
-        return
+        return None
     p = kernel_params(spec, D, flat)
     codes = _storage_view(pages["codes"], None)
     scales = _storage_view(pages.get("scales"), codes)
@@ -515,10 +517,13 @@ def store_triton(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec,
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     args = (x, codes, scales, zeros, slots, static, ts, _codebook(spec.fmt, x.device), T, *x.stride())
     const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), **p)
-    if interpreting() or block_rows is not None:
-        br = block_rows or min(16, max(4, next_pow2(n_rows)))
-        _store_kernel[(triton.cdiv(n_rows, br), Hk, n_grp)](*args, **const, BLOCK_R=br, num_warps=4,
-                                                          enable_fp_fusion=False)
-    else:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)  # noqa: E731
-        _tuned()[grid](*args, **const, enable_fp_fusion=False)
+    if config is None and interpreting():
+        config = StoreConfig(block_r=min(16, max(4, next_pow2(n_rows))), num_warps=4)
+    if config is not None:
+        _store_kernel[(triton.cdiv(n_rows, config.block_r), Hk, n_grp)](
+            *args, **const, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False)
+        return None
+    tuner = _autotuned()
+    tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)](*args, **const, enable_fp_fusion=False)
+    best = tuner.best_config
+    return StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps)

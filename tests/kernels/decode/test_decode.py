@@ -78,7 +78,7 @@ FMA_CASES = [c for c in CASES if c[6] in ("q4_0", "q8_0", "kivi4", "nvfp4", "q5_
 @pytest.mark.parametrize("bn", [16, 32])
 def test_decode_fma_path(c, bn):
     """dot="fma": CUDA-core products and reductions instead of tl.dot (group left unpadded)."""
-    ref, got = _run(c, config={"dot": "fma", "BLOCK_N": bn, "num_warps": 4, "num_stages": 2, "asm": False})
+    ref, got = _run(c, config={"dot": "fma", "block_n": bn, "num_warps": 4, "num_stages": 2, "asm": False})
     assert not torch.isnan(got).any()
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
     assert err < 1e-4, f"relative error {err:.2e}"   # fp32 FMAs on the GPU too
@@ -87,7 +87,7 @@ def test_decode_fma_path(c, bn):
 @pytest.mark.parametrize("c", FMA_CASES, ids=[_id(c) for c in FMA_CASES])
 def test_decode_kv_major_orientation(c):
     """orient="kv": scores^T = K q^T and out^T += V^T p^T (same attention)."""
-    ref, got = _run(c, config={"orient": "kv", "BLOCK_N": 32, "num_warps": 4, "num_stages": 2})
+    ref, got = _run(c, config={"orient": "kv", "block_n": 32, "num_warps": 4, "num_stages": 2})
     assert not torch.isnan(got).any()
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
     assert err < TOL, f"relative error {err:.2e}"
@@ -109,10 +109,10 @@ def test_decode_rejects_unknown_dot_mode():
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "int4_had", "q8_0", "int8:g32:asym", "int8:g32", "fp8_e4m3",
                                   "fp8_e5m2"])
 def test_fast_paths_match_plain(name):
-    """GPU: the fp16 fast paths (use_asm=True) agree with the plain-Triton path and the reference."""
+    """GPU: the fp16 fast paths (config asm=True) agree with the plain-Triton path and the reference."""
     c = (2, [17, 300], 32, 8, 128, 16, name, None, 3)
-    ref, plain = _run(c, use_asm=False)
-    _, fast = _run(c, use_asm=True)
+    ref, plain = _run(c, config={"asm": False})
+    _, fast = _run(c, config={"asm": True})
     scale = ref.abs().max().item()
     assert (fast.float() - ref.float()).abs().max().item() / scale < TOL
     assert (fast.float() - plain.float()).abs().max().item() / scale < 1e-2
@@ -221,12 +221,12 @@ def test_decode_plan_relaunches_on_updated_q():
     assert (got - ref).abs().max() / ref.abs().max() < TOL
 
 
-@pytest.mark.parametrize("cfg", [{"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-                                 {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
-                                 {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}], ids=["bn32", "bn64w8r128", "bn128w8"])
+@pytest.mark.parametrize("cfg", [{"block_n": 32, "num_warps": 4, "num_stages": 2},
+                                 {"block_n": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128},
+                                 {"block_n": 128, "num_warps": 8, "num_stages": 2}], ids=["bn32", "bn64w8r128", "bn128w8"])
 @pytest.mark.parametrize("name", ["q4_0", "q8_0", "fp8_e4m3"])
 def test_decode_tile_configs(name, cfg):
-    """The run3 sweep's tile shapes (and a register cap, ignored by the interpreter) stay correct."""
+    """Tile shapes the tuner tries (and a register cap, ignored by the interpreter) stay correct."""
     c = (2, [17, 200], 8, 2, 128, 16, name, None, 3)
     ref, got = _run(c, config=cfg)
     assert not torch.isnan(got).any()
@@ -234,7 +234,7 @@ def test_decode_tile_configs(name, cfg):
     assert err < TOL, f"relative error {err:.2e}"
 
 
-ROWFIRST = {"layout": "rowfirst", "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+ROWFIRST = {"layout": "rowfirst", "block_n": 32, "num_warps": 4, "num_stages": 2}
 ROWFIRST_CASES = [
     *[(2, [17, 40], 8, 2, 64, 16, s, None, None) for s in
       ("q8_0", "fp8_e4m3", "q4_0", "q4_1", "int4_had", "int8:g32:asym", "int2:g32:asym", "int3:g32:asym", "mxfp4",
@@ -271,19 +271,18 @@ def test_rowfirst_rejects_unknown_layout():
 def test_rowfirst_fast_matches_operand_layout(name, bn):
     """GPU: rowfirst (asm fast paths + pin) agrees with the operand-layout path and the reference."""
     c = (2, [17, 300], 32, 8, 128, 16, name, None, 3)
-    cfg = {"BLOCK_N": bn, "num_warps": 4, "num_stages": 2}
-    ref, old = _run(c, config=cfg, use_asm=True)
-    _, new = _run(c, config={**cfg, "layout": "rowfirst"}, use_asm=True)
+    cfg = {"block_n": bn, "num_warps": 4, "num_stages": 2, "asm": True}
+    ref, old = _run(c, config=cfg)
+    _, new = _run(c, config={**cfg, "layout": "rowfirst"})
     scale = ref.abs().max().item()
     assert (new.float() - ref.float()).abs().max().item() / scale < TOL
     assert (new.float() - old.float()).abs().max().item() / scale < 1e-2
 
 
 def test_tuner_offers_rowfirst_for_fast_path_specs():
-    from kvlab.kernels import tuning
+    from kvlab.kernels import autotune
     for name, want in (("q4_0", True), ("q8_0", True), ("fp8_e4m3", True), ("int4_had", True), ("bf16", False),
                        ("int3:g32:asym", False), ("kivi4", True)):  # kivi4: V is per-token int4
         sch = kvlab.scheme(name)
-        cands = tuning.search_space("decode", 32, 8, sch.k, sch.v)
-        assert any(c.get("layout") == "rowfirst" for c in cands) == want, name
-        assert all("context" not in c for c in cands)
+        cands = autotune.triton_space(32, 8, sch.k, sch.v)
+        assert any(c.layout == "rowfirst" for c in cands) == want, name

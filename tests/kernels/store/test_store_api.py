@@ -117,10 +117,23 @@ def test_mse_runs_reference():
 def test_autotune_key_and_configs():
     from kvlab.kernels.store import triton as tk
     assert "T" not in tk.AUTOTUNE_KEY and {"D", "HK", "FMT", "BITS", "G"} <= set(tk.AUTOTUNE_KEY)
-    chan = tk._prune(tk.CONFIGS, {}, D=64, CHAN=True, GP=32, NGP=1)
+    cands = [tk.triton.Config({"BLOCK_R": c.block_r}, num_warps=c.num_warps) for c in tk.CANDIDATES]
+    chan = tk._prune(cands, {}, D=64, CHAN=True, GP=32, NGP=1)
     assert chan and all(c.kwargs["BLOCK_R"] <= 64 for c in chan)
-    wide = tk._prune(tk.CONFIGS, {}, D=256, CHAN=False, GP=32, NGP=8)
+    wide = tk._prune(cands, {}, D=256, CHAN=False, GP=32, NGP=8)
     assert all(c.kwargs["BLOCK_R"] * 256 <= 8192 for c in wide)
+
+
+def test_explicit_store_config_runs_and_bad_ones_are_rejected():
+    from kvlab.kernels.configs import StoreConfig
+    spec = kvlab.scheme("q4_0").k
+    x, slots, lay, n_pages, kw = make_input(spec, T=37)
+    want, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    got, used = run_store(x, slots, lay, n_pages, spec, "triton", config=StoreConfig(block_r=8, num_warps=2), **kw)
+    assert used == "triton"
+    assert all(torch.equal(got[k].cpu().view(torch.uint8), want[k].view(torch.uint8)) for k in want if want[k] is not None)
+    with pytest.raises(ValueError, match="block_r=5"):
+        run_store(x, slots, lay, n_pages, spec, "triton", config={"block_r": 5}, **kw)
 
 
 def test_spec_is_constexprs_only():

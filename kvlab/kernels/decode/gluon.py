@@ -14,14 +14,14 @@ state (a batched MMA: dim 0 of every tensor is the warp), merged across warps on
 are q K^T with the GQA group in the MMA's M = 16 rows; the output is accumulated as O^T = V^T P^T
 (`_pv`, default) so that its N = 8 columns hold the heads (16 for groups over 8) instead of 16 mostly
 padded rows. The next tile's code words are loaded before the current tile's math (a register
-prefetch). Splits are merged by the Triton `_merge_kernel`.
-
-Measured on the H200 (sweeps/results/h200/README.md): B = 32 x 32K, q4_0 0.441 ms, q8_0 0.556, fp8
-0.535 against cuDNN's 0.948 on dense bf16; the Triton kernel took 0.836 / 1.195 / 0.926.
+prefetch). Splits are merged by the Triton `tiles.attention.merge_kernel`. Measurements and the profile
+evidence behind this design: benchmarks/NOTES_decode.md and sweeps/results/h200/README.md.
 
 Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
-own source through `kvlab.kernels.gluon_emu` and compile it for sm_90 offline; the GPU tests check
-it against the reference (tests/kernels/decode/test_gluon_mma.py).
+own source through `devtools/gluon_emu.py` and compile it for sm_90 offline (`devtools/sm90_offline.py`);
+the GPU tests check it against the reference (tests/kernels/decode/test_gluon.py).
+
+Backend contract (called by `api.py` only): `why_not(q, kv, config)`, `run(q, kv, sm_scale, config, out, plan)`.
 """
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ..configs import GluonDecodeConfig
+from ..paged import PagedKV, hadamard_cached
+from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CODECS,
     F8,
@@ -47,11 +50,10 @@ from .gluon_codecs import (
     v_load,
 )
 
-# Compute capabilities on which the GPU tests (tests/kernels/decode/test_gluon_mma.py, run by
-# `bash benchmarks/h200_run.sh gluon`) have passed. The tuner offers this kernel only on these (it times
-# candidates, it does not check their results); `config={"kernel": "gluon"}` runs it on request anywhere
-# `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
-# sm_90: H200, triton 3.6.0, torch 2.11 (sweeps/results/h200/runs/gluon-6abe433/header.json).
+# Compute capabilities on which the GPU tests (tests/kernels/decode/test_gluon.py) have passed; the
+# result files under sweeps/results/ name the GPU and versions. The tuner offers this kernel only on these
+# (it times candidates, it does not check their results); a config with kernel "gluon" runs it on request
+# anywhere `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
 GPU_VERIFIED: tuple[tuple[int, int], ...] = ((9, 0),)
 
 
@@ -60,6 +62,7 @@ def gpu_verified(device) -> bool:
     dev = torch.device(device)
     return dev.type == "cuda" and torch.cuda.is_available() and \
         tuple(torch.cuda.get_device_capability(dev)) in GPU_VERIFIED
+
 
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
@@ -284,9 +287,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
 
 
 # ---- host side ------------------------------------------------------------------------------------
-def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) -> str | None:
-    """None when the Gluon MMA kernel runs this call; else the reason it does not. (`has_fp`: the call has
-    full-precision window / sink tokens; they are handled, the argument stays for callers that pass it.)"""
+def unsupported(k_spec, v_spec, D: int, P: int, group: int, device) -> str | None:
+    """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
+    `group` on `device`; else the reason it does not."""
     for name, spec in (("K", k_spec), ("V", v_spec)):
         if codec_of(spec) is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
@@ -307,25 +310,23 @@ def why_not(k_spec, v_spec, D: int, P: int, group: int, has_fp: bool, device) ->
     return None
 
 
-def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, P, *, sm_scale,
-                 num_splits, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None, v_tensor_scale=None,
-                 num_warps=4, tokens_per_warp=16, maxnreg=None, transpose_o=True, out=None, plan=False):
-    """Split-K decode through MMA fragments; same contract as `decode_triton` for the calls `why_not` accepts.
-    A Hadamard-rotated K rotates q here, a rotated V rotates the output back (as decode_triton).
-    `maxnreg` caps registers per thread (ptx .maxnreg): fewer registers, more CTAs resident per SM.
-    `transpose_o` accumulates O^T (V^T P^T: 8 head columns for GQA <= 8 instead of 16 padded rows, half the
-    accumulator registers, rescales and P V MMAs); False keeps O = P V."""
-    from .triton import _merge_kernel, hadamard_cached
+def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:
+    """None when this kernel runs the call (full-precision window / sink tokens included); else why not."""
+    return unsupported(kv.k_spec, kv.v_spec, q.shape[-1], kv.page_size, q.shape[1] // kv.n_kv_heads, q.device)
+
+
+def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, plan: bool = False):
+    """Split-K decode through MMA fragments; same contract as the Triton backend's `run` for the calls
+    `why_not` accepts. A Hadamard-rotated K rotates q here, a rotated V rotates the output back."""
     B, Hq, D = q.shape
-    Hk = k_pages["codes"].shape[1]
+    Hk = kv.n_kv_heads
     group = Hq // Hk
-    NW, TW, S = int(num_warps), int(tokens_per_warp), int(num_splits)
-    if NW not in (1, 2, 4, 8):
-        raise ValueError(f"gluon decode: num_warps must be 1, 2, 4 or 8, got {NW}")
+    NW, TW, S = config.num_warps, config.tokens_per_warp, config.num_splits
+    k_spec, v_spec = kv.k_spec, kv.v_spec
     kcodec, vcodec = codec_of(k_spec), codec_of(v_spec)
-    kc, vc = k_pages["codes"].view(torch.int32), v_pages["codes"].view(torch.int32)
-    ks, vs = k_pages.get("scales"), v_pages.get("scales")
-    kz, vz = k_pages.get("zeros"), v_pages.get("zeros")
+    kc, vc = kv.k_pages["codes"].view(torch.int32), kv.v_pages["codes"].view(torch.int32)
+    ks, vs = kv.k_pages.get("scales"), kv.v_pages.get("scales")
+    kz, vz = kv.k_pages.get("zeros"), kv.v_pages.get("zeros")
     for name, t in (("K codes", kc), ("V codes", vc), ("K scales", ks), ("V scales", vs)):
         if t is not None and (t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]):
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
@@ -335,61 +336,47 @@ def decode_gluon(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k
     lay = layouts(NW, TW, WORDS_K[kcodec], WORDS_V[vcodec])
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
-    if not (k_spec.axis == "tensor" and k_spec.has_scale):
-        k_tensor_scale = None  # only axis-tensor specs with a static scale carry one (as in decode_triton)
-    if not (v_spec.axis == "tensor" and v_spec.has_scale):
-        v_tensor_scale = None
-    kts = None if k_tensor_scale is None else torch.as_tensor(k_tensor_scale, dtype=torch.float32,
-                                                              device=q.device).reshape(1)
-    vts = None if v_tensor_scale is None else torch.as_tensor(v_tensor_scale, dtype=torch.float32,
-                                                              device=q.device).reshape(1)
+    kts, vts = (None if t is None else torch.as_tensor(t, dtype=torch.float32, device=q.device).reshape(1)
+                for t in (kv.k_tensor_scale, kv.v_tensor_scale))
     ks = kc if ks is None else ks  # codecs without group scales / zeros never read these
     vs = vc if vs is None else vs
     kz = ks if kz is None else kz
     vz = vs if vz is None else vz
-    rot_k, rot_v = k_spec.rotation == "had", v_spec.rotation == "had"
+    rot_k, rot_v = kv.rotated
     kern_out = out if not rot_v else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
     user_out = out
     op = lse = kern_out  # split partials and their log-sum-exps (unused with one split)
     if S > 1:
         op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
-    q_in = q
-
-    has_fp = k_fp is not None
-    if maxnreg is not None and not (32 <= int(maxnreg) <= 255):
-        raise ValueError(f"gluon decode: maxnreg must be in [32, 255], got {maxnreg}")
-    launch_opts = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
+    has_fp = kv.has_fp
+    launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
+    perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device)
 
     def launch():
-        q, kf, vf = q_in, k_fp, v_fp
+        qr, kf, vf = q, kv.k_fp, kv.v_fp
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
-            q = q.float() @ hadamard_cached(D, q.device)
+            qr = q.float() @ hadamard_cached(D, q.device)
             kf = None if kf is None else kf.float() @ hadamard_cached(D, q.device)
         if rot_v and vf is not None:
             vf = vf.float() @ hadamard_cached(D, q.device)
         kf = kf if has_fp else kc  # never read without HAS_FP
         vf = vf if has_fp else vc
-        out = kern_out
+        o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            q, out, op, lse, kc, ks, kz, vc, vs, vz,
-            out if kts is None else kts, out if vts is None else vts,
-            *channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device),
-            kv_indptr, kv_indices,
-            kv_last_page_len, kf, vf, fp_len if has_fp else kv_last_page_len,
-            sm_scale * 1.4426950408889634, S, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            qr, o, op, lse, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
+            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
+            sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
             *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], GK=_group(k_spec),
-            GV=_group(v_spec), HAS_KTS=kts is not None,
-            HAS_VTS=vts is not None, GROUP=group, P=P, NW=NW, TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"],
-            B=lay["B"], KW=lay["KW"], VW=lay["VW"], VWA=lay["VWA"], OT=bool(transpose_o), GPN=8 if group <= 8 else 16,
-            num_warps=NW, **launch_opts)
+            GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
+            TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
+            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, num_warps=NW, **launch_opts)
         if S > 1:
-            _merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
-                                   num_warps=4)
+            merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T
-            user_out.copy_(out @ hadamard_cached(D, out.device).T)
+            user_out.copy_(o @ hadamard_cached(D, o.device).T)
         return user_out
 
     return launch if plan else launch()

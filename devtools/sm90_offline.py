@@ -1,7 +1,7 @@
 """Offline sm_90 compile of the decode kernels on a machine without a GPU (developer tool).
 
-    python -m kvlab.kernels.decode.sm90_offline q4_0 q8_0 ... [--asm] [--bn 128] [--warps 4] [--sass DIR]
-    python -m kvlab.kernels.decode.sm90_offline gluon:q4_0 gluon:q8_0 [--warps 4] [--tw 16]   # Gluon MMA kernel
+    python -m devtools.sm90_offline q4_0 q8_0 ... [--asm] [--bn 128] [--warps 4] [--sass DIR]
+    python -m devtools.sm90_offline gluon:q4_0 gluon:q8_0 [--warps 4] [--tw 16]   # Gluon MMA kernel
 
 Swaps Triton's active driver for a stub that reports an sm_90 target, runs `decode` on small
 CPU tensors with launches turned into compiles (warmup), and prints registers, spills, shared
@@ -68,42 +68,43 @@ def offline_compiles():
         driver._active = prev
 
 
-def compile_decode(scheme: str, config: dict, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
-    """-> list of (name, CompiledKernel) for one Triton decode call (decode kernel [+ merge])."""
+def _call(scheme: str, B: int, Hq: int, Hk: int, D: int, P: int, L: int):
+    """(q, PagedKV) of a small synthetic CPU cache for one scheme."""
     import kvlab
-
-    from ..tuning import synthetic_cache
-    from . import triton as dt
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.paged import PagedKV
     sch = kvlab.scheme(scheme)
-    with offline_compiles() as kernels:
-        dt._OFFLINE = True
-        try:
-            c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
-            q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
-            fp = _fp_args(sch, B, Hk, D)
-            dt.decode_triton(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                             sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                             sm_scale=D ** -0.5, config=config, num_splits=2)
-        finally:
-            dt._OFFLINE = False
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
+    fp = _fp_args(sch, B, Hk, D)
+    kv = PagedKV(c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P,
+                 fp["k_fp"], fp["v_fp"], fp["fp_len"], c["k_ts"], c["v_ts"])
+    return torch.randn(B, Hq, D, dtype=torch.bfloat16), kv
+
+
+def compile_decode(scheme: str, config, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
+    """-> list of (name, CompiledKernel) for one Triton decode call (decode kernel [+ merge]);
+    config: a TritonDecodeConfig or its dict (num_splits defaults to 2)."""
+    from kvlab.kernels.configs import config_from_dict
+    from kvlab.kernels.decode import triton as backend
+    from kvlab.kernels.env import offline_codegen
+    cfg = config_from_dict("decode", config)
+    cfg = cfg.replace(num_splits=cfg.num_splits or 2)
+    with offline_compiles() as kernels, offline_codegen():
+        q, kv = _call(scheme, B, Hq, Hk, D, P, L)
+        backend.run(q, kv, D ** -0.5, cfg)
     return kernels
 
 
 def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
                   num_splits=2, maxnreg=None):
-    """-> list of (name, CompiledKernel) for one Gluon MMA decode call (gluon_mma.decode_gluon)."""
-    import kvlab
-
-    from ..tuning import synthetic_cache
-    from . import gluon_mma
-    sch = kvlab.scheme(scheme)
+    """-> list of (name, CompiledKernel) for one Gluon MMA decode call."""
+    from kvlab.kernels.configs import GluonDecodeConfig
+    from kvlab.kernels.decode import gluon
+    cfg = GluonDecodeConfig(num_warps=num_warps, tokens_per_warp=tokens_per_warp, num_splits=num_splits,
+                            maxnreg=maxnreg)
     with offline_compiles() as kernels:
-        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
-        q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
-        gluon_mma.decode_gluon(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
-                               sch.k, sch.v, P, sm_scale=D ** -0.5, num_splits=num_splits, num_warps=num_warps,
-                               tokens_per_warp=tokens_per_warp, maxnreg=maxnreg, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                               **_fp_args(sch, B, Hk, D))
+        q, kv = _call(scheme, B, Hq, Hk, D, P, L)
+        gluon.run(q, kv, D ** -0.5, cfg)
     return kernels
 
 
@@ -171,8 +172,8 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon:SCHEME: tokens per warp per tile")
     a = ap.parse_args(argv)
-    cfg = {"BLOCK_N": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
-           "layout": a.layout, "dot": a.dot, "orient": a.orient}
+    cfg = {"block_n": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
+           "layout": a.layout or "operand", "dot": a.dot, "orient": a.orient or "q", "version": 1}
     for s in a.schemes:
         gl = s.startswith("gluon:")
         compiled = compile_gluon(s[len("gluon:"):], a.warps, a.tw, maxnreg=a.maxnreg) if gl else compile_decode(s, cfg)

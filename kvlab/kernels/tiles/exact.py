@@ -10,21 +10,14 @@ same bits on every backend. Kernels using these must be launched with `enable_fp
 to `cvt.rmi/rpi.ftz`, flushing subnormal inputs; the floors and ceils here only see non-negative
 values, integers +- 0.5 or float64, where the flush cannot change a result.
 
-This module imports Triton; only `triton.py` files import it, lazily.
+This module imports Triton; only Triton backends (`triton.py`) and other tiles import it.
 """
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
 
 MAGIC = tl.constexpr(8388608.0)  # 2^23: adding it to 0 <= a < 2^23 leaves a rounded to an integer, ties to even
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels on the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def next_pow2(n: int) -> int:

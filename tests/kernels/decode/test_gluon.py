@@ -1,6 +1,6 @@
 """Gluon MMA-fragment decode (int4 sym / asym g32, q8_0 / int8 g32, fp8_e4m3; K and V codecs independent).
 
-Gluon has no interpreter. On CPU: the kernel's own source runs through kvlab.kernels.gluon_emu (torch
+Gluon has no interpreter. On CPU: the kernel's own source runs through devtools/gluon_emu.py (torch
 ops, a PTX interpreter for its asm) against the float32 reference, the asm strings are checked value
 by value, and the kernel is compiled for sm_90 offline (no spills, no shared memory in the main loop).
 On a GPU: the compiled kernel against the reference."""
@@ -19,9 +19,12 @@ from paged_cases import call_args, make_paged
 import kvlab
 from kvlab.kernels.decode import decode
 
-gluon_mma = pytest.importorskip("kvlab.kernels.decode.gluon_mma", reason="this Triton has no Gluon dialect",
-                                exc_type=ImportError)
-from kvlab.kernels.decode import gluon_codecs as gc
+gluon = pytest.importorskip("kvlab.kernels.decode.gluon", reason="this Triton has no Gluon dialect",
+                            exc_type=ImportError)
+from kvlab.kernels import autotune  # noqa: E402
+from kvlab.kernels.checks import check_prefix  # noqa: E402
+from kvlab.kernels.configs import GluonDecodeConfig  # noqa: E402
+from kvlab.kernels.decode import gluon_codecs as gc  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 GPU = pytest.mark.skipif(not CUDA, reason="Gluon kernels run on a CUDA GPU only (no interpreter)")
@@ -59,7 +62,7 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "kvlab.kernels.decode.sm90_offline", f"gluon:{scheme}", "--top", "60"],
+    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60"],
                        capture_output=True, text=True, env=env, timeout=300)
     if "ptxas" in p.stderr and "No such file" in p.stderr:
         pytest.skip("this Triton wheel has no ptxas")
@@ -82,18 +85,18 @@ def test_gluon_config_rejects_other_schemes():
     args, kw = call_args(c)
     with pytest.raises(ValueError, match="kernel='gluon' cannot run this call: K spec .* has no Gluon codec"):
         decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "gluon"})
-    with pytest.raises(ValueError, match="config kernel='cuda'; allowed: 'triton', 'gluon'"):
+    with pytest.raises(ValueError, match="config kernel='cuda' for 'decode'; allowed: 'triton', 'gluon'"):
         decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "cuda"})
 
 
-def test_why_not_names_each_limit():
+def test_unsupported_names_each_limit():
     s = kvlab.scheme("q4_0")
-    assert "head_dim must be 128" in gluon_mma.why_not(s.k, s.v, 64, 16, 4, False, "cpu")
-    assert "page size must be a multiple of 16" in gluon_mma.why_not(s.k, s.v, 128, 8, 4, False, "cpu")
-    assert "GQA group must be <= 16" in gluon_mma.why_not(s.k, s.v, 128, 16, 32, False, "cpu")
-    assert "CUDA GPU" in gluon_mma.why_not(s.k, s.v, 128, 16, 4, False, "cpu")
+    assert "head_dim must be 128" in gluon.unsupported(s.k, s.v, 64, 16, 4, "cpu")
+    assert "page size must be a multiple of 16" in gluon.unsupported(s.k, s.v, 128, 8, 4, "cpu")
+    assert "GQA group must be <= 16" in gluon.unsupported(s.k, s.v, 128, 16, 32, "cpu")
+    assert "CUDA GPU" in gluon.unsupported(s.k, s.v, 128, 16, 4, "cpu")
     h = kvlab.scheme("k=q4_0,v=int2:g32:asym")
-    assert "V spec" in gluon_mma.why_not(h.k, h.v, 128, 16, 4, False, "cpu")
+    assert "V spec" in gluon.unsupported(h.k, h.v, 128, 16, 4, "cpu")
 
 
 # ---- the PTX strings, run by the emulator's interpreter ------------------------------------------------------
@@ -134,7 +137,7 @@ def _hi_close(got, want, sc):
 
 
 def test_ptx_q4_decodes_nibbles():
-    from kvlab.kernels.gluon_emu import run_ptx
+    from devtools.gluon_emu import run_ptx
     s16 = (S.astype(np.float32) / 16).astype(np.float16)
     nib = lambda w, k, h: ((_byte(w, k) >> (4 * h)) & 0xF).astype(np.int64) - 8
     outs = run_ptx(gc.ASM_K_Q4.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [W, _bits(S), _bits(s16)])
@@ -155,7 +158,7 @@ def test_ptx_q4_decodes_nibbles():
 
 
 def test_ptx_q4a_decodes_nibbles_with_zeros():
-    from kvlab.kernels.gluon_emu import run_ptx
+    from devtools.gluon_emu import run_ptx
     s16 = (S.astype(np.float32) / 16).astype(np.float16)
     m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
     mr = m[::-1].copy()
@@ -183,7 +186,7 @@ def test_ptx_q4a_decodes_nibbles_with_zeros():
 
 
 def test_ptx_i8_decodes_signed_bytes():
-    from kvlab.kernels.gluon_emu import run_ptx
+    from devtools.gluon_emu import run_ptx
     sb = lambda w, k: _byte(w, k).astype(np.uint8).view(np.int8).astype(np.int64)
     outs = run_ptx(gc.ASM_K_I8.value, "=h,=h,=h,=h,r,h", [W, _bits(S)])
     for q in range(2):
@@ -196,7 +199,7 @@ def test_ptx_i8_decodes_signed_bytes():
 
 
 def test_ptx_i8a_decodes_unsigned_bytes_with_zeros():
-    from kvlab.kernels.gluon_emu import run_ptx
+    from devtools.gluon_emu import run_ptx
     m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
     mr = m[::-1].copy()
     ub = lambda w, k: _byte(w, k).astype(np.int64)  # noqa: E731
@@ -212,7 +215,7 @@ def test_ptx_i8a_decodes_unsigned_bytes_with_zeros():
 
 
 def test_ptx_f8_converts_e4m3():
-    from kvlab.kernels.gluon_emu import run_ptx
+    from devtools.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
     for q in range(2):
         for h2 in range(2):  # register q, half h2 = byte 2 q + h2
@@ -223,7 +226,7 @@ def test_ptx_f8_converts_e4m3():
         np.testing.assert_array_equal(_f16(b), _e4m3(_byte(WB, k)))
 
 
-# ---- CPU: the kernel's own source run by kvlab.kernels.gluon_emu -------------------------------------------
+# ---- CPU: the kernel's own source run by devtools/gluon_emu.py ----------------------------------------------
 def _poison_past_end(cache, lens, P):
     """NaN / inf scales (and NaN fp8 codes) in every row the kernel may read past a sequence's end."""
     indptr, idx = cache["kv_indptr"].tolist(), cache["kv_indices"].tolist()
@@ -272,6 +275,12 @@ EMU_FP_CASES = [
 ]
 
 
+def _kv(q, sch, args, kw, P):
+    """The checked PagedKV of a call (what the api hands a backend)."""
+    return check_prefix(q, *args, sch.k, sch.v, P, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
+                        kw["v_tensor_scale"], q.shape[0])
+
+
 def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None):
     """A paged cache poisoned past each sequence's end, bf16 queries and the float32 reference:
     -> (scheme, positional args, keyword args, q, ref)."""
@@ -296,17 +305,17 @@ def _emu_ids(cases):
                          ids=_emu_ids(EMU_CASES) + [f"{n}-fp{max(fp)}-S{S_}-tw{tw}" for n, _, fp, S_, tw in EMU_FP_CASES])
 @EMU
 def test_emulated_kernel_matches_reference(c, monkeypatch):
-    """decode_gluon's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf in
+    """The backend's host code + the kernel's source (emulated) == the float32 reference, with NaN / inf in
     every row past a sequence's end (read unmasked by the kernel) and a NaN-poisoned output."""
-    from kvlab.kernels.gluon_emu import emulate
+    from devtools.gluon_emu import emulate
     name, lens, Hq, Hk, P, S_, NW, TW = c[:8]
     fp_lens = c[8] if len(c) > 8 else None
-    monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
     sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=11, q_seed=2, fp_lens=fp_lens)
     assert torch.isfinite(ref).all()
     out = torch.full_like(q, float("nan"))
-    got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, P, sm_scale=128 ** -0.5, num_splits=S_, num_warps=NW,
-                                 tokens_per_warp=TW, out=out, **kw)
+    cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW, num_splits=S_)
+    got = gluon.run(q, _kv(q, sch, args, kw, P), 128 ** -0.5, cfg, out=out)
     assert got.data_ptr() == out.data_ptr()
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = _rel_err(got, ref)
@@ -320,11 +329,11 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
 @pytest.mark.parametrize("name,Hq", [("q4_0", 8), ("k=q8_0,v=q4_1", 16)])
 def test_emulated_untransposed_accumulator(name, Hq, monkeypatch):
     """transpose_o=False (O = P V, 16 padded head rows) == the reference too."""
-    from kvlab.kernels.gluon_emu import emulate
-    monkeypatch.setattr(gluon_mma, "_decode_mma_kernel", emulate(gluon_mma._decode_mma_kernel))
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
     sch, args, kw, q, ref = _case(name, [33, 90], Hq, 1, 16, seed=3, q_seed=5)
-    got = gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=128 ** -0.5, num_splits=2, num_warps=2,
-                                 tokens_per_warp=16, transpose_o=False, **kw)
+    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=16, num_splits=2, transpose_o=False)
+    got = gluon.run(q, _kv(q, sch, args, kw, 16), 128 ** -0.5, cfg)
     err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
 
@@ -393,7 +402,7 @@ def test_gluon_register_cap_and_orientation_keep_results(name, maxnreg, tw, ot):
     accumulating O = P V (ot False) instead of O^T."""
     sch, args, kw, q, ref = _case(name, [1, 63, 1000, 4096], 32, 8, 16, seed=5, q_seed=4, device="cuda")
     got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3,
-                 config={"kernel": "gluon", "num_warps": 4, "tokens_per_warp": tw, "maxnreg": maxnreg, "ot": ot})
+                 config=GluonDecodeConfig(tokens_per_warp=tw, maxnreg=maxnreg, transpose_o=ot))
     err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
 
@@ -403,24 +412,21 @@ def test_gluon_rejects_bad_register_cap():
     cache = make_paged([20], 2, 128, 16, sch.k, sch.v, seed=1)
     args, kw = call_args(cache)
     q = torch.randn(1, 8, 128).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="maxnreg must be in"):
-        gluon_mma.decode_gluon(q, *args, sch.k, sch.v, 16, sm_scale=0.1, num_splits=1, maxnreg=16, **kw)
+    with pytest.raises(ValueError, match="maxnreg=16; allowed: None or an int in \\[32, 255\\]"):
+        decode(q, *args, sch.k, sch.v, 16, **kw, config={"kernel": "gluon", "maxnreg": 16})
 
 
 @GPU
 def test_tuner_offers_gluon_where_it_runs(monkeypatch):
-    from kvlab.kernels import tuning
     monkeypatch.setenv("KVLAB_GLUON", "1")
-    for name in ("q4_0", "q8_0", "fp8_e4m3"):
-        space = tuning.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, False, "cuda")
-        assert len(space) == 6 and {c["kernel"] for c in space} == {"gluon"}, name
-    assert len(tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, True, "cuda")) == 6  # with a window
-    assert tuning.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, False, "cuda") == []
+    for name in ("q4_0", "q8_0", "fp8_e4m3", "q4_0,window=16"):
+        space = autotune.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, "cuda")
+        assert len(space) == 6 and all(isinstance(c, GluonDecodeConfig) for c in space), name
+    assert autotune.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, "cuda") == []
 
 
 def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
-    from kvlab.kernels import tuning
     monkeypatch.delenv("KVLAB_GLUON", raising=False)
-    monkeypatch.setattr(gluon_mma, "GPU_VERIFIED", ())
-    assert tuning.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, False, "cuda") == []
-    assert not gluon_mma.gpu_verified("cpu")
+    monkeypatch.setattr(gluon, "GPU_VERIFIED", ())
+    assert autotune.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, "cuda") == []
+    assert not gluon.gpu_verified("cpu")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .layout import F_G, F_GBU, F_KIND, F_NG, F_OFFSET, F_SK, F_XOR8, F_ZERO
+
 
 @triton.jit
 def _half2_bits(x):
@@ -29,20 +31,20 @@ def _half2_bits(x):
 @triton.jit
 def half_scales(SP, ZP, srow, valid, CFG: tl.constexpr, BN: tl.constexpr):
     """Scales and zeros of BN token rows (srow: [BN] offsets) -> fp16 [BN, NG] each (zeros 0 if none)."""
-    NG: tl.constexpr = CFG[2]
+    NG: tl.constexpr = CFG[F_NG]
     gi = tl.arange(0, NG)
-    if CFG[24] == 0:
+    if CFG[F_SK] == 0:
         s = tl.full([BN, NG], 1.0, tl.float16)
     else:
         raw = tl.load(SP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0)
-        if CFG[24] == 3:
+        if CFG[F_SK] == 3:
             s = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        elif CFG[24] == 2:
+        elif CFG[F_SK] == 2:
             e = raw.to(tl.int32)
             s = tl.where(e == 255, float("nan"), (e << 23).to(tl.float32, bitcast=True)).to(tl.float16)
         else:
             s = raw.to(tl.float16)
-    if CFG[25]:
+    if CFG[F_ZERO]:
         z = tl.load(ZP + srow[:, None] + gi[None, :], mask=valid[:, None], other=0).to(tl.float16)
     else:
         z = tl.zeros([BN, NG], tl.float16)
@@ -53,22 +55,22 @@ def half_scales(SP, ZP, srow, valid, CFG: tl.constexpr, BN: tl.constexpr):
 def byte_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
     """8-bit codes of BN rows (row: [BN] byte offsets; CP a uint8 pointer), fp16 scales / zeros
     [BN, NG] -> fp16 [BN, D]: s * (code - OFFSET) + z."""
-    G: tl.constexpr = CFG[1]
-    NG: tl.constexpr = CFG[2]
+    G: tl.constexpr = CFG[F_G]
+    NG: tl.constexpr = CFG[F_NG]
     cols = tl.arange(0, NG)[:, None] * G + tl.arange(0, G)[None, :]
     c = tl.load(CP + row[:, None, None] + cols[None, :, :], mask=valid[:, None, None], other=0)  # uint8 [BN, NG, G]
-    if CFG[0] == 2:
+    if CFG[F_KIND] == 2:
         x = c.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    elif CFG[0] == 3:
+    elif CFG[F_KIND] == 3:
         x = (c.to(tl.uint16) << 8).to(tl.float16, bitcast=True)  # e5m2 is the top byte of an fp16
     else:
         s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
         z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
-        if CFG[22]:  # int8 two's complement: flip to offset binary, subtract 1024 + 128 -> the signed code
+        if CFG[F_XOR8]:  # int8 two's complement: flip to offset binary, subtract 1024 + 128 -> the signed code
             x = tl.inline_asm_elementwise(asm=_BYTES_ASM_XOR, constraints=_BYTES_CONS, args=[c, s3, z3],
                                           dtype=tl.float16, is_pure=True, pack=4)
         else:  # unsigned codes; a symmetric offset (int8 sym stored unsigned) rides in the zero
-            z3 = z3 - CFG[23] * s3
+            z3 = z3 - CFG[F_OFFSET] * s3
             x = tl.inline_asm_elementwise(asm=_BYTES_ASM_U8, constraints=_BYTES_CONS, args=[c, s3, z3],
                                           dtype=tl.float16, is_pure=True, pack=4)
     return tl.reshape(x, [BN, D])
@@ -77,15 +79,15 @@ def byte_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.c
 @triton.jit
 def nibble_tile(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
     """4-bit int codes of BN rows (row: [BN] int32-word offsets) -> fp16 [BN, D] in (word, j, m) order."""
-    NG: tl.constexpr = CFG[2]
-    GW: tl.constexpr = CFG[20]  # words per group
+    NG: tl.constexpr = CFG[F_NG]
+    GW: tl.constexpr = CFG[F_GBU]  # words per group
     cols = tl.arange(0, NG)[:, None] * GW + tl.arange(0, GW)[None, :]
     u = tl.load(CP + row[:, None, None] + cols[None, :, :], mask=valid[:, None, None], other=0)  # [BN, NG, GW]
     x = u[:, :, :, None] >> (tl.arange(0, 4) * 4)[None, None, None, :]  # [BN, NG, GW, 4]
     s2 = tl.broadcast_to(_half2_bits(s)[:, :, None, None], [BN, NG, GW, 4])
     z2 = tl.broadcast_to(_half2_bits(z)[:, :, None, None], [BN, NG, GW, 4])
     # subtracting 1024 + OFFSET (q4_0: 1032 = 0x6408) in f16x2 leaves the signed code, exactly
-    a, b = tl.inline_asm_elementwise(asm=_NIB_PAIR_ASM_8 if CFG[23] == 8 else _NIB_PAIR_ASM_0,
+    a, b = tl.inline_asm_elementwise(asm=_NIB_PAIR_ASM_8 if CFG[F_OFFSET] == 8 else _NIB_PAIR_ASM_0,
                                      constraints="=h,=h,r,r,r", args=[x, s2, z2], dtype=(tl.float16, tl.float16),
                                      is_pure=True, pack=1)
     return tl.reshape(tl.join(a, b), [BN, D])
@@ -99,8 +101,8 @@ def nibble_rows(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl
     thread, and the byte_tile conversion (AND 0x0F, PRMT into 0x64 high bytes, HSUB2 of 1024 + OFFSET, HFMA2
     with scale / zero) turns them into fp16 that stays contiguous per thread in the row layout.
     Column order (byte, nibble) = the plain path's with WORD 1 (tile_config's perm)."""
-    G: tl.constexpr = CFG[1]
-    NG: tl.constexpr = CFG[2]
+    G: tl.constexpr = CFG[F_G]
+    NG: tl.constexpr = CFG[F_NG]
     GB: tl.constexpr = G // 2
     cols = tl.arange(0, NG * GB)
     c = tl.load(CP + row[:, None] + cols[None, :], mask=valid[:, None], other=0)  # uint8 [BN, row bytes]
@@ -110,7 +112,7 @@ def nibble_rows(CP, row, valid, s, z, CFG: tl.constexpr, BN: tl.constexpr, D: tl
     c2 = tl.reshape(tl.join(c, hi), [BN, NG, G])  # low 4 bits of each byte = the code; high bits masked below
     s3 = tl.broadcast_to(s[:, :, None], [BN, NG, G])
     z3 = tl.broadcast_to(z[:, :, None], [BN, NG, G])
-    x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_8 if CFG[23] == 8 else _NIB_ROWS_ASM_0, constraints=_BYTES_CONS,
+    x = tl.inline_asm_elementwise(asm=_NIB_ROWS_ASM_8 if CFG[F_OFFSET] == 8 else _NIB_ROWS_ASM_0, constraints=_BYTES_CONS,
                                   args=[c2, s3, z3], dtype=tl.float16, is_pure=True, pack=4)
     return tl.reshape(x, [BN, D])
 

@@ -1,0 +1,186 @@
+"""Typed kernel configs: one frozen dataclass per kernel, validated on construction.
+
+    TritonDecodeConfig(block_n=64, num_warps=4, num_splits=4)      # the Triton split-K decode
+    GluonDecodeConfig(tokens_per_warp=32, maxnreg=168)             # the Gluon MMA-fragment decode
+    ExtendConfig(block_m=64, block_n=32)                           # the Triton extend (chunked prefill)
+    StoreConfig(block_r=16, num_warps=4)                           # the store kernel
+
+`to_dict()` writes {"version", "kernel", fields...}; `config_from_dict(op, d)` reads it back, and also
+the unversioned dicts of tuned files written before version 1 ("BLOCK_N", "ot", ...). The tuned-config
+store (`tuned.py`) and `decode(config=...)` / `extend(config=...)` / `store(config=...)` take these or
+their dicts. No Triton import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+from .env import num_sms
+
+VERSION = 1
+DOTS = ("fp32", "bf16", "fp16", "fma")  # score / PV dot: fp32 (ieee), bf16 / fp16 tensor cores, fp32 FMAs
+_LEGACY = {"BLOCK_N": "block_n", "BLOCK_M": "block_m", "BLOCK_R": "block_r", "ot": "transpose_o"}
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _pow2_in(name: str, v, lo: int, hi: int) -> None:
+    _check(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi and v & (v - 1) == 0,
+           f"{name}={v!r}; allowed: a power of two in [{lo}, {hi}]")
+
+
+def _opt_int(name: str, v, lo: int, hi: int) -> None:
+    _check(v is None or (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi),
+           f"{name}={v!r}; allowed: None or an int in [{lo}, {hi}]")
+
+
+def _one_of(name: str, v, allowed) -> None:
+    _check(v in allowed, f"{name}={v!r}; allowed: {', '.join(map(repr, allowed))}")
+
+
+class _Config:
+    kernel: ClassVar[str]
+    op: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        """{"version", "kernel", every field}: JSON-ready, read back by `config_from_dict`."""
+        return {"version": VERSION, "kernel": self.kernel, **asdict(self)}
+
+    def replace(self, **kw):
+        """A copy with some fields changed (validated again)."""
+        return type(self)(**{**asdict(self), **kw})
+
+
+@dataclass(frozen=True)
+class TritonDecodeConfig(_Config):
+    """The Triton split-K decode (`decode/triton.py`).
+
+    block_n: tokens per tile; num_warps, num_stages: launch options; num_splits: split-K count (None: from
+    B x Hk, `auto_splits`); asm: inline-PTX fp16 fast paths where the spec has one (GPU only); dot: the
+    dots' input precision (None: fp32 under the interpreter, bf16 on the GPU, fp16 after a fast path);
+    layout: "operand" (dequantize in the dot's operand layout) or "rowfirst" (in the load's row layout,
+    then through shared memory); orient: "q" (scores = q K^T) or "kv" (scores^T = K q^T, the big tiles on
+    the MMA's M side); maxnreg: register cap per thread (None: the compiler's choice)."""
+    kernel: ClassVar[str] = "triton"
+    op: ClassVar[str] = "decode"
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None
+    asm: bool = True
+    dot: str | None = None
+    layout: str = "operand"
+    orient: str = "q"
+    maxnreg: int | None = None
+
+    def __post_init__(self):
+        _pow2_in("block_n", self.block_n, 16, 256)
+        _pow2_in("num_warps", self.num_warps, 1, 16)
+        _check(isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
+               f"num_stages={self.num_stages!r}; allowed: an int in [1, 6]")
+        _opt_int("num_splits", self.num_splits, 1, 256)
+        _check(isinstance(self.asm, bool), f"asm={self.asm!r}; allowed: True, False")
+        _one_of("dot", self.dot, (None, *DOTS))
+        _one_of("layout", self.layout, ("operand", "rowfirst"))
+        _one_of("orient", self.orient, ("q", "kv"))
+        _check(not (self.orient == "kv" and self.dot == "fma"),
+               "orient='kv' runs tensor-core dots; it does not combine with dot='fma'")
+        _opt_int("maxnreg", self.maxnreg, 32, 255)
+
+
+@dataclass(frozen=True)
+class GluonDecodeConfig(_Config):
+    """The Gluon MMA-fragment decode (`decode/gluon.py`).
+
+    num_warps: warps per program (each owns tokens_per_warp tokens of every tile); tokens_per_warp: 16 or
+    32; num_splits: split-K count (None: `auto_splits`); maxnreg: register cap (more CTAs per SM);
+    transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V."""
+    kernel: ClassVar[str] = "gluon"
+    op: ClassVar[str] = "decode"
+    num_warps: int = 4
+    tokens_per_warp: int = 16
+    num_splits: int | None = None
+    maxnreg: int | None = None
+    transpose_o: bool = True
+
+    def __post_init__(self):
+        _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
+        _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
+        _opt_int("num_splits", self.num_splits, 1, 256)
+        _opt_int("maxnreg", self.maxnreg, 32, 255)
+        _check(isinstance(self.transpose_o, bool), f"transpose_o={self.transpose_o!r}; allowed: True, False")
+
+
+@dataclass(frozen=True)
+class ExtendConfig(_Config):
+    """The Triton extend (`extend/triton.py`): block_m (query, head) rows and block_n tokens per tile."""
+    kernel: ClassVar[str] = "triton"
+    op: ClassVar[str] = "extend"
+    block_n: int = 32
+    block_m: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    dot: str | None = None
+
+    def __post_init__(self):
+        _pow2_in("block_n", self.block_n, 16, 256)
+        _pow2_in("block_m", self.block_m, 1, 256)
+        _pow2_in("num_warps", self.num_warps, 1, 16)
+        _check(isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
+               f"num_stages={self.num_stages!r}; allowed: an int in [1, 6]")
+        _one_of("dot", self.dot, (None, *DOTS))
+
+
+@dataclass(frozen=True)
+class StoreConfig(_Config):
+    """The store kernel (`store/triton.py`): block_r rows (tokens, or channels for axis chan) per program."""
+    kernel: ClassVar[str] = "triton"
+    op: ClassVar[str] = "store"
+    block_r: int = 16
+    num_warps: int = 4
+
+    def __post_init__(self):
+        _pow2_in("block_r", self.block_r, 1, 256)
+        _pow2_in("num_warps", self.num_warps, 1, 16)
+
+
+CONFIGS = {("decode", "triton"): TritonDecodeConfig, ("decode", "gluon"): GluonDecodeConfig,
+           ("extend", "triton"): ExtendConfig, ("store", "triton"): StoreConfig}
+
+
+def config_from_dict(op: str, d) -> _Config:
+    """A config for `op` ("decode", "extend", "store") from `d`: a config (returned as is), a dict of
+    `to_dict()`, or an unversioned dict of older tuned files. Unknown keys and values raise ValueError."""
+    if isinstance(d, _Config):
+        _check(d.op == op, f"a {type(d).__name__} is not a config for {op!r}")
+        return d
+    _check(isinstance(d, dict), f"config must be a dict or a kernel config, got {type(d).__name__}")
+    d = dict(d)
+    version = d.pop("version", 0)
+    _check(version in (0, VERSION), f"config version {version!r}; this kvlab reads versions 0 and {VERSION}")
+    kernel = d.pop("kernel", None) or "triton"
+    cls = CONFIGS.get((op, kernel))
+    _check(cls is not None, f"config kernel={kernel!r} for {op!r}; allowed: "
+           + ", ".join(repr(k) for o, k in CONFIGS if o == op))
+    if version == 0:
+        d = {_LEGACY.get(k, k): v for k, v in d.items()}
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(d) - names)
+    _check(not extra, f"unknown {cls.__name__} keys {extra}; allowed: {sorted(names)}")
+    return cls(**d)
+
+
+def auto_splits(B: int, Hk: int, device=None, waves: int = 2, max_splits: int = 64) -> int:
+    """Split count so that B * Hk * splits covers `waves` programs per SM; where that gives fewer than 4
+    splits, up to 4 while the grid stays under 6 programs per SM (more resident programs hide the
+    latency of the page loads; benchmarks/NOTES_decode.md has the measurements behind both numbers)."""
+    sms = num_sms(device)
+    n = max(1, B * Hk)
+    s = math.ceil(waves * sms / n)
+    if s < 4:
+        s = max(s, min(4, math.ceil(6 * sms / n)))
+    return max(1, min(max_splits, s))

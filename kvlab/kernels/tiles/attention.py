@@ -1,0 +1,149 @@
+"""Triton attention steps shared by the decode and extend kernels (device code only).
+
+Online softmax in fp32 (`softmax_step`, and `softmax_step_t` in the KV-major orientation), the
+dequantized K/V tiles of a token block (`kv_tiles`, via `dequant`), the full-precision buffer's
+tiles (`fp_tile`) and the split-K merge (`merge_kernel`: partial outputs + log-sum-exps -> output).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .dequant import chan_tile, tok_tile
+from .layout import F_CHAN, F_KIND
+
+
+@triton.jit
+def softmax_step(q, kt, v, valid, m_i, l_i, acc, kmul, vmul, DOT: tl.constexpr):
+    """One online-softmax step. q [M, D] (scaled by log2 e), kt [D, N], v [N, D], valid [M, N] or [1, N];
+    kmul / vmul: per-tensor scales of this K / V tile (1.0 for full-precision tokens).
+    DOT: 0 fp32 tl.dot (ieee), 1 / 2 bf16 / fp16 tl.dot, 3 fp32 FMAs and reductions (M = the GQA
+    group unpadded; small BLOCK_N keeps the [M, D, N] product in registers)."""
+    if DOT == 0:
+        s = tl.dot(q, kt.to(tl.float32), input_precision="ieee") * kmul
+    elif DOT == 3:  # CUDA-core FMAs in the tile's own layout: no operand-layout conversion through smem
+        s = tl.sum(q[:, :, None] * kt.to(tl.float32)[None, :, :], axis=1) * kmul
+    else:
+        s = tl.dot(q, kt.to(q.dtype)) * kmul
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked rows stay at zero, not NaN
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT == 0:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    elif DOT == 3:
+        pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc * alpha[:, None] + pv * vmul
+
+
+@triton.jit
+def softmax_step_t(qt, kr, v, valid, m_i, l_i, acc_t, kmul, vmul, DOT: tl.constexpr):
+    """softmax_step in the KV-major orientation (config orient "kv"): scores^T = K q^T [N, M] and
+    out^T += V^T p^T [D, M], so the big dequantized tiles are the dots' M-side operands (BN and D
+    rows: wgmma-sized) and only q^T and p^T are the small N-side ones. qt [D, M], kr / v [N, D],
+    valid [N, 1] or [N, M], acc_t [D, M]."""
+    if DOT == 0:
+        s = tl.dot(kr.to(tl.float32), qt, input_precision="ieee") * kmul
+    else:
+        s = tl.dot(kr.to(qt.dtype), qt) * kmul
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    if DOT == 0:
+        pv = tl.dot(tl.trans(v.to(tl.float32)), p, input_precision="ieee")
+    else:
+        pv = tl.dot(tl.trans(v.to(qt.dtype)), p.to(qt.dtype))
+    return m_new, l_i, acc_t * alpha[None, :] + pv * vmul
+
+
+@triton.jit
+def pin(x, ON: tl.constexpr):
+    """Anchor a 16-bit tile in the layout it was computed in (GPU only; ON=0 is a no-op, used under the
+    interpreter). A non-pure inline-asm move cannot be rematerialized, so Triton cannot hoist tl.dot's
+    operand layout above it: the 16-bit row tile is what goes through shared memory (STS, then LDSM /
+    ldmatrix(.trans) into the MMA) instead of the raw codes gathered byte by byte in the operand layout
+    (H200 run3 diagnosis). Checked offline: benchmarks/NOTES_decode.md, run4."""
+    if ON:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
+    return x
+
+
+@triton.jit
+def tensor_scales(KTS, VTS, HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
+    """Per-tensor scales of the quantized K and V tiles (1.0 where the spec has none)."""
+    kts = 1.0
+    vts = 1.0
+    if HAS_KTS:
+        kts = tl.load(KTS)
+    if HAS_VTS:
+        vts = tl.load(VTS)
+    return kts, vts
+
+
+@triton.jit
+def q_operand(q, DOT: tl.constexpr):
+    """float32 queries in the dtype of the score dot (DOT 1: bf16, 2: fp16; else float32)."""
+    if DOT == 1:
+        q = q.to(tl.bfloat16)
+    elif DOT == 2:
+        q = q.to(tl.float16)
+    return q
+
+
+@triton.jit
+def kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm,
+             kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
+             KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+             ROWFIRST: tl.constexpr, PIN: tl.constexpr):
+    """Dequantized K^T [D, BN] and V [BN, D] of tokens t0..t0+BN (rows past hi are 0); token- or
+    channel-axis tiles per spec. ROWFIRST: the dot dtype (q's) in the load's row layout, anchored
+    there (pin); bf16 / fp16 pages have nothing to dequantize and are left as they are."""
+    if KCFG[F_CHAN]:
+        kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
+    else:
+        kr = tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2, KCFG, P, BN, D)
+        if ROWFIRST and KCFG[F_KIND] != 0:
+            kr = pin(kr.to(q.dtype), PIN)
+        kt = tl.trans(kr)
+    if VCFG[F_CHAN]:
+        v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
+    else:
+        v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
+        if ROWFIRST and VCFG[F_KIND] != 0:
+            v = pin(v.to(q.dtype), PIN)
+    return kt, v
+
+
+@triton.jit
+def fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN: tl.constexpr):
+    """Full-precision buffer tokens t0..t0+BN of sequence b (F held): K^T [D, BN], V [BN, D], mask [BN]."""
+    t = t0 + tl.arange(0, BN)
+    fm = t < F
+    kt = tl.load(KFP + b * kf0 + hk * kf1 + t[None, :] * kf2 + kperm[:, None], mask=fm[None, :], other=0.0)
+    v = tl.load(VFP + b * vf0 + hk * vf1 + t[:, None] * vf2 + vperm[None, :], mask=fm[:, None], other=0.0)
+    return kt, v, fm
+
+
+@triton.jit
+def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.constexpr):
+    """OP [B, Hq, S, D] fp32 partial outputs, LSE [B, Hq, S] (log2) -> OUT [B, Hq, D]."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SP)
+    sm = s < num_splits
+    base = (b * tl.num_programs(1) + h) * num_splits
+    lse = tl.load(LSE + base + s, mask=sm, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))  # [SP]
+    d = tl.arange(0, D)
+    o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)
+    tot = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(tot > 0, tot, 1.0)
+    tl.store(OUT + b * so0 + h * so1 + d, out.to(OUT.dtype.element_ty))

@@ -1,0 +1,90 @@
+"""Host side of the Triton attention kernels: page tensors -> kernel operands, the dot mode, the
+split-K merge launch. Shared by the decode and extend Triton backends."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from ...quant.formats import codebook
+from ..env import can_launch, interpreting
+from .attention import merge_kernel
+from .layout import tile_config
+
+HEAD_DIMS = (32, 64, 128, 256)  # power-of-two head dims the Triton kernels tile (tl.arange needs 2^k)
+_UNIT = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+DOT_MODES = {"fp32": 0, "bf16": 1, "fp16": 2, "fma": 3}
+LOG2E = 1.4426950408889634  # the kernels run softmax in base 2: scores are scaled by sm_scale * log2(e)
+
+
+@functools.lru_cache(maxsize=256)
+def _tile(spec, D: int, word_max: int, asm: bool, device: str, rowfirst: bool = False):
+    cfg, perm = tile_config(spec, D, word_max, asm, rowfirst)
+    lut = codebook(spec.fmt, device) if spec.fmt in ("nf4", "iq4nl") else None
+    return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut
+
+
+def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, rowfirst: bool = False) -> dict:
+    """Kernel arguments of one cache tensor: codes viewed in their widest load unit ("c"), scales ("s"),
+    zeros ("z"), codebook ("lut"), column permutation ("perm"), per-tensor scale ("ts", float32 [1] or
+    None), the TileCfg ("cfg") and code / scale strides ("cs", "ss")."""
+    codes = pages["codes"]
+    word, view = 4, codes
+    if not spec.is_float_storage:
+        while word > 1:
+            try:
+                view = codes.view(_UNIT[word])
+                break
+            except RuntimeError:
+                word //= 2
+    cfg, perm, lut = _tile(spec, D, word, asm, str(device), rowfirst)
+    if cfg.word != word and not spec.is_float_storage:
+        view = codes.view(_UNIT[cfg.word])
+    scales, zeros = pages.get("scales"), pages.get("zeros")
+    if scales is not None and scales.dtype == torch.float8_e4m3fn:
+        scales = scales.view(torch.uint8)  # e4m3 scales travel as bytes (bitcast in-kernel)
+    ts = None if tensor_scale is None else torch.as_tensor(tensor_scale, dtype=torch.float32, device=device).reshape(1)
+    cs = list(view.stride()) + [0] * (5 - view.dim())
+    inner = view.shape[2:]  # within-page dims must be dense: the kernels take their strides as constexprs
+    if any(view.stride(i) != math.prod(inner[i - 1:]) for i in range(2, view.dim())):
+        raise ValueError(f"page codes must be contiguous within a (page, head) tile; got strides {view.stride()}")
+    if scales is not None and (scales.stride(-1) != 1 or scales.stride(2) != math.prod(scales.shape[3:])):
+        raise ValueError(f"page scales must be contiguous within a (page, head) tile; got strides {scales.stride()}")
+    if zeros is not None and zeros.stride() != scales.stride():
+        raise ValueError("zeros must have the same strides as scales")
+    ss = list(scales.stride()) if scales is not None else [0, 0, 0]
+    return dict(c=view, s=perm if scales is None else scales, z=perm if zeros is None else zeros,
+                lut=perm if lut is None else lut, perm=perm, ts=ts, cfg=tuple(cfg),
+                cs=cs[:4] if cfg.chan else cs[:3] + [0], ss=ss[:3], half=bool(cfg.asm))
+
+
+def dot_mode(cfg_dot: str | None, half: bool) -> int:
+    """Config dot -> the kernels' DOT constexpr: "fma" (CUDA cores) when asked, fp16 tensor-core dots
+    after an fp16 fast path (`half`), else the config's, else fp32 under the interpreter and bf16 on the GPU."""
+    if cfg_dot == "fma":
+        return DOT_MODES["fma"]
+    if half:
+        return DOT_MODES["fp16"]
+    return DOT_MODES[cfg_dot or ("fp32" if interpreting() else "bf16")]
+
+
+def merge_splits(op: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Merge split-K partials op [B, Hq, S, D] fp32 and their log2-sum-exps lse [B, Hq, S] into out [B, Hq, D]."""
+    B, Hq, S, D = op.shape
+    merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
+                          num_warps=4)
+
+
+def unsupported(q: torch.Tensor, kv) -> str | None:
+    """Why the Triton attention kernels (decode and extend) cannot run q [*, Hq, D] over `kv`, or None."""
+    D = q.shape[-1]
+    if D not in HEAD_DIMS:
+        return f"head_dim {D} is not supported by the Triton kernels (supported: {HEAD_DIMS}); use backend='reference'"
+    if kv.k_spec.pre_rope:
+        return (f"k_spec {kv.k_spec} stores keys before RoPE; the Triton kernels do not apply RoPE in-kernel yet; "
+                "use backend='reference'")
+    if not can_launch(q):
+        return "the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 (set before importing triton) on the CPU"
+    return None

@@ -1,0 +1,105 @@
+"""The tuned-config store: the best measured config per GPU, op, spec and shape, in one JSON file.
+
+Keys never hold a sequence length (the same config serves every context):
+
+    decode|k=SPEC|v=SPEC|B<bucket>|Hq..|Hk..|D..|P..       attention_key("decode", ...); extend alike
+    store|SPEC|Hk..|D..                                     store_key(...)
+
+Values are typed configs (`configs.py`) with the median they measured. The file is per GPU name:
+~/.cache/kvlab/tuned_<gpu>.json, or env KVLAB_TUNED_CONFIGS, or `set_cache_path`. Files written
+before format 2 (configs as bare dicts) are read too. Imports no kernel code and no Triton.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from .configs import config_from_dict
+from .env import gpu_name
+
+FORMAT = 2
+B_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_PATH: str | None = None
+_MEM: dict[str, dict] | None = None
+
+
+def b_bucket(B: int) -> int:
+    """The batch bucket a batch of B sequences is tuned under (the next of B_BUCKETS, 256 above)."""
+    return next((b for b in B_BUCKETS if B <= b), B_BUCKETS[-1])
+
+
+def attention_key(op: str, k_spec, v_spec, B: int, Hq: int, Hk: int, D: int, page_size: int) -> str:
+    """Key of a decode or extend config."""
+    return f"{op}|k={k_spec}|v={v_spec}|B{b_bucket(B)}|Hq{Hq}|Hk{Hk}|D{D}|P{page_size}"
+
+
+def store_key(spec, Hk: int, D: int) -> str:
+    """Key of a store config (the token count is not part of it)."""
+    return f"store|{spec}|Hk{Hk}|D{D}"
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_").lower()
+
+
+def cache_path(device=None) -> str:
+    """The JSON file this process reads and writes."""
+    if _PATH:
+        return _PATH
+    return os.environ.get("KVLAB_TUNED_CONFIGS") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kvlab", f"tuned_{_slug(gpu_name(device))}.json")
+
+
+def set_cache_path(path: str | None) -> None:
+    """Use `path` as the tuned-config JSON file (None: back to the default)."""
+    global _PATH, _MEM
+    _PATH, _MEM = path, None
+
+
+def _load() -> dict:
+    global _MEM
+    if _MEM is None:
+        try:
+            with open(cache_path()) as f:
+                _MEM = json.load(f).get("configs", {})
+        except (OSError, ValueError):
+            _MEM = {}
+    return _MEM
+
+
+def _dump(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format": FORMAT, "gpu": gpu_name(), "configs": _load()}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def lookup(key: str):
+    """The stored config for `key` (a typed config), or None. An entry this kvlab cannot read is skipped."""
+    entry = _load().get(key)
+    if entry is None:
+        return None
+    try:
+        return config_from_dict(key.split("|", 1)[0], {k: v for k, v in entry.items() if k != "ms"})
+    except ValueError:
+        return None
+
+
+def measured_ms(key: str) -> float | None:
+    """The median the stored config of `key` measured, or None."""
+    return (_load().get(key) or {}).get("ms")
+
+
+def record(key: str, config, ms: float | None, save: bool = True) -> None:
+    """Store `config` (typed) with its median for `key`; save: write the JSON file now."""
+    _load()[key] = {**config.to_dict(), "ms": ms}
+    if save:
+        _dump(cache_path())
+
+
+def export_configs(path: str) -> str:
+    """Write every stored config (with the GPU name) to `path` as JSON; returns path."""
+    _dump(path)
+    return path

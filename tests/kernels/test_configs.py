@@ -1,0 +1,129 @@
+"""Typed kernel configs, the tuned-config store (keys, JSON round trip, legacy files, export) and the
+autotune driver's CPU behaviour and search spaces."""
+import json
+
+import pytest
+
+import kvlab
+from kvlab.kernels import autotune, configs, tuned
+from kvlab.kernels.configs import (ExtendConfig, GluonDecodeConfig, StoreConfig, TritonDecodeConfig,
+                                   config_from_dict)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path):
+    tuned.set_cache_path(str(tmp_path / "tuned.json"))
+    yield tmp_path / "tuned.json"
+    tuned.set_cache_path(None)
+
+
+@pytest.mark.parametrize("cfg", [TritonDecodeConfig(block_n=128, num_splits=3, layout="rowfirst", maxnreg=168),
+                                 GluonDecodeConfig(tokens_per_warp=32, maxnreg=168, transpose_o=False),
+                                 ExtendConfig(block_m=32), StoreConfig(block_r=64, num_warps=8)],
+                         ids=lambda c: type(c).__name__)
+def test_config_round_trips_through_its_dict(cfg):
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["version"] == configs.VERSION and d["kernel"] == cfg.kernel
+    assert config_from_dict(cfg.op, d) == cfg
+
+
+def test_legacy_dicts_of_older_tuned_files_read():
+    old = {"BLOCK_N": 128, "asm": False, "num_splits": 8, "num_stages": 2, "num_warps": 4}
+    assert config_from_dict("decode", old) == TritonDecodeConfig(block_n=128, asm=False, num_splits=8)
+    old = {"kernel": "gluon", "maxnreg": 168, "num_splits": 3, "num_warps": 4, "tokens_per_warp": 32,
+           "ot": False}
+    assert config_from_dict("decode", old) == GluonDecodeConfig(tokens_per_warp=32, maxnreg=168, num_splits=3,
+                                                                transpose_o=False)
+
+
+@pytest.mark.parametrize("op,d,match", [
+    ("decode", {"block_n": 48}, "block_n=48; allowed: a power of two"),
+    ("decode", {"orient": "x"}, "orient='x'"),
+    ("decode", {"orient": "kv", "dot": "fma"}, "does not combine"),
+    ("decode", {"dot": "tf32"}, "dot='tf32'"),
+    ("decode", {"layout": "colfirst"}, "layout"),
+    ("decode", {"maxnreg": 16}, "maxnreg=16"),
+    ("decode", {"kernel": "cuda"}, "config kernel='cuda' for 'decode'; allowed: 'triton', 'gluon'"),
+    ("decode", {"kernel": "gluon", "tokens_per_warp": 8}, "tokens_per_warp=8"),
+    ("decode", {"BLOCK_M": 64, "version": 1}, "unknown TritonDecodeConfig keys \\['BLOCK_M'\\]"),
+    ("decode", {"version": 7}, "config version 7"),
+    ("store", {"block_r": 3}, "block_r=3"),
+    ("extend", TritonDecodeConfig(), "not a config for 'extend'"),
+    ("decode", "fast", "must be a dict"),
+])
+def test_bad_configs_name_the_field_and_what_is_allowed(op, d, match):
+    with pytest.raises(ValueError, match=match):
+        config_from_dict(op, d)
+
+
+def test_key_buckets_batch_and_ignores_context():
+    s = kvlab.scheme("q4_0")
+    k1 = tuned.attention_key("decode", s.k, s.v, 3, 32, 8, 128, 16)
+    assert k1 == tuned.attention_key("decode", s.k, s.v, 4, 32, 8, 128, 16)
+    assert k1 != tuned.attention_key("decode", s.k, s.v, 5, 32, 8, 128, 16)
+    assert "int4" in k1 and "B4" in k1 and "P16" in k1
+    assert tuned.store_key(s.k, 8, 128) == f"store|{s.k}|Hk8|D128"
+
+
+def test_record_lookup_export(tmp_cache, tmp_path):
+    s = kvlab.scheme("q8_0")
+    cfg = TritonDecodeConfig(block_n=128, num_warps=8, num_splits=3, asm=False)
+    key = tuned.attention_key("decode", s.k, s.v, 32, 32, 8, 128, 16)
+    tuned.record(key, cfg, 0.5)
+    tuned.record(tuned.store_key(s.k, 8, 128), StoreConfig(block_r=32), 0.03)
+    tuned.set_cache_path(str(tmp_cache))  # re-read from disk
+    assert tuned.lookup(tuned.attention_key("decode", s.k, s.v, 30, 32, 8, 128, 16)) == cfg
+    assert tuned.measured_ms(key) == 0.5
+    assert tuned.lookup(tuned.store_key(s.k, 8, 128)) == StoreConfig(block_r=32)
+    assert tuned.lookup(tuned.attention_key("decode", s.k, s.v, 1, 32, 8, 128, 16)) is None
+    data = json.load(open(tuned.export_configs(str(tmp_path / "export.json"))))
+    assert data["format"] == tuned.FORMAT and "gpu" in data and len(data["configs"]) == 2
+
+
+def test_legacy_tuned_file_is_read_and_unreadable_entries_are_skipped(tmp_cache):
+    s = kvlab.scheme("q4_0")
+    key = tuned.attention_key("decode", s.k, s.v, 32, 32, 8, 128, 16)
+    bad = tuned.attention_key("decode", s.k, s.v, 1, 32, 8, 128, 16)
+    tmp_cache.write_text(json.dumps({"gpu": "NVIDIA H200", "configs": {
+        key: {"kernel": "gluon", "ms": 0.44, "num_splits": 3, "num_warps": 4, "tokens_per_warp": 32},
+        bad: {"BLOCK_N": 100}}}))
+    tuned.set_cache_path(str(tmp_cache))
+    assert tuned.lookup(key) == GluonDecodeConfig(tokens_per_warp=32, num_splits=3)
+    assert tuned.lookup(bad) is None
+
+
+def test_tune_on_cpu_returns_default_without_timing(tmp_cache):
+    cfg, ms = kvlab.kernels.tune("decode", "q4_0", {"batch": 2, "heads_q": 8, "heads_kv": 2, "head_dim": 64,
+                                                    "page_size": 16})
+    assert ms is None and isinstance(cfg, TritonDecodeConfig) and cfg.num_splits >= 1
+    assert kvlab.kernels.tune("store", "q4_0", {"batch": 1, "heads_q": 8, "heads_kv": 2, "head_dim": 64,
+                                                "page_size": 16}) == (StoreConfig(), None)
+    with pytest.raises(ValueError, match="op"):
+        autotune.tune("prefill", "q4_0", {"batch": 1, "heads_q": 8, "heads_kv": 2, "head_dim": 64, "page_size": 16})
+
+
+def test_auto_splits_fill_the_machine():
+    assert configs.auto_splits(1, 8) >= configs.auto_splits(32, 8) >= 1
+    assert configs.auto_splits(10_000, 8) == 1
+
+
+def test_split_space_steps_around_the_best(monkeypatch):
+    monkeypatch.setattr(autotune, "num_sms", lambda device=None: 132)
+    got = [c.num_splits for c in autotune.split_space(TritonDecodeConfig(num_splits=4), 1, 8)]
+    assert got == [2, 3, 6, 8]  # B * Hk = 8 programs cannot fill 132 SMs without splitting: no 1
+
+
+def test_split_space_offers_one_split_when_the_grid_fills_the_gpu(monkeypatch):
+    monkeypatch.setattr(autotune, "num_sms", lambda device=None: 132)
+    got = autotune.split_space(GluonDecodeConfig(num_splits=2), 32, 8)
+    assert [c.num_splits for c in got] == [1, 3, 4] and all(isinstance(c, GluonDecodeConfig) for c in got)
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q8_0", "fp8_e4m3", "int4_had", "kivi4", "int3:g32:asym"])
+def test_triton_space_offers_the_fast_paths_the_spec_has(name):
+    sch = kvlab.scheme(name)
+    cands = autotune.triton_space(32, 8, sch.k, sch.v)
+    assert len(set(cands)) == len(cands) and all(c.num_splits for c in cands)
+    quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" for s in (sch.k, sch.v))
+    assert any(c.asm for c in cands) == (quant4 or any(autotune.rowfirst_ok(s) for s in (sch.k, sch.v)))
+    assert any(c.orient == "kv" for c in cands) == quant4
