@@ -82,8 +82,9 @@ def load_model(name_or_path: str | os.PathLike = "smollm2", device: str | torch.
     cache: reuse (and keep) the same objects for the same file, mtime, device and dtype in this
     process. Weights are shared with the in-process caches: do not modify them in place (use
     `copy.deepcopy(model)` first).
-    Raises FileNotFoundError (missing path / package) or ValueError (not a GGUF, unsupported
-    architecture).
+    Raises FileNotFoundError (missing path / package) or ValueError naming the file and the
+    problem (not a GGUF, truncated or corrupt file, invalid config.json, unsupported
+    architecture, missing metadata, missing, unexpected or wrongly shaped tensors).
     """
     kind, path = _resolve(name_or_path)
     key = (kind, str(path.resolve()), path.stat().st_mtime_ns, str(torch.device(device)), dtype)

@@ -6,6 +6,9 @@ architecture permuted for its interleaved (GPT-J style) RoPE; we undo that permu
 model can use HF's rotate-half RoPE. Results are cached in-process per (path, size, mtime) and
 on disk as a safetensors file under `$KVLAB_CACHE_DIR` (default `~/.cache/kvlab`) / `gguf/`, keyed
 by the file's content; only the few most recently used conversions are kept there.
+
+A truncated or corrupt file, an unsupported architecture, missing metadata or missing, extra or
+misshapen tensors raise a ValueError naming the file and the problem, before anything is cached.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import numpy as np
 import torch
 
 from kvlab.model.config import LlamaConfig
+from kvlab.model.hf_loader import check_shapes, expected_shapes
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
-_CACHE_VERSION = 1  # bump when the conversion changes, so stale disk caches are ignored
+_CACHE_VERSION = 2  # bump when the conversion changes, so stale disk caches are ignored (2: checked)
 _TOKENIZER_KEYS = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id",
                    "eos_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
                    "add_eos_token", "add_space_prefix")
@@ -34,6 +38,8 @@ _NAME_MAP = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}  # GGUF -> HF names outside the layers
 _MEM_CACHE: dict[tuple, GGUFWeights] = {}
 
 
@@ -80,8 +86,9 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
 def load_gguf(path: str | os.PathLike, disk_cache: bool = True) -> GGUFWeights:
     """Read, dequantize and convert a GGUF file (cached in-process and, if disk_cache, on disk).
 
-    Raises FileNotFoundError for a missing file, ValueError for a non-GGUF file or an
-    architecture other than SUPPORTED_GGUF_ARCHS.
+    Raises FileNotFoundError for a missing file; ValueError naming the file for a non-GGUF,
+    truncated or corrupt file, an architecture other than SUPPORTED_GGUF_ARCHS, missing
+    metadata, or missing, extra or misshapen tensors.
     """
     p = check_gguf_file(path)
     st = p.stat()
@@ -119,14 +126,14 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -
     def get(key: str, default: Any = None) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
-            raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+            raise ValueError(f"metadata lacks the key {arch}.{key}")
         if isinstance(v, list):
             raise ValueError(f"GGUF metadata {arch}.{key} varies per layer ({v[:4]}...): not supported")
         return v
 
     hidden, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
     if "token_embd.weight" not in shapes:
-        raise ValueError("GGUF file has no token_embd.weight tensor")
+        raise ValueError("missing tensor token_embd.weight")
     vocab = meta.get(f"{arch}.vocab_size") or shapes["token_embd.weight"][0]
     rope_scaling = None
     kind = meta.get(f"{arch}.rope.scaling.type")
@@ -154,34 +161,99 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -
 
 def hf_name(gguf_name: str) -> str | None:
     """GGUF tensor name -> HF name (None for tensors the model does not use)."""
-    if gguf_name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if gguf_name == "output_norm.weight":
-        return "model.norm.weight"
-    if gguf_name == "output.weight":
-        return "lm_head.weight"
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m and m.group(2) in _NAME_MAP:
         return f"model.layers.{m.group(1)}.{_NAME_MAP[m.group(2)]}.{m.group(3)}"
     return None
 
 
-def _convert(p: Path) -> GGUFWeights:
+def _gguf_name(name: str) -> str:
+    """HF tensor name -> GGUF name (inverse of `hf_name` for the tensors the model uses)."""
+    top = {h: g for g, h in _TOP_NAMES.items()}
+    if name in top:
+        return top[name]
+    layer, rest = name.removeprefix("model.layers.").split(".", 1)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{ {h: g for g, h in _NAME_MAP.items()}[module] }.{kind}"
+
+
+def _check_gguf_shapes(config: LlamaConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """ValueError unless the tensors the model uses (`shapes`: GGUF name -> torch-order shape)
+    are exactly those `config` needs, with their shapes (rope_freqs: [head_dim // 2])."""
+    expected = {_gguf_name(n): s for n, s in expected_shapes(config).items()}
+    if "rope_freqs.weight" in shapes:
+        expected["rope_freqs.weight"] = (config.head_dim // 2,)
+    check_shapes({n: s for n, s in shapes.items() if hf_name(n) or n == "rope_freqs.weight"}, expected)
+
+
+def _checked_reader(p: Path):
+    """A `gguf.GGUFReader` for `p` that raises ValueError naming the part being read (header,
+    metadata, tensor info, the data of one tensor) when a read would run past the end of the
+    file; the stock reader then silently returns short arrays and fails later inside numpy."""
     import gguf  # imported here: reading the package is only needed on a cache miss
 
+    class Reader(gguf.GGUFReader):
+        part = "the header"
+        data_of: dict[int, str] = {}  # file offset -> "the data of tensor X"
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                where = self.data_of.get(int(offset), self.part)
+                raise ValueError(f"{where} needs bytes {int(offset)}..{end} but the file ends at byte "
+                                 f"{len(self.data)}")
+            return super()._get(offset, dtype, count, override_order)
+
+        def _build_fields(self, offs, count):
+            self.part = "the metadata (key/value pairs)"
+            return super()._build_fields(offs, count)
+
+        def _build_tensor_info(self, offs, count):
+            self.part = "the tensor info"
+            return super()._build_tensor_info(offs, count)
+
+        def _build_tensors(self, start_offs, fields):
+            self.part = "the tensor data"
+            self.data_of = {int(start_offs) + int(f.parts[-1][0]): f"the data of tensor {f.name}"
+                            for f in fields}
+            return super()._build_tensors(start_offs, fields)
+
+    return Reader(str(p), "r")
+
+
+def _convert(p: Path) -> GGUFWeights:
+    """Read and convert `p`; every problem becomes a ValueError that names the file."""
     try:
-        reader = gguf.GGUFReader(str(p), "r")
-    except Exception as e:  # a truncated or corrupt file
-        raise ValueError(f"cannot read GGUF file {str(p)!r}: {e}") from e
-    meta = _field_values(reader)
+        reader = _checked_reader(p)
+        meta = _field_values(reader)
+    except Exception as e:  # the gguf package reports a garbled file in many ways
+        raise ValueError(f"cannot read GGUF file {str(p)!r} (truncated or corrupt?): {e}") from e
+    try:
+        return _convert_tensors(reader, meta)
+    except (ValueError, TypeError, ZeroDivisionError) as e:  # bad metadata values, missing tensors
+        raise ValueError(f"GGUF file {str(p)!r}: {e}") from e
+
+
+def _convert_tensors(reader, meta: dict[str, Any]) -> GGUFWeights:
+    import gguf
+
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
     config = config_from_gguf(meta, shapes)
+    _check_gguf_shapes(config, shapes)
     tensors: dict[str, torch.Tensor] = {}
     factors = None
     for t in reader.tensors:
         # np.asarray drops the memmap subclass, whose per-view bookkeeping dominates dequantize
-        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        try:
+            arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        except NotImplementedError as e:
+            raise ValueError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf "
+                             f"package cannot dequantize ({e})") from e
         arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[t.name])
+        if not np.isfinite(arr).all():
+            raise ValueError(f"tensor {t.name} holds NaN or Inf values (corrupt data?)")
         if t.name == "rope_freqs.weight":
             factors = torch.from_numpy(arr.copy())
             continue
@@ -251,14 +323,13 @@ def _read_disk_cache(base: Path) -> GGUFWeights | None:
     try:
         info = json.loads(js.read_text())
         tensors = load_file(str(sf))
-    except Exception:  # a damaged cache is rebuilt, never fatal
-        return None
-    factors = tensors.pop("rope_freqs", None)
-    try:
+        factors = tensors.pop("rope_freqs", None)
+        w = GGUFWeights(LlamaConfig.from_dict(info["config"]), tensors, dict(info["tokenizer"]), factors)
+        check_shapes({n: tuple(t.shape) for n, t in tensors.items()}, expected_shapes(w.config))
         os.utime(js)  # marks the entry as recently used for _prune_disk_cache
-    except OSError:
-        pass
-    return GGUFWeights(LlamaConfig.from_dict(info["config"]), tensors, info["tokenizer"], factors)
+    except Exception:  # a damaged or incomplete cache entry is rebuilt, never fatal
+        return None
+    return w
 
 
 def _write_disk_cache(base: Path, w: GGUFWeights) -> None:

@@ -3,6 +3,8 @@
 The directory holds `config.json` and `model.safetensors`, or shards listed in
 `model.safetensors.index.json` (any `*.safetensors` otherwise). Names are already the ones
 `LlamaModel.load_state_dict` takes, so no renaming and no RoPE permutation is needed.
+Bad input (invalid config.json, truncated or corrupt weights, missing or misshapen tensors)
+raises a ValueError that names the file and the problem.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from kvlab.model.config import LlamaConfig
+from kvlab.model.llama import LlamaModel
 
 SUPPORTED_HF_ARCHS = ("llama", "mistral", "qwen2")
 
@@ -62,13 +65,62 @@ def config_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
     )
 
 
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor `LlamaModel` needs for `config` (no lm_head when tied),
+    e.g. `model.layers.0.self_attn.k_proj.weight` -> (n_kv_heads * head_dim, hidden_size)."""
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    return {(k if k.startswith("lm_head.") else f"model.{k}"): tuple(v.shape)
+            for k, v in model.state_dict().items()
+            if not (config.tie_word_embeddings and k.startswith("lm_head."))}
+
+
+def check_shapes(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    """Raise ValueError listing the missing, unexpected and wrongly shaped tensors of `found`."""
+    def few(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+
+    missing = [n for n in expected if n not in found]
+    extra = [n for n in found if n not in expected]
+    problems = [f"missing tensor(s) {few(missing)}"] if missing else []
+    problems += [f"unexpected tensor(s) {few(extra)}"] if extra else []
+    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
+                 for n, s in expected.items() if n in found and tuple(found[n]) != s][:4]
+    if problems:
+        raise ValueError("; ".join(problems) + " (do the weights match the model config?)")
+
+
+def _read_json(f: Path) -> dict[str, Any]:
+    try:
+        out = json.loads(f.read_text())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{str(f)!r} is not valid JSON: {e}") from e
+    if not isinstance(out, dict):
+        raise ValueError(f"{str(f)!r} holds a JSON {type(out).__name__}, expected an object")
+    return out
+
+
+def _read_config(f: Path) -> LlamaConfig:
+    """LlamaConfig from a `config.json` file; ValueError naming the file if it is not valid
+    JSON, lacks a key, or describes an unsupported model."""
+    cfg = _read_json(f)
+    try:
+        return config_from_hf(cfg)
+    except KeyError as e:
+        raise ValueError(f"{str(f)!r} lacks the key {e.args[0]!r}") from e
+    except (ValueError, TypeError, ZeroDivisionError) as e:
+        raise ValueError(f"{str(f)!r}: {e}") from e
+
+
 def safetensors_files(path: str | os.PathLike) -> list[Path]:
     """The weight files of an HF directory: index.json's shards, model.safetensors, or *.safetensors."""
     d = Path(path)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [d / s for s in shards]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{str(index)!r} has no 'weight_map' object")
+        files = [d / s for s in sorted(set(weight_map.values()))]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise FileNotFoundError(f"shards listed in {index} are missing: {missing}")
@@ -82,29 +134,45 @@ def safetensors_files(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+def _read_safetensors(f: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    out = {}
+    try:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                if not name.endswith("rotary_emb.inv_freq"):
+                    out[name] = sf.get_tensor(name)
+    except Exception as e:  # safetensors reports a cut or garbled file as SafetensorError
+        raise ValueError(f"cannot read {str(f)!r} (truncated or corrupt .safetensors file?): {e}") from e
+    for name, t in out.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"{str(f)!r}: tensor {name} holds NaN or Inf values (corrupt file?)")
+        out[name] = t.to(dtype)
+    return out
+
+
 def load_hf_dir(path: str | os.PathLike,
                 dtype: torch.dtype = torch.float32) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """Read an HF directory. Returns (config, tensors): HF-named CPU tensors cast to `dtype`
     (e.g. `model.layers.0.self_attn.q_proj.weight` [n_heads * head_dim, hidden]).
-    Raises FileNotFoundError (no directory / config.json / weights) or ValueError."""
-    from safetensors import safe_open
-
+    Raises FileNotFoundError (no directory / config.json / weights) or ValueError naming the
+    file and the problem (invalid config.json, unsupported model, truncated or corrupt
+    .safetensors, missing, unexpected or wrongly shaped tensors)."""
     d = Path(path).expanduser()
     if not d.is_dir():
         raise FileNotFoundError(f"HF model directory not found: {str(d)!r}")
     cfg_file = d / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{str(d)!r} has no config.json (expected an HF model directory)")
-    config = config_from_hf(json.loads(cfg_file.read_text()))
+    config = _read_config(cfg_file)
     tensors: dict[str, torch.Tensor] = {}
     for f in safetensors_files(d):
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for name in sf.keys():
-                if name.endswith("rotary_emb.inv_freq"):
-                    continue
-                tensors[name] = sf.get_tensor(name).to(dtype)
-    if "model.embed_tokens.weight" not in tensors:
-        raise ValueError(f"{str(d)!r}: no model.embed_tokens.weight among the weights")
-    if not config.tie_word_embeddings and "lm_head.weight" not in tensors:
-        raise ValueError(f"{str(d)!r}: tie_word_embeddings is false but lm_head.weight is missing")
+        tensors.update(_read_safetensors(f, dtype))
+    found = {n: tuple(t.shape) for n, t in tensors.items()
+             if not (config.tie_word_embeddings and n == "lm_head.weight")}
+    try:
+        check_shapes(found, expected_shapes(config))
+    except ValueError as e:
+        raise ValueError(f"HF directory {str(d)!r}: {e}") from e
     return config, tensors

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,15 +25,26 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32") -> dict:
+def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", drop=(),
+                    meta: dict | None = None) -> dict:
     """Write an HF model to a GGUF file like llama.cpp's converter (q/k rows permuted for the
     'llama' arch). Matrices use `qtype` (F32, F16, Q8_0, Q4_1); returns the HF state dict
-    rounded through that type, i.e. exactly what the file holds."""
+    rounded through that type, i.e. exactly what the file holds. To build broken files, the
+    metadata keys and GGUF tensor names in `drop` are left out and `meta` overrides values."""
     import gguf
+
+    class Writer(gguf.GGUFWriter):
+        def add_key_value(self, key, val, vtype, sub_type=None):
+            if key not in drop:
+                super().add_key_value(key, (meta or {}).get(key, val), vtype, sub_type)
+
+        def add_tensor(self, name, tensor, *args, **kwargs):
+            if name not in drop:
+                super().add_tensor(name, tensor, *args, **kwargs)
 
     c = hf_model.config
     qt = gguf.GGMLQuantizationType[qtype]
-    w = gguf.GGUFWriter(str(path), arch)
+    w = Writer(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -88,3 +102,31 @@ def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32") -> 
     w.write_tensors_to_file()
     w.close()
     return rounded
+
+
+def tiny_llama() -> SimpleNamespace:
+    """A tiny random Llama (TINY sizes, untied lm_head) in HF form, built without transformers.
+
+    `.cfg` is its config.json dict, `.state_dict()` its HF-named tensors and `.config` a
+    transformers-like config object: enough for `write_tiny_gguf` and `write_tiny_hf_dir`."""
+    from kvlab.model import LlamaModel, config_from_hf
+
+    cfg = {"model_type": "llama", **TINY, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": False}
+    torch.manual_seed(0)
+    model = LlamaModel(config_from_hf(cfg))
+    state = {(k if k.startswith("lm_head.") else f"model.{k}"): v.detach()
+             for k, v in model.state_dict().items()}
+    config = SimpleNamespace(**cfg, rope_parameters={"rope_theta": cfg["rope_theta"]})
+    return SimpleNamespace(cfg=cfg, config=config, state_dict=lambda: dict(state))
+
+
+def write_tiny_hf_dir(path, model: SimpleNamespace) -> Path:
+    """Save a `tiny_llama()` as an HF directory (config.json + model.safetensors) at `path`."""
+    from safetensors.torch import save_file
+
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(model.cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    return d
