@@ -7,19 +7,14 @@
 
 The spec layer is pure Python; the oracle (torch) is imported on first use.
 """
+from ._lazy import lazy_getattr
 from .spec import KVQuantSpec, KVScheme, grid, parse_spec, scheme
 
 __version__ = "0.1.0"
 
-_LAZY = {"quantize": "kvlab.quant", "dequantize": "kvlab.quant", "encode": "kvlab.quant", "decode": "kvlab.quant",
+_LAZY = {"quantize": "kvlab.quant", "dequantize": "kvlab.quant", "encode": "kvlab.quant", "decode_bytes": "kvlab.quant",
          "QTensor": "kvlab.quant"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["KVQuantSpec", "KVScheme", "scheme", "grid", "parse_spec", *_LAZY, "__version__"]

@@ -35,19 +35,24 @@ def laplace(n: int, d: int, seed: int = 0, device="cpu") -> torch.Tensor:
 def outlier_channels(n: int, d: int, seed: int = 0, device="cpu", n_outliers: int = 4,
                      lo: float = 5.0, hi: float = 20.0) -> torch.Tensor:
     """Gaussian with `n_outliers` channels scaled by factors in [lo, hi] (KIVI's key outliers)."""
-    g = _gen(seed, device)
-    x = torch.randn(n, d, generator=g, device=device)
-    ch = torch.randperm(d, generator=g, device=device)[:n_outliers]
-    x[:, ch] *= lo + (hi - lo) * torch.rand(n_outliers, generator=g, device=device)
-    return x
+    return _scaled_gaussian(n, d, seed, device, lo, hi, channels=n_outliers)
 
 
 def sink_tokens(n: int, d: int, seed: int = 0, device="cpu", n_sinks: int = 1,
                 lo: float = 10.0, hi: float = 50.0) -> torch.Tensor:
     """Gaussian with the first `n_sinks` tokens scaled 10-50x (attention sinks)."""
+    return _scaled_gaussian(n, d, seed, device, lo, hi, tokens=n_sinks)
+
+
+def _scaled_gaussian(n: int, d: int, seed: int, device, lo: float, hi: float, channels: int = 0, tokens: int = 0):
+    """Gaussian [n, d] with `channels` random channels or the first `tokens` rows scaled by factors in [lo, hi]."""
     g = _gen(seed, device)
     x = torch.randn(n, d, generator=g, device=device)
-    x[:n_sinks] *= lo + (hi - lo) * torch.rand(n_sinks, 1, generator=g, device=device)
+    if channels:
+        ch = torch.randperm(d, generator=g, device=device)[:channels]
+        x[:, ch] *= lo + (hi - lo) * torch.rand(channels, generator=g, device=device)
+    if tokens:
+        x[:tokens] *= lo + (hi - lo) * torch.rand(tokens, 1, generator=g, device=device)
     return x
 
 

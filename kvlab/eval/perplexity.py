@@ -98,14 +98,6 @@ def score_segments(model, segs: list[torch.Tensor], scheme, calib: dict | None =
     return rows
 
 
-@torch.no_grad()
-def greedy_agreement(model, prompt: torch.Tensor, scheme, n_new: int = 32, calib: dict | None = None) -> int:
-    """Tokens generated greedily after `prompt` [T] before the quantized cache first disagrees with
-    full precision (n_new if never). One parallel verification pass (see greedy.py)."""
-    from .greedy import agreement
-    return agreement(model, prompt, DecodeFaithfulBackend(scheme, model.config.n_layers, calib), n_new)
-
-
 def _ms(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 

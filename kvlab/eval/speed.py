@@ -30,5 +30,4 @@ def copy_bandwidth_tbps(device: str = "cuda", n_bytes: int = 2 << 30) -> float:
     a = torch.empty(n_bytes, dtype=torch.uint8, device=device).random_()
     b = torch.empty_like(a)
     ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=50, return_mode="median")
-    del a, b
     return 2 * n_bytes / ms / 1e9

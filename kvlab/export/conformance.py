@@ -5,7 +5,7 @@
     {role}.{case}.input     float32 [T, D]    values exact in fp32, fp16 and bf16
     {role}.{case}.bytes     uint8 [T, R]      kvlab.encode(input, spec): blocks [scale][zero][code planes]
                                               ([T/G, R] for axis chan, one row per token group)
-    {role}.{case}.decoded   float32 [T, D]    kvlab.decode(bytes, spec, shape)
+    {role}.{case}.decoded   float32 [T, D]    kvlab.decode_bytes(bytes, spec, shape)
     {role}.{case}.codes     uint8 [A, P]      payload only (packed code planes, blocks concatenated)
     {role}.{case}.scales    float32 [A, B]    per-group scale values (and .zeros for asym specs)
     {role}.{case}.scale     float32 []        a static per-tensor scale that lives outside the rows
@@ -71,7 +71,7 @@ def rows_for(sch: KVScheme, n: int) -> int:
 
 def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, dict]:
     """Tensors and metadata of one case: x [T, D] float32 (representable)."""
-    from ..quant import block_bytes, decode, encode, quantize
+    from ..quant import block_bytes, decode_bytes, encode, quantize
     q = quantize(x, spec, **kw)
     static = {}
     if q.scales is not None and q.scales.dim() == 0:
@@ -79,7 +79,7 @@ def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, d
     if q.tensor_scale is not None:
         static["tensor_scale"] = float(q.tensor_scale)
     b = encode(x, spec, **kw)
-    y = decode(b, spec, tuple(x.shape), **static)
+    y = decode_bytes(b, spec, tuple(x.shape), **static)
     t = {"input": x.contiguous(), "bytes": torch.from_numpy(np.ascontiguousarray(b)), "decoded": y.float().contiguous()}
     if not spec.is_float_storage:
         A = q.codes.shape[-3] if q.codes.dim() >= 3 else 1

@@ -75,7 +75,7 @@ def readme(info: dict, meta: dict) -> str:
             f"{meta['rows']} rows x {meta['head_dim']} (synthetic heavy-tailed and edge rows; real captured K/V rows "
             "when a model was given). Inputs are exact in fp32, fp16 and bf16. Per case `{role}.{case}`:", "",
             "- `.input` float32 [T, D]; `.bytes` uint8: what the cache stores (`kvlab.encode`, blocks "
-            "[scale][zero][code planes] in row order); `.decoded` float32: what those bytes mean (`kvlab.decode`)",
+            "[scale][zero][code planes] in row order); `.decoded` float32: what those bytes mean (`kvlab.decode_bytes`)",
             "- `.codes` / `.scales` / `.zeros`: the payload and scale values split apart, for engines that keep "
             "scales in a separate tensor; `.scale`: a static per-tensor scale kept outside the rows", "",
             "Metadata key `kvlab` (JSON): specs, cases (source, seed, shapes) and the layouts below. Roles are "

@@ -9,19 +9,14 @@ backend's own `why_not`; backends import only the shared leaves (`tiles/`, `page
 `configs.py`, `env.py`). `tuned.py` stores the best configs per GPU; `autotune.py` (above the apis)
 searches them. Triton loads lazily: importing this package imports neither Triton nor a kernel.
 """
-import importlib
+from .._lazy import lazy_getattr
 
 _LAZY = {"decode": "kvlab.kernels.decode", "extend": "kvlab.kernels.extend", "store": "kvlab.kernels.store",
          "pool_store": "kvlab.kernels.store", "tune": "kvlab.kernels.autotune",
          "export_configs": "kvlab.kernels.tuned", "TritonDecodeConfig": "kvlab.kernels.configs",
          "GluonDecodeConfig": "kvlab.kernels.configs", "ExtendConfig": "kvlab.kernels.configs",
          "StoreConfig": "kvlab.kernels.configs"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kvlab.kernels' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

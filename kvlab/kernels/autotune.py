@@ -182,11 +182,12 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
     return best, best_ms
 
 
-def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
-    from ..cache.paging import prerotate
+def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
+    """A timing closure: fn(config=None) writes `tokens` (at most 32K) random bf16 tokens into fresh pages
+    through the public store op and returns the backend that ran. Attributes: tokens, x, pages, page_size,
+    bytes (bf16 read + every page tensor written). Channel-axis specs get pages of whole token groups."""
     from .store import store
-    from .store.triton import CANDIDATES
-    T = min(ctx, 32768)
+    T = min(tokens, 32768)
     if spec.axis == "chan" and P % spec.group:
         P = spec.group * -(-P // spec.group)
     x = torch.randn(T, Hk, D, device=device, dtype=torch.bfloat16)
@@ -196,13 +197,24 @@ def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save:
     if spec.static_scale:
         kw["scale"] = torch.ones((), device=device)
 
+    def fn(config=None):
+        return store(x, pages, slots, spec, page_size=P, check_slots=False, config=config, **kw)
+    fn.tokens, fn.x, fn.pages, fn.page_size = T, x, pages, P
+    fn.bytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
+    return fn
+
+
+def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
+    from ..cache.paging import prerotate
+    from .store.triton import CANDIDATES
+    write = store_write(spec, ctx, Hk, D, P, device)
+
     def launcher(cfg):
-        fn = lambda: store(x, pages, slots, spec, page_size=P, check_slots=False, config=cfg, **kw)  # noqa: E731
-        fn()  # compile outside the graph capture
-        return fn
+        write(cfg)  # compile outside the graph capture
+        return lambda: write(cfg)
     res = _bench(launcher, candidates or CANDIDATES, rep, 0, verbose, graph=True)
     if not res:
         raise RuntimeError(f"no store config ran for {spec}")
     best_ms, best = min(res, key=lambda r: r[0])
-    record(store_key(prerotate(x[:1], spec)[1], Hk, D), best, best_ms, save=save)
+    record(store_key(prerotate(write.x[:1], spec)[1], Hk, D), best, best_ms, save=save)
     return best, best_ms

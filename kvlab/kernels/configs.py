@@ -46,6 +46,12 @@ class _Config:
     kernel: ClassVar[str]
     op: ClassVar[str]
 
+    def _check_launch(self) -> None:
+        """Validate the launch options the Triton kernels share (warps, pipeline stages)."""
+        _pow2_in("num_warps", self.num_warps, 1, 16)
+        _check(isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
+               f"num_stages={self.num_stages!r}; allowed: an int in [1, 6]")
+
     def to_dict(self) -> dict:
         """{"version", "kernel", every field}: JSON-ready, read back by `config_from_dict`."""
         return {"version": VERSION, "kernel": self.kernel, **asdict(self)}
@@ -79,9 +85,7 @@ class TritonDecodeConfig(_Config):
 
     def __post_init__(self):
         _pow2_in("block_n", self.block_n, 16, 256)
-        _pow2_in("num_warps", self.num_warps, 1, 16)
-        _check(isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
-               f"num_stages={self.num_stages!r}; allowed: an int in [1, 6]")
+        self._check_launch()
         _opt_int("num_splits", self.num_splits, 1, 256)
         _check(isinstance(self.asm, bool), f"asm={self.asm!r}; allowed: True, False")
         _one_of("dot", self.dot, (None, *DOTS))
@@ -129,9 +133,7 @@ class ExtendConfig(_Config):
     def __post_init__(self):
         _pow2_in("block_n", self.block_n, 16, 256)
         _pow2_in("block_m", self.block_m, 1, 256)
-        _pow2_in("num_warps", self.num_warps, 1, 16)
-        _check(isinstance(self.num_stages, int) and 1 <= self.num_stages <= 6,
-               f"num_stages={self.num_stages!r}; allowed: an int in [1, 6]")
+        self._check_launch()
         _one_of("dot", self.dot, (None, *DOTS))
 
 

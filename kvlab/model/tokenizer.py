@@ -95,14 +95,6 @@ def tokenizer_from_gguf_fields(fields: dict[str, Any]) -> Tokenizer:
     return tok
 
 
-def tokenizer_from_gguf(path: str | os.PathLike) -> Tokenizer:
-    """Tokenizer of a GGUF file (reads the file, or kvlab's cache of it). See
-    `tokenizer_from_gguf_fields`."""
-    from kvlab.model.gguf_loader import load_gguf
-
-    return tokenizer_from_gguf_fields(load_gguf(path).tokenizer)
-
-
 def tokenizer_from_hf_dir(path: str | os.PathLike) -> Tokenizer:
     """Load `tokenizer.json` from an HF model directory. Raises FileNotFoundError if absent."""
     f = Path(path).expanduser() / "tokenizer.json"

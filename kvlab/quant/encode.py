@@ -1,4 +1,4 @@
-"""`encode`: the bytes an engine stores for x; `decode`: values back from those bytes.
+"""`encode`: the bytes an engine stores for x; `decode_bytes`: values back from those bytes.
 
 Block layout, one block per scale group, blocks in row order:
 
@@ -49,7 +49,7 @@ def block_bytes(spec, head_dim: int) -> int:
     return n
 
 
-def decode(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, dtype=torch.float32) -> torch.Tensor:
+def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, dtype=torch.float32) -> torch.Tensor:
     """Values of engine bytes `b` (as `encode` wrote them) for a tensor of `shape`.
 
     `scale` / `tensor_scale`: the out-of-row static scales, when the spec has them.

@@ -73,10 +73,9 @@ def grid(spec) -> list[KVScheme]:
         texts = [",".join((b, *e)) for b in base for e in itertools.product(*extras)]
     else:
         raise ValueError(f"grid takes a string, a list or a mapping, not {type(spec).__name__}")
-    out, seen = [], set()
-    for t in texts:
-        s = parse_scheme(t)
-        if s not in seen:
-            seen.add(s)
-            out.append(s)
-    return out
+    return unique(parse_scheme(t) for t in texts)
+
+
+def unique(schemes) -> list:
+    """The schemes in first-seen order, each once (schemes are equal when their specs and options are)."""
+    return list(dict.fromkeys(schemes))

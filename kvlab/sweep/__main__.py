@@ -4,7 +4,7 @@
                           [--device auto|cpu|cuda] [--stages roundtrip,model] [--limit N] [--fresh]
     python -m kvlab.sweep report DIR
 
-With no CONFIG, runs the embedded default sweep (sweeps/default.yaml): every preset plus grids,
+With no CONFIG, runs the embedded default sweep (kvlab/sweep/default.yaml): every preset plus grids,
 round trips on synthetic and real K/V, attention deltas and decode-faithful PPL/KL on SmolLM2;
 on a GPU it adds autotuned kernel timings. Cells (scheme x stage x shape) are appended to
 DIR/cells.jsonl as they finish and DIR/results.parquet + results.csv are rebuilt after each one;
@@ -60,7 +60,7 @@ def run(argv=None) -> int:
     from .config import load_config
     from .executors import execute
     from .pareto import report
-    from .store import ResultStore, run_metadata
+    from .results import SweepResults, run_metadata
     try:
         cfg = load_config(a.config or default_config_path())
         device = _device(a.device or cfg.device)
@@ -75,11 +75,11 @@ def run(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(a.out or Path("sweeps") / "results" / (cfg.name + ("-gpu" if device == "cuda" else "")))
-    store = ResultStore(out)
+    results = SweepResults(out)
     if a.fresh:
-        store.reset()
+        results.reset()
     cells = expand_cells(cfg)[: a.limit] if a.limit else expand_cells(cfg)
-    done = store.done_ids()
+    done = results.done_ids()
     if done and not a.resume:
         print(f"error: {out} already holds {len(done)} finished cells; pass --resume to continue them "
               "or --fresh to start over", file=sys.stderr)
@@ -92,8 +92,8 @@ def run(argv=None) -> int:
     t0, errors = time.time(), []
     with tqdm(total=len(todo), unit="cell", disable=a.quiet, file=sys.stderr, dynamic_ncols=True) as bar:
         def on_row(row: dict) -> None:
-            store.append({**row, **meta})
-            store.write_tables()
+            results.append({**row, **meta})
+            results.write_tables()
             if row["status"].startswith("error"):
                 errors.append(f"{row['name']} / {row['stage']} / {row['shape']}: {row['status']}")
             bar.set_postfix_str(f"{row['stage']} {row['name']}"[:40])
@@ -103,7 +103,7 @@ def run(argv=None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    df = store.write_tables()
+    df = results.write_tables()
     skipped = int(df["status"].str.startswith("skipped").sum()) if len(df) else 0
     print(f"\n{len(df)} cells in {out}/results.parquet ({skipped} skipped, {len(errors)} errors); "
           f"this run {time.time() - t0:.0f} s", file=sys.stderr)

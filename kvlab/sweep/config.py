@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ..spec import ALL_PRESETS, KVScheme, grid
+from ..spec.grid import unique
 
 STAGES = ("roundtrip", "attention", "model", "speed")
 STAGE_KEYS = {
@@ -79,20 +80,13 @@ def _err(path: str, msg: str) -> ValueError:
 def _schemes(items) -> list[KVScheme]:
     if not isinstance(items, list) or not items:
         raise _err("schemes", "must be a non-empty list of DSL expressions, preset names, 'presets' or mappings")
-    out, seen = [], set()
+    out = []
     for i, item in enumerate(items):
         try:
-            if item == "presets":
-                got = grid(list(ALL_PRESETS))
-            else:
-                got = grid(item)
+            out += grid(list(ALL_PRESETS) if item == "presets" else item)
         except ValueError as e:
             raise _err(f"schemes[{i}] ({item!r})", str(e)) from None
-        for s in got:
-            if s not in seen:
-                seen.add(s)
-                out.append(s)
-    return out
+    return unique(out)
 
 
 def _stage(name: str, params) -> dict:

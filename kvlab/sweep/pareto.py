@@ -118,11 +118,11 @@ def plot(table: pd.DataFrame, front: pd.DataFrame, path: Path, title: str = "") 
 
 def report(results_dir: str | Path, quiet: bool = False) -> pd.DataFrame:
     """Rebuild pareto.csv and pareto.png from a results directory; print the table."""
-    from .store import ResultStore
+    from .results import SweepResults
     d = Path(results_dir)
     if not (d / "cells.jsonl").exists() and not (d / "results.parquet").exists():
         raise ValueError(f"{d} holds no sweep results (no cells.jsonl or results.parquet)")
-    df = ResultStore(d).table() if (d / "cells.jsonl").exists() else pd.read_parquet(d / "results.parquet")
+    df = SweepResults(d).table() if (d / "cells.jsonl").exists() else pd.read_parquet(d / "results.parquet")
     table = scheme_table(df)
     if not table.empty:  # rank only on one loss metric: the one most schemes have
         metric = table["loss_metric"].value_counts().idxmax()

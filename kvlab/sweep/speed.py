@@ -26,24 +26,9 @@ def _page(sch, P: int) -> int:
 
 
 def _store_fn(sch, shape: dict, device: str = "cuda"):
-    """A closure writing a `context`-token (at most 32K) prefill of K through the store op; .tokens, .x,
-    .pages and .bytes (bf16 read + codes and scales written) ride along."""
-    from ..cache.layout import PageLayout
-    from ..kernels.store import store
-    T, Hk, D, P = min(shape["context"], 32768), shape["heads_kv"], shape["head_dim"], _page(sch, shape["page_size"])
-    x = torch.randn(T, Hk, D, device=device, dtype=torch.bfloat16)
-    spec = sch.k
-    pages = PageLayout(spec, D, P, Hk).allocate(-(-T // P), device)
-    slots = torch.arange(T, device=device, dtype=torch.int64)
-    kw = {"tensor_scale": torch.ones((), device=device)} if spec.tensor_scale else {}
-    if spec.static_scale:
-        kw["scale"] = torch.ones((), device=device)
-
-    def fn():
-        return store(x, pages, slots, spec, page_size=P, check_slots=False, **kw)
-    fn.tokens, fn.x, fn.pages = T, x, pages
-    fn.bytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
-    return fn
+    """A `context`-token (at most 32K) prefill write of K through the public store op (autotune.store_write)."""
+    from ..kernels.autotune import store_write
+    return store_write(sch.k, shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"], device)
 
 
 def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = False, quick: bool = True) -> dict:

@@ -136,7 +136,7 @@ def test_vectors_recheck(tmp_path, name):
         kw = {k: c[k] for k in ("scale", "tensor_scale") if k in c}
         np.testing.assert_array_equal(kvlab.encode(__import__("torch").from_numpy(t[key + ".input"]), spec, **kw),
                                       t[key + ".bytes"])
-        y = kvlab.decode(t[key + ".bytes"], spec, t[key + ".input"].shape, **kw).numpy()
+        y = kvlab.decode_bytes(t[key + ".bytes"], spec, t[key + ".input"].shape, **kw).numpy()
         np.testing.assert_array_equal(y, t[key + ".decoded"])
         if name in GGML:
             from gguf import GGMLQuantizationType
@@ -253,7 +253,7 @@ def test_overrides_get_vectors_and_need_layer_count(tmp_path):
 
 def test_check_conformance_with_decoder(tmp_path):
     _, out = _exp(tmp_path, "freetoken:q6_0", "freetoken")
-    dec = lambda b, info: kvlab.decode(b, info["spec"], (32, 128)).numpy()  # noqa: E731
+    dec = lambda b, info: kvlab.decode_bytes(b, info["spec"], (32, 128)).numpy()  # noqa: E731
     assert check_conformance(str(out), kvlab_encode_fn, decode_fn=dec)["ok"]
     bad = lambda b, info: dec(b, info) * 1.001  # noqa: E731
     rep = check_conformance(str(out), kvlab_encode_fn, decode_fn=bad, roles=("v",))

@@ -105,20 +105,24 @@ def kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm,
     """Dequantized K^T [D, BN] and V [BN, D] of tokens t0..t0+BN (rows past hi are 0); token- or
     channel-axis tiles per spec. ROWFIRST: the dot dtype (q's) in the load's row layout, anchored
     there (pin); bf16 / fp16 pages have nothing to dequantize and are left as they are."""
-    if KCFG[F_CHAN]:
-        kt = chan_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D)
-    else:
-        kr = tok_tile(KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, ks0, ks1, ks2, KCFG, P, BN, D)
-        if ROWFIRST and KCFG[F_KIND] != 0:
-            kr = pin(kr.to(q.dtype), PIN)
-        kt = tl.trans(kr)
-    if VCFG[F_CHAN]:
-        v = tl.trans(chan_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D))
-    else:
-        v = tok_tile(VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vs0, vs1, vs2, VCFG, P, BN, D)
-        if ROWFIRST and VCFG[F_KIND] != 0:
-            v = pin(v.to(q.dtype), PIN)
+    kt = tl.trans(_rows(q, KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D,
+                        ROWFIRST, PIN))
+    v = _rows(q, VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D, ROWFIRST, PIN)
     return kt, v
+
+
+@triton.jit
+def _rows(q, C, S, Z, LUT, IDX, t0, hi, h, perm, c0, c1, c2, c3, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
+          BN: tl.constexpr, D: tl.constexpr, ROWFIRST: tl.constexpr, PIN: tl.constexpr):
+    """One cache tensor's tile as rows [BN, D]: token-axis tiles as loaded (in the dot dtype and pinned under
+    ROWFIRST), channel-axis tiles transposed."""
+    if CFG[F_CHAN]:
+        x = tl.trans(chan_tile(C, S, Z, LUT, IDX, t0, hi, h, c0, c1, c2, c3, s0, s1, s2, CFG, P, BN, D))
+    else:
+        x = tok_tile(C, S, Z, LUT, IDX, t0, hi, h, perm, c0, c1, c2, s0, s1, s2, CFG, P, BN, D)
+        if ROWFIRST and CFG[F_KIND] != 0:
+            x = pin(x.to(q.dtype), PIN)
+    return x
 
 
 @triton.jit

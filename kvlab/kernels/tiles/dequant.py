@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from .dequant_half import byte_tile, half_scales, nibble_rows, nibble_tile
-from .layout import (F_ASM, F_BYTES, F_CHAN, F_G, F_GBU, F_FULL, F_GAT0, F_GAT1, F_GAT2, F_KIND, F_NG, F_NP, F_OFF0, F_OFF1,
-                     F_OFF2, F_OFFSET, F_ROWS, F_SH0, F_SH1, F_SH2, F_SK, F_STR0, F_STR1, F_STR2, F_W0, F_W1, F_W2, F_WORD,
-                     F_XOR8, F_ZERO)
+from .layout import (F_ASM, F_BYTES, F_FULL, F_G, F_GAT0, F_GBU, F_KIND, F_NG, F_NP, F_OFF0, F_OFFSET, F_ROWS, F_SH0,
+                     F_SK, F_STR0, F_W0, F_WORD, F_XOR8, F_ZERO, PLANE_FIELDS)
+
 
 # ---- element and scale values -------------------------------------------------------------------
 @triton.jit
@@ -110,22 +110,25 @@ def plane_gather(CP, row, rmask, perm, W: tl.constexpr, OFFU: tl.constexpr, STR:
 
 
 @triton.jit
+def _plane_codes(CP, row, rmask, perm, K: tl.constexpr, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+    """Bit plane K of BN rows, shifted into place -> int32 [BN, D] (column order = perm). A plane's five
+    TileCfg fields follow plane 0's at a stride of PLANE_FIELDS."""
+    F: tl.constexpr = PLANE_FIELDS * K
+    if CFG[F_GAT0 + F]:
+        c = plane_gather(CP, row, rmask, perm, CFG[F_W0 + F], CFG[F_OFF0 + F], CFG[F_STR0 + F], CFG, BN, D)
+    else:
+        c = plane_tile(CP, row, rmask, CFG[F_W0 + F], CFG[F_OFF0 + F], CFG, BN, D)
+    return c << CFG[F_SH0 + F]
+
+
+@triton.jit
 def row_codes(CP, row, rmask, perm, CFG: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
     """All bit planes of BN rows combined -> int32 codes [BN, D] (column order = perm)."""
-    if CFG[F_GAT0]:
-        c = plane_gather(CP, row, rmask, perm, CFG[F_W0], CFG[F_OFF0], CFG[F_STR0], CFG, BN, D) << CFG[F_SH0]
-    else:
-        c = plane_tile(CP, row, rmask, CFG[F_W0], CFG[F_OFF0], CFG, BN, D) << CFG[F_SH0]
+    c = _plane_codes(CP, row, rmask, perm, 0, CFG, BN, D)
     if CFG[F_NP] > 1:
-        if CFG[F_GAT1]:
-            c = c | (plane_gather(CP, row, rmask, perm, CFG[F_W1], CFG[F_OFF1], CFG[F_STR1], CFG, BN, D) << CFG[F_SH1])
-        else:
-            c = c | (plane_tile(CP, row, rmask, CFG[F_W1], CFG[F_OFF1], CFG, BN, D) << CFG[F_SH1])
+        c = c | _plane_codes(CP, row, rmask, perm, 1, CFG, BN, D)
     if CFG[F_NP] > 2:
-        if CFG[F_GAT2]:
-            c = c | (plane_gather(CP, row, rmask, perm, CFG[F_W2], CFG[F_OFF2], CFG[F_STR2], CFG, BN, D) << CFG[F_SH2])
-        else:
-            c = c | (plane_tile(CP, row, rmask, CFG[F_W2], CFG[F_OFF2], CFG, BN, D) << CFG[F_SH2])
+        c = c | _plane_codes(CP, row, rmask, perm, 2, CFG, BN, D)
     return c
 
 
@@ -183,9 +186,12 @@ def tok_tile(CP, SP, ZP, LUT, IDX, t0, L, h, perm, c0, c1, c2, s0, s1, s2, CFG: 
 
 
 @triton.jit
-def _chan_plane(CP, IDX, t0, L, h, c0, c1, W: tl.constexpr, SH: tl.constexpr, OFFU: tl.constexpr,
-                CFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
-    """One bit plane of a channel-axis tile -> int32 [D, BN] codes (shifted into place)."""
+def _chan_plane(CP, IDX, t0, L, h, c0, c1, PL: tl.constexpr, CFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
+                D: tl.constexpr):
+    """Bit plane PL of a channel-axis tile -> int32 [D, BN] codes (shifted into place)."""
+    W: tl.constexpr = CFG[F_W0 + PLANE_FIELDS * PL]
+    SH: tl.constexpr = CFG[F_SH0 + PLANE_FIELDS * PL]
+    OFFU: tl.constexpr = CFG[F_OFF0 + PLANE_FIELDS * PL]
     G: tl.constexpr = CFG[F_G]
     WORD: tl.constexpr = CFG[F_WORD]
     NU: tl.constexpr = G * W // 8 // WORD
@@ -213,11 +219,11 @@ def chan_tile(CP, SP, ZP, LUT, IDX, t0, L, h, c0, c1, c2, c3, s0, s1, s2, CFG: t
     G: tl.constexpr = CFG[F_G]
     NGT: tl.constexpr = BN // G
     d = tl.arange(0, D)
-    c = _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[F_W0], CFG[F_SH0], CFG[F_OFF0], CFG, P, BN, D)
+    c = _chan_plane(CP, IDX, t0, L, h, c0, c1, 0, CFG, P, BN, D)
     if CFG[F_NP] > 1:
-        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[F_W1], CFG[F_SH1], CFG[F_OFF1], CFG, P, BN, D)
+        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, 1, CFG, P, BN, D)
     if CFG[F_NP] > 2:
-        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, CFG[F_W2], CFG[F_SH2], CFG[F_OFF2], CFG, P, BN, D)
+        c = c | _chan_plane(CP, IDX, t0, L, h, c0, c1, 2, CFG, P, BN, D)
     x = code_values(c, LUT, CFG[F_KIND])
     if CFG[F_SK] == 0:
         res = x - CFG[F_OFFSET]

@@ -58,6 +58,7 @@ class TileCfg(NamedTuple):
 (F_KIND, F_G, F_NG, F_WORD, F_NP, F_W0, F_SH0, F_OFF0, F_STR0, F_GAT0, F_W1, F_SH1, F_OFF1, F_STR1, F_GAT1,
  F_W2, F_SH2, F_OFF2, F_STR2, F_GAT2, F_GBU, F_FULL, F_XOR8, F_OFFSET, F_SK, F_ZERO, F_CHAN, F_ASM, F_BYTES,
  F_ROWS) = (tl.constexpr(i) for i in range(len(TileCfg._fields)))
+PLANE_FIELDS = tl.constexpr(F_W1 - F_W0)  # plane k's fields sit at F_W0 + PLANE_FIELDS * k, ...
 
 
 def _tile_order(w: int, G: int, word: int, r: int, strided: bool, asm: bool = False) -> int:

@@ -38,7 +38,7 @@ def run_metadata(device: str, seed: int) -> dict:
             "triton": triton_v, "seed": seed}
 
 
-class ResultStore:
+class SweepResults:
     """One sweep's results directory."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
