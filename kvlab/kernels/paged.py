@@ -129,7 +129,8 @@ def sequence_kv(kv: PagedKV, b: int, D: int) -> tuple[torch.Tensor, torch.Tensor
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, mask=None) -> torch.Tensor:
     """q [T, Hq, D], k/v [Hk, L, D] -> [T, Hq, D] float32 (GQA: query head h uses KV head h // (Hq/Hk)).
-    mask: [1 or Hq, T, L] bool, True where a key is visible; rows with no visible key give 0."""
+    mask: [1 or Hq, T, L] bool, True where a key is visible; rows with no visible key give 0. A NaN score (a
+    non-finite key or value) makes its row NaN: it is not dropped as an empty row would be."""
     T, Hq, D = q.shape
     Hk, L = k.shape[0], k.shape[1]
     if L == 0:
@@ -139,5 +140,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, m
     s = torch.einsum("thd,hld->htl", q.float(), kk) * sm_scale  # [Hq, T, L]
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+    p = torch.softmax(s, -1)
+    p = torch.where((s == float("-inf")).all(-1, keepdim=True), torch.zeros_like(p), p)  # nothing visible: 0
     return torch.einsum("htl,hld->thd", p, vv)

@@ -39,6 +39,13 @@ def fp8_cast(v: torch.Tensor, fmt: str) -> torch.Tensor:
     return v.clamp(-m, m).to(FP8_DTYPES[fmt]).view(torch.uint8)
 
 
+def finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the finite elements of x, float32 0-d (0 when there are none): what a default tensor scale
+    is computed from, so one non-finite value cannot poison every group."""
+    a = x.float().abs()
+    return torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax() if a.numel() else a.new_zeros(())
+
+
 def fp8_value(b: torch.Tensor, fmt: str) -> torch.Tensor:
     """float32 value of fp8 bytes `b` (uint8)."""
     return b.view(FP8_DTYPES[fmt]).to(torch.float32)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..spec import KVQuantSpec, as_spec
-from .formats import (ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, fp8_cast, fp8_value,
-                      roundf_away, scale_value, store_scale)
+from .formats import (ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, finite_amax, fp8_cast,
+                      fp8_value, roundf_away, scale_value, store_scale)
 from .packing import pack, unpack
 from .qtensor import QTensor
 from .rotation import rotate, unrotate
@@ -66,8 +66,10 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
         r = flat.gather(-1, flat.abs().argmax(-1, keepdim=True))
     if how in ("max", "min"):  # GGML's loop keeps the first element equal to the extreme: the sign of a zero
         r = flat.gather(-1, (flat == r).to(torch.uint8).argmax(-1, keepdim=True))  # extreme (amax/amin: any zero)
-    # amax/argmax skip or mis-place NaN on some backends: poison explicitly (branch-free: no device sync)
-    r = torch.where(torch.isnan(flat).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
+    # a non-finite element makes its group's statistic NaN, so the group's scale (and zero) is NaN and the whole
+    # group dequantizes to NaN: an inf must not saturate into a finite scale (e4m3 clamps, e8m0 caps), and
+    # amax/argmax skip or mis-place NaN on some backends (branch-free: no device sync)
+    r = torch.where((~torch.isfinite(flat)).any(-1, keepdim=True), torch.full_like(r, float("nan")), r)
     return r.reshape([1] * xg.dim()) if spec.axis == "tensor" else r
 
 
@@ -122,8 +124,10 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
 
 
 def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
+    # finite values past the range saturate; a non-finite input is NaN, never a saturated finite code
+    nan_if_bad = (lambda v: torch.where(torch.isfinite(xg), v, torch.full_like(v, float("nan"))))  # noqa: E731
     if not spec.has_scale:
-        return fp8_cast(xg, spec.fmt), None, None
+        return fp8_cast(nan_if_bad(xg), spec.fmt), None, None
     if scale is not None:
         s_raw = _static(scale, xg)
     elif spec.scale_dtype == "e8m0":
@@ -133,7 +137,7 @@ def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
     s_st = store_scale(s_raw, spec.scale_dtype, elem_fmt=spec.fmt)
     s_val = scale_value(s_st, spec.scale_dtype)
     v = torch.where(s_val == 0, torch.zeros_like(xg), xg / s_val)
-    return fp8_cast(v, spec.fmt), s_st, None
+    return fp8_cast(nan_if_bad(v), spec.fmt), s_st, None
 
 
 def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
@@ -206,8 +210,8 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
     ts = None
     if spec.tensor_scale:
         ts = torch.as_tensor(tensor_scale if tensor_scale is not None else
-                             _div(xf.abs().amax(), codebook_absmax(spec.fmt) * 448.0), dtype=torch.float32, device=x.device)
-        ts = torch.where(ts > 0, ts, torch.ones_like(ts))
+                             _div(finite_amax(xf), codebook_absmax(spec.fmt) * 448.0), dtype=torch.float32, device=x.device)
+        ts = torch.where(ts > 0, ts, torch.ones_like(ts))  # all zero or all non-finite: 1.0
 
     def run(ratio):
         if spec.fmt == "int":

@@ -255,7 +255,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     m_all_safe = ttgl.where(m_all == float("-inf"), 0.0, m_all)
     wgt = ttgl.exp2(m_i - m_all_safe[None, :])  # [NW, GP]
     l_all = ttgl.sum(l_i * wgt, 0)  # [GP]
-    inv = ttgl.where(l_all > 0, 1.0 / ttgl.where(l_all > 0, l_all, 1.0), 0.0)  # rows with no token -> 0
+    inv = ttgl.where(l_all != 0, 1.0 / ttgl.where(l_all != 0, l_all, 1.0), 0.0)  # no token -> 0; NaN stays NaN
     if HAS_VTS:
         inv = inv * ttgl.load(VTS)
     OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
@@ -279,7 +279,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     else:
         row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
         ttgl.store(OP + row * 128 + och, o, mask=om)
-        lse = ttgl.where(l_all > 0, m_all + ttgl.log2(ttgl.where(l_all > 0, l_all, 1.0)), float("-inf"))
+        lse = ttgl.where(l_all != 0, m_all + ttgl.log2(ttgl.where(l_all != 0, l_all, 1.0)), float("-inf"))
         lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
         ttgl.store(LSE + lrow, lse, mask=lg < GROUP)

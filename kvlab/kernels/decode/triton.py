@@ -73,13 +73,14 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
                     m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
     if KVMAJOR:
         acc = tl.trans(acc)  # [GP, D]
-    o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)  # [GP, D], V's column order
+    # rows that saw no token are 0; a NaN sum (a non-finite key or value) stays NaN: l_i != 0, not > 0
+    o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # [GP, D], V's column order
     if DIRECT:
         tl.store(OUT + b * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty), mask=gm[:, None])
     else:
         row = (b * tl.num_programs(1) * GROUP + heads) * num_splits + sp  # [GP] rows of OP [B, Hq, S, D]
         tl.store(OP + row[:, None] * D + vperm[None, :], o, mask=gm[:, None])
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        lse = tl.where(l_i != 0, m_i + tl.log2(tl.where(l_i != 0, l_i, 1.0)), float("-inf"))
         tl.store(LSE + row, lse, mask=gm)
 
 

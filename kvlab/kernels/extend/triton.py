@@ -68,7 +68,7 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
             v = tl.load(VN + (q0 + j)[:, None] * svn0 + hk * svn1 + vperm[None, :], mask=jm[:, None], other=0.0)
             valid = jm[None, :] & (j[None, :] <= qi[:, None])
             m_i, l_i, acc = softmax_step(q, kt, v, valid, m_i, l_i, acc, 1.0, 1.0, DOT)
-        o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # NaN stays NaN
         tl.store(OUT + (q0 + qi)[:, None] * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty),
                  mask=rm[:, None])
 

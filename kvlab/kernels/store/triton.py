@@ -102,8 +102,9 @@ def _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, mask, SYM: tl
 
 @triton.jit
 def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
-    """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a NaN poisons its group."""
-    has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0
+    """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a non-finite element (NaN,
+    +-inf) makes its group's scale NaN, as the oracle does."""
+    has_nan = tl.max((~(tl.abs(x) < float("inf"))).to(tl.int32), axis=2, keep_dims=True) > 0
     if SYM:
         a = tl.where(m, tl.abs(x), 0.0)
         stat = tl.max(a, axis=2, keep_dims=True)
@@ -159,6 +160,7 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             nz = s_val == 0
             num, den = tl.broadcast(x, tl.where(nz, 1.0, s_val))
             y = tl.where(nz, 0.0, tl.math.div_rn(num, den))
+        y = tl.where(tl.abs(x) < float("inf"), y, float("nan"))  # non-finite input: NaN, never a saturated code
         yb = y.to(tl.int32, bitcast=True)
         if FMT == 1:
             y = tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y))
@@ -308,7 +310,12 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 mn = tl.where(mn == 0, zero, mn)
             stat = mx - mn
             m_raw = mn
-        stat = tl.where(stat != stat, float("nan"), stat)
+        # a non-finite element makes the group's scale (and zero) NaN, as the oracle does
+        fin = (tl.abs(f0) < float("inf")) & (tl.abs(f1) < float("inf")) & (tl.abs(f2) < float("inf")) & (
+            tl.abs(f3) < float("inf"))
+        bad = tl.min(fin.to(tl.int32), axis=1) == 0  # [R]
+        stat = tl.where(bad | (stat != stat), float("nan"), stat)
+        m_raw = tl.where(bad, float("nan"), m_raw)
         s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
         if HAS_TS:
             s_raw = tl.math.div_rn(s_raw, one * tl.load(ts_ptr))

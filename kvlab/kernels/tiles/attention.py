@@ -149,5 +149,5 @@ def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.con
     d = tl.arange(0, D)
     o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)
     tot = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(tot > 0, tot, 1.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(tot != 0, tot, 1.0)
     tl.store(OUT + b * so0 + h * so1 + d, out.to(OUT.dtype.element_ty))

@@ -25,12 +25,20 @@ from .layout import (F_ASM, F_BYTES, F_FULL, F_G, F_GAT0, F_GBU, F_KIND, F_NG, F
 
 # ---- element and scale values -------------------------------------------------------------------
 @triton.jit
+def e4m3_values(c):
+    """e4m3fn codes (any int dtype, low byte) -> float32; 0x7F / 0xFF are NaN explicitly (Triton's interpreter
+    reads them as +-480, the GPU as NaN: one compare keeps both backends to the format)."""
+    b = c.to(tl.uint8)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), b.to(tl.float8e4nv, bitcast=True).to(tl.float32))
+
+
+@triton.jit
 def code_values(c, LUT, KIND: tl.constexpr):
     """int32 codes -> float32 element values (before scales)."""
     if KIND == 1:  # exact int -> float: 2^23 + c as bits, minus 2^23 (LOP3 + FADD, no I2F)
         x = (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
     elif KIND == 2:
-        x = c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        x = e4m3_values(c)
     elif KIND == 3:
         x = c.to(tl.uint8).to(tl.float8e5, bitcast=True).to(tl.float32)
     elif KIND == 4:  # e2m1 -> fp16 bits (sign at 15, exp+mantissa at 9..11), times 2^14 (exact, subnormals too)
@@ -45,7 +53,7 @@ def code_values(c, LUT, KIND: tl.constexpr):
 def scale_values(s, SK: tl.constexpr):
     """Stored scales -> float32 (SK: 1 float, 2 e8m0 biased exponent, 3 e4m3 bytes)."""
     if SK == 3:
-        v = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        v = e4m3_values(s)
     elif SK == 2:
         e = s.to(tl.int32)
         v = (e << 23).to(tl.float32, bitcast=True)
