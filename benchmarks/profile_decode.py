@@ -23,15 +23,17 @@ def main() -> None:
     a = ap.parse_args()
     import json
 
+    from kvlab.kernels.autotune import synthetic_cache, tune
+    from kvlab.kernels.configs import config_from_dict
     from kvlab.kernels.decode import decode
-    from kvlab.kernels.tuning import synthetic_cache, tune
     from kvlab.spec import scheme
     B, Hq, Hk, D, L = a.batch, 32, 8, 128, a.context
     for name in a.schemes:
         sch = scheme(name)
         P = 32 if sch.k.axis == "chan" else 16  # channel-axis keys (kivi4): a page holds a whole group
         shape = {"batch": B, "heads_q": Hq, "heads_kv": Hk, "head_dim": D, "page_size": P, "context": L}
-        cfg = json.loads(a.config) if a.config else tune("decode", sch, shape, quick=True, save=False)[0]
+        cfg = config_from_dict("decode", json.loads(a.config)) if a.config else tune(
+            "decode", sch, shape, quick=True, save=False)[0]
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
         run = decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k,

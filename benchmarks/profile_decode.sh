@@ -16,12 +16,12 @@ for arg in "$@"; do
   s="${arg%%@*}"; over="{}"; [ "$arg" != "$s" ] && over="${arg#*@}"
   cfg=$(python3 - "$s" "$over" <<'PY'
 import json, sys
-from kvlab.kernels.tuning import tune
+from kvlab.kernels.autotune import tune
 from kvlab.spec import scheme
 shape = {"batch": 32, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "context": 32768,
          "page_size": 32 if scheme(sys.argv[1]).k.axis == "chan" else 16}
 over = json.loads(sys.argv[2])
-cfg = {**tune("decode", scheme(sys.argv[1]), shape, quick=True, save=False)[0], **over}
+cfg = {**tune("decode", scheme(sys.argv[1]), shape, quick=True, save=False)[0].to_dict(), **over}
 if "orient" in over:
     cfg.pop("layout", None)
 print(json.dumps(cfg))

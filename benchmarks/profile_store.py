@@ -3,8 +3,7 @@
     ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 \
         python3 benchmarks/profile_store.py q4_0 --block-rows 32        # on the H200 (device call)
 
-`--block-rows` fixes BLOCK_R, so no autotuning launches precede the profiled one.
-`bash benchmarks/h200_run.sh profile` runs it after the decode kernels (PROFILE_STORE schemes).
+`--block-rows` fixes BLOCK_R (a StoreConfig), so no autotuning launches precede the profiled one.
 """
 from __future__ import annotations
 
@@ -21,7 +20,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test under TRITON_INTERPRET=1")
     a = ap.parse_args()
     from kvlab.cache.layout import PageLayout
-    from kvlab.kernels.store.triton import store_triton
+    from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import store
     from kvlab.spec import scheme
     spec = scheme(a.scheme).k
     T, Hk, D, P = a.tokens, 8, 128, 16
@@ -30,7 +30,8 @@ def main() -> None:
     slots = torch.arange(T, device=a.device, dtype=torch.int64)
     kw = {"tensor_scale": torch.ones(1, device=a.device)} if spec.tensor_scale else {}
     for _ in range(3):
-        store_triton(x, pages, slots, spec, P, block_rows=a.block_rows, **kw)
+        store(x, pages, slots, spec, backend="triton", check_slots=False, config=StoreConfig(block_r=a.block_rows),
+              **kw)
     if a.device == "cuda":
         torch.cuda.synchronize()
     nbytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)

@@ -1,8 +1,8 @@
 """Offline sm_90 compile of the store kernel (no GPU): registers, spills and the SASS instruction mix.
 
-    python benchmarks/store_sass_offline.py q8_0 q4_0 bf16 [--block-rows 32]
+    python -m devtools.store_sass_offline q8_0 q4_0 bf16 [--block-rows 32]
 
-Reuses the decode tool's stub driver (kvlab.kernels.decode.sm90_offline): launches become compiles.
+Reuses the decode tool's stub driver (devtools/sm90_offline.py): launches become compiles.
 The store kernel has no main loop, so the counts are per thread for BLOCK_R rows x D / (32 x 4 warps)
 elements: instructions per element = total / (BLOCK_R * D / 128).
 """
@@ -25,9 +25,11 @@ def main() -> None:
     from triton.runtime.jit import JITFunction
 
     from kvlab.cache.layout import PageLayout
-    from kvlab.kernels.decode.sm90_offline import _StubDriver, resources, sass
     from kvlab.kernels.store import triton as st
+    from kvlab.kernels.configs import StoreConfig
     from kvlab.spec import scheme
+
+    from .sm90_offline import _StubDriver, resources, sass
     orig, kernels = JITFunction.run, []
 
     def run(self, *args, grid, warmup, **kw):
@@ -45,8 +47,8 @@ def main() -> None:
         pages = PageLayout(spec, D, P, Hk).allocate(T // P, "cpu")
         kw = {"tensor_scale": torch.ones(1)} if spec.tensor_scale else {}
         kernels.clear()
-        st.store_triton(torch.randn(T, Hk, D, dtype=torch.bfloat16), pages, torch.arange(T), spec, P, flat=not a.general,
-                        block_rows=a.block_rows, **kw)
+        st.run(torch.randn(T, Hk, D, dtype=torch.bfloat16), pages, torch.arange(T), spec, P, flat=not a.general,
+               config=StoreConfig(block_r=a.block_rows), **kw)
         for k in kernels:
             ops = collections.Counter()
             for ln in sass(k).splitlines():

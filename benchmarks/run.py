@@ -1,0 +1,255 @@
+"""The one benchmark runner: a registry of cases, a correctness gate before timing, one header.
+
+    python benchmarks/run.py --out sweeps/results/h200/runs/NAME [--cases decode,store] [--schemes q4_0,q8_0]
+                             [--tuned sweeps/results/h200/tuned_configs.json] [--budget 420]
+
+Every case times what a user gets: the public ops with default dispatch (`decode`, `store`), planned and
+replayed from a CUDA graph as an engine runs a decode step, beside peers in the same process (cuDNN and
+flash SDPA on dense bf16 K/V). Decode rows come twice: `dispatch=tuned` (the tuned-config file given with
+--tuned) and `dispatch=default` (no tuned file: a new user). Before a scheme is timed, its default-dispatch
+output is checked against the float32 reference on a small odd-shaped cache (`gate` columns); a scheme that
+fails is reported, not timed. Writes header.json (GPU, versions, commit, date, copy bandwidth), one CSV per
+case, and the tuned configs the run used or found.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
+
+SCHEMES = {"bf16": "bf16", "fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
+           "int4_had": "int4:g32:asym:rot=had", "kivi4": "kivi4", "kivi2": "kivi2", "int3": "int3:g32:asym",
+           "int2": "int2:g32:asym", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "nf4": "nf4", "iq4nl": "iq4nl"}
+SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=128),
+          "b1": dict(batch=1, context=32768, heads_q=32, heads_kv=8, head_dim=128),
+          "smollm2": dict(batch=32, context=8192, heads_q=9, heads_kv=3, head_dim=64),
+          "d256": dict(batch=32, context=8192, heads_q=8, heads_kv=4, head_dim=256)}
+DECODE_COLUMNS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms",
+                  "kv_bytes", "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms",
+                  "graph_ms", "roofline_frac_graph", "ratio_graph_vs_cudnn", "gate_rel_err", "config", "error"]
+STORE_COLUMNS = ["scheme", "tokens", "graph_ms", "eager_ms", "bytes", "graph_gbps", "fraction_of_copy", "backend",
+                 "config", "error"]
+GATE_TOL = 2e-2  # bf16 / fp16 tensor-core dots against the float32 reference
+
+
+def page_size(sch) -> int:
+    return 32 if sch.k.axis == "chan" else 16
+
+
+def header(out: Path, args) -> dict:
+    import triton
+
+    from kvlab.eval.speed import copy_bandwidth_tbps
+    commit = os.environ.get("KVLAB_COMMIT")  # the device's copy of .git can lag the tree it was sent
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "HEAD"], text=True).strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    h = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+         "commit": commit, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+         "copy_tbps_read_plus_write": copy_bandwidth_tbps(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+         "command": "python benchmarks/run.py " + " ".join(sys.argv[1:]), "tuned_file": args.tuned}
+    (out / "header.json").write_text(json.dumps(h, indent=1) + "\n")
+    return h
+
+
+def _writer(path: Path, columns):
+    f = open(path, "w", newline="")
+    w = csv.DictWriter(f, fieldnames=columns)
+    w.writeheader()
+
+    def emit(row):
+        w.writerow({k: row.get(k, "") for k in columns})
+        f.flush()
+        print(path.stem, {k: row.get(k) for k in columns[:3] + ["graph_ms", "error"] if k in row}, flush=True)
+    return emit, f
+
+
+def gate(sch, D: int, Hq: int, Hk: int) -> float:
+    """Max relative error of the default-dispatch decode against the reference on an odd-shaped, NaN-poisoned
+    cache (lengths 1, 300, 517 or whole channel groups, fp tokens where the scheme keeps them)."""
+    from kvlab.kernels.decode import decode
+    from paged_cases import call_args, make_paged
+    P = page_size(sch)
+    lens = [32, 288, 512] if sch.k.axis == "chan" else [1, 300, 517]
+    c = make_paged(lens, Hk, D, P, sch.k, sch.v, fp_lens=[3, 0, 100] if (sch.window or sch.sink) else None,
+                   device="cuda")
+    args, kw = call_args(c)
+    q = torch.randn(3, Hq, D, device="cuda", dtype=torch.bfloat16)
+    ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = decode(q, *args, sch.k, sch.v, P, **kw).float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+def peers(shape) -> tuple[float | None, float | None, str]:
+    """Median ms of cuDNN and flash SDPA decode on dense bf16 GQA K/V of the same shape."""
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, L, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    res, err = [], ""
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            fn()
+            res.append(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
+        except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported
+            res.append(None)
+            err += f"{backend.name}: {type(e).__name__}: {str(e)[:120]}; "
+    return res[0], res[1], err
+
+
+def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
+    """(eager median ms, graph-replay median ms, config) through the public decode with default dispatch."""
+    import triton
+
+    from kvlab.eval.speed import fp_tokens_of
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.decode import api, decode
+    B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
+    P = page_size(sch)
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
+    W = fp_tokens_of(sch)
+    fp = dict(k_fp=None, v_fp=None, fp_len=None)  # in check_prefix's argument order
+    if W:
+        fp["k_fp"] = torch.randn(B, Hk, W, D, device="cuda", dtype=torch.bfloat16)
+        fp["v_fp"] = torch.randn_like(fp["k_fp"])
+        fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
+    args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
+    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True)
+    from kvlab.kernels.checks import check_prefix
+    kv = check_prefix(q, *args[1:], *fp.values(), c["k_ts"], c["v_ts"], B)
+    _, cfg = api.resolve(q, kv)
+    fn()
+    ms = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+    g = triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")
+    return ms, g, json.dumps(cfg.to_dict())
+
+
+def case_decode(out: Path, h: dict, names, args) -> None:
+    import kvlab
+    from kvlab.eval.speed import fp_tokens_of, kv_bytes
+    from kvlab.kernels import tuned
+    emit, f = _writer(out / "decode.csv", DECODE_COLUMNS)
+    bw = h["copy_tbps_read_plus_write"]
+    t0 = time.time()
+    for shape in (SHAPES[s] for s in args.shapes.split(",")):
+        cudnn, flash, perr = peers(shape)
+        for name in names:
+            sch = kvlab.scheme(SCHEMES[name])
+            B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
+            nbytes = kv_bytes(sch, B, L, Hk, D, fp_tokens_of(sch))
+            base = dict(scheme=name, page_size=page_size(sch), kv_bytes=nbytes, cudnn_bf16_ms=cudnn, flash_bf16_ms=flash,
+                        error=perr, **shape)
+            try:
+                tuned.set_cache_path(os.devnull)  # the gate runs what a new user gets
+                base["gate_rel_err"] = gate(sch, D, Hq, Hk)
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                emit({**base, "error": perr + f"gate: {type(e).__name__}: {str(e)[:200]}"})
+                continue
+            if not base["gate_rel_err"] <= GATE_TOL:
+                emit({**base, "error": perr + f"gate failed: rel err {base['gate_rel_err']:.3g}; not timed"})
+                continue
+            for dispatch, path in (("tuned", args.tuned), ("default", os.devnull)):
+                if dispatch == "tuned" and not args.tuned:
+                    continue
+                row = {**base, "dispatch": dispatch}
+                if time.time() - t0 > args.budget:
+                    emit({**row, "error": perr + "skipped: time budget"})
+                    continue
+                tuned.set_cache_path(path)
+                try:
+                    ms, g, cfg = decode_cell(sch, shape)
+                    row.update(median_ms=ms, graph_ms=g, config=cfg, achieved_tbps=nbytes / g / 1e9,
+                               roofline_frac=nbytes / (bw * 1e9) / ms, roofline_frac_graph=nbytes / (bw * 1e9) / g,
+                               speedup_vs_cudnn=cudnn / ms if cudnn else None,
+                               ratio_graph_vs_cudnn=g / cudnn if cudnn else None)
+                except Exception as e:  # noqa: BLE001 - one failing cell must not end the run
+                    row["error"] = perr + f"{type(e).__name__}: {str(e)[:300]}"
+                emit(row)
+                torch.cuda.empty_cache()
+    tuned.set_cache_path(None)
+    f.close()
+
+
+def case_store(out: Path, h: dict, names, args) -> None:
+    import triton
+
+    import kvlab
+    from kvlab.kernels import tuned
+    from kvlab.kernels.autotune import store_write
+    emit, f = _writer(out / "store.csv", STORE_COLUMNS)
+    tuned.set_cache_path(str(out / "tuned_store.json"))  # the store's autotuned picks land here
+    for name in names:
+        sch = kvlab.scheme(SCHEMES[name])
+        row = {"scheme": name}
+        try:
+            w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
+            backend = w()  # the first launch autotunes (Triton) outside the timing
+            g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
+            ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
+            cfg = tuned.lookup(tuned.store_key(dataclasses.replace(sch.k, rotation="none"), 8, 128))
+            row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
+                       fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"], backend=backend,
+                       config=json.dumps(cfg.to_dict()) if cfg else "")
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        emit(row)
+    tuned.export_configs(str(out / "tuned_store.json"))
+    tuned.set_cache_path(None)
+    f.close()
+
+
+CASES = {"decode": case_decode, "store": case_store}
+
+
+def main(argv=None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--shapes", default="b32,b1", help=f"decode shapes, of {','.join(SHAPES)}")
+    ap.add_argument("--tuned", default=str(ROOT / "sweeps/results/h200/tuned_configs.json"),
+                    help="tuned-config file for the dispatch=tuned rows ('' to skip them)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds of decode timing before cells are skipped")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.schemes.split(",") if n]
+    unknown = (sorted(set(names) - set(SCHEMES)) + sorted(set(args.cases.split(",")) - set(CASES))
+               + sorted(set(args.shapes.split(",")) - set(SHAPES)))
+    if unknown:
+        raise SystemExit(f"unknown schemes / cases / shapes {unknown}; allowed: {sorted(SCHEMES)} / {sorted(CASES)} / "
+                         f"{sorted(SHAPES)}")
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kvlab_triton_cache"))
+    h = header(out, args)
+    print("header", h, flush=True)
+    for case in args.cases.split(","):
+        CASES[case](out, h, names, args)
+    return out
+
+
+if __name__ == "__main__":
+    main()
