@@ -210,7 +210,9 @@ class KVPool(PoolViews):
             self._seq(s)
             self._check_kv("k", k)
             self._check_kv("v", v, k.shape[0])
-        items = [(s, k.to(self.fp_dtype), v.to(self.fp_dtype)) for s, k, v in items if k.shape[0]]
+        # detach: the cache holds values; an input that requires grad must not chain the pool's
+        # buffers into its autograd graph (which would grow, and be kept alive, with every append)
+        items = [(s, k.detach().to(self.fp_dtype), v.detach().to(self.fp_dtype)) for s, k, v in items if k.shape[0]]
         if not items:
             return
         P = self.page_size
