@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_run.sh bench   # benchmarks/run.py (decode tuned/default + peers, store), then
 #                                       # compute-sanitizer racecheck and initcheck
 #   bash benchmarks/h200_run.sh cpu     # the whole test suite on this machine's CPU with the GPU hidden
+#   bash benchmarks/h200_run.sh sanitize  # compute-sanitizer memcheck, racecheck, initcheck side by side
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
 # same warm machine: .carry/m1 (first third of the SmolLM2 GGUF, the numpy<2.4 and gguf wheels for Python
 # 3.12), .carry/m2 and .carry/m3 (the other thirds). One call may carry 64 MiB, the GGUF is 98 MB.
@@ -46,5 +47,8 @@ cpu)
   timeout "${PYTEST_S:-540}" python3 -m pytest -q -n "${WORKERS:-12}" -p no:cacheprovider -rfEs 2>&1 \
     | tee "$OUT/pytest_cpu.log" | tail -40
   ;;
-*) echo "unknown mode $mode (tests | bench | cpu)"; exit 2 ;;
+sanitize)   # the three tools side by side (SANITIZE_QUICK=1: one shape per scheme)
+  for t in memcheck racecheck initcheck; do sanitize "$t" & done; wait
+  ;;
+*) echo "unknown mode $mode (tests | bench | cpu | sanitize)"; exit 2 ;;
 esac

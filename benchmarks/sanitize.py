@@ -9,10 +9,12 @@ Store (general and group-row tiles, channel axis, rotation, codebooks, e4m3 / e8
 decode (int4 / int8 / fp8 codecs, windows, splits), Triton extend (ragged chunks over a quantized prefix).
 Pages are zero-filled, not torch.empty: the kernels read whole rows of a page past a sequence's end and mask
 the result (a design choice, safe within the allocation), which initcheck would otherwise report as reads
-of memory no one wrote. Prints one line per launch group and "sanitize: ok" at the end.
+of memory no one wrote. Prints one line per launch group and "sanitize: ok" at the end. SANITIZE_QUICK=1:
+one of the three shapes per scheme (rotating), one Gluon shape.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -69,8 +71,10 @@ def _args(pool: KVPool):
 
 def main() -> None:
     torch.manual_seed(0)
-    for name in STORE_DECODE:
-        for D, Hq, Hk, P, lens in ((64, 8, 2, 16, [1, 17, 63]), (128, 8, 8, 1, [5, 40]), (128, 32, 4, 64, [70, 3])):
+    shapes = ((64, 8, 2, 16, [1, 17, 63]), (128, 8, 8, 1, [5, 40]), (128, 32, 4, 64, [70, 3]))
+    quick = os.environ.get("SANITIZE_QUICK") == "1"  # one shape a scheme (memcheck runs ~30x slower)
+    for i, name in enumerate(STORE_DECODE):
+        for D, Hq, Hk, P, lens in shapes[i % 3:i % 3 + 1] if quick else shapes:
             pool = _pool(name, D, Hk, P, lens)
             args, kw = _args(pool)
             q = torch.randn(len(lens), Hq, D, device=DEV, dtype=torch.bfloat16)
@@ -84,7 +88,7 @@ def main() -> None:
         torch.cuda.synchronize() if DEV == "cuda" else None
         print(f"store + triton decode + extend: {name}", flush=True)
     for name in GLUON if DEV == "cuda" else []:
-        for Hq, Hk, P, lens in ((32, 8, 16, [1, 17, 63, 300]), (16, 2, 64, [5, 130])):
+        for Hq, Hk, P, lens in ((32, 8, 16, [1, 17, 63, 300]), (16, 2, 64, [5, 130]))[:1 if quick else 2]:
             pool = _pool(name, 128, Hk, P, lens)
             args, kw = _args(pool)
             q = torch.randn(len(lens), Hq, 128, device=DEV, dtype=torch.bfloat16)

@@ -7,7 +7,6 @@ backends (reference, Triton, Gluon) take it as it is.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -58,19 +57,13 @@ class PagedKV:
         return self.k_spec.rotation == "had", self.v_spec.rotation == "had"
 
 
-@functools.lru_cache(maxsize=32)
-def hadamard_cached(D: int, device) -> torch.Tensor:
-    """The orthonormal Hadamard matrix [D, D] float32 on `device` (cached)."""
-    return hadamard(D, device)
-
-
 def rotate_inputs(q, ks, vs, k_spec, v_spec, D):
     """Hadamard-rotated specs: q -> q @ H for K (scores are invariant); the full-precision keys / values in
     `ks` / `vs` (lists, None entries kept) are rotated alike so a kernel sees one space; the caller
     un-rotates the output with H^T for V. Returns (q, ks, vs)."""
     if "had" not in (k_spec.rotation, v_spec.rotation):
         return q, ks, vs
-    H = hadamard_cached(D, q.device)
+    H = hadamard(D, q.device)
     rot = (lambda t: None if t is None else t.float() @ H)  # noqa: E731
     if k_spec.rotation == "had":
         q, ks = rot(q), [rot(t) for t in ks]

@@ -27,12 +27,17 @@ def _hadamard_cpu(n: int) -> torch.Tensor:
 
 
 def hadamard(head_dim: int, device=None) -> torch.Tensor:
-    """[D, D] float32 orthonormal block-Hadamard matrix for `head_dim`."""
+    """[D, D] float32 orthonormal block-Hadamard matrix for `head_dim`, cached per device (treat it as read-only:
+    a cached matrix needs no host-to-device copy, so rotations can run inside CUDA-graph capture)."""
     if head_dim % 8:
         raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {head_dim}")
+    return _hadamard_on(head_dim, str(torch.device(device)) if device is not None else "cpu")
+
+
+@functools.lru_cache(maxsize=32)
+def _hadamard_on(head_dim: int, device: str) -> torch.Tensor:
     b = hadamard_block(head_dim)
-    h = torch.block_diag(*[_hadamard_cpu(b)] * (head_dim // b))
-    return h.to(device) if device is not None else h
+    return torch.block_diag(*[_hadamard_cpu(b)] * (head_dim // b)).to(device)
 
 
 def rotate(x: torch.Tensor) -> torch.Tensor:

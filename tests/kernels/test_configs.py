@@ -3,6 +3,7 @@ autotune driver's CPU behaviour and search spaces."""
 import json
 
 import pytest
+import torch
 
 import kvlab
 from kvlab.kernels import autotune, configs, tuned
@@ -92,6 +93,7 @@ def test_legacy_tuned_file_is_read_and_unreadable_entries_are_skipped(tmp_cache)
     assert tuned.lookup(bad) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU tune() times candidates")
 def test_tune_on_cpu_returns_default_without_timing(tmp_cache):
     cfg, ms = kvlab.kernels.tune("decode", "q4_0", {"batch": 2, "heads_q": 8, "heads_kv": 2, "head_dim": 64,
                                                     "page_size": 16})

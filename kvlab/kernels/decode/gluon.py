@@ -33,7 +33,8 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ..configs import GluonDecodeConfig
-from ..paged import PagedKV, hadamard_cached
+from ...quant.rotation import hadamard
+from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CODECS,
@@ -355,10 +356,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     def launch():
         qr, kf, vf = q, kv.k_fp, kv.v_fp
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
-            qr = q.float() @ hadamard_cached(D, q.device)
-            kf = None if kf is None else kf.float() @ hadamard_cached(D, q.device)
+            qr = q.float() @ hadamard(D, q.device)
+            kf = None if kf is None else kf.float() @ hadamard(D, q.device)
         if rot_v and vf is not None:
-            vf = vf.float() @ hadamard_cached(D, q.device)
+            vf = vf.float() @ hadamard(D, q.device)
         kf = kf if has_fp else kc  # never read without HAS_FP
         vf = vf if has_fp else vc
         o = kern_out
@@ -375,7 +376,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         if S > 1:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T
-            user_out.copy_(o @ hadamard_cached(D, o.device).T)
+            user_out.copy_(o @ hadamard(D, o.device).T)
         return user_out
 
     return launch if plan else launch()

@@ -16,7 +16,8 @@ import triton.language as tl
 
 from ..configs import TritonDecodeConfig
 from ..env import gpu_codegen, interpreting, poisoned
-from ..paged import PagedKV, hadamard_cached, rotate_inputs
+from ...quant.rotation import hadamard
+from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, softmax_step_t, tensor_scales
 from ..tiles.operands import LOG2E, dot_mode, merge_splits, page_operands, unsupported
 
@@ -136,7 +137,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: TritonDecodeConfig, out=None, p
             merge_splits(op, lse, out)
         if not rot_v:
             return out
-        res = (out @ hadamard_cached(D, q.device).T).to(dtype)  # the pages hold v H: out H^T
+        res = (out @ hadamard(D, q.device).T).to(dtype)  # the pages hold v H: out H^T
         if user_out is not None:
             user_out.copy_(res)
             return user_out

@@ -14,7 +14,8 @@ import triton.language as tl
 
 from ..configs import ExtendConfig
 from ..env import poisoned
-from ..paged import PagedKV, hadamard_cached, rotate_inputs
+from ...quant.rotation import hadamard
+from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor_scales
 from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
 
@@ -112,7 +113,7 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
             num_warps=config.num_warps, num_stages=config.num_stages)
     if rot_v:  # the pages hold v H: out H^T
-        out = (out @ hadamard_cached(D, q.device).T).to(dtype)
+        out = (out @ hadamard(D, q.device).T).to(dtype)
     if user_out is not None and out is not user_out:
         user_out.copy_(out)
         return user_out

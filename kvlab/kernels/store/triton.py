@@ -104,10 +104,11 @@ def _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, mask, SYM: tl
 def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
     """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a non-finite element (NaN,
     +-inf) makes its group's scale NaN, as the oracle does."""
-    has_nan = tl.max((~(tl.abs(x) < float("inf"))).to(tl.int32), axis=2, keep_dims=True) > 0
+    has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0  # tl.max skips NaN: found apart
     if SYM:
         a = tl.where(m, tl.abs(x), 0.0)
         stat = tl.max(a, axis=2, keep_dims=True)
+        has_nan = has_nan | (stat == float("inf"))  # an inf: the max |x| is inf
         if RULE == 1:  # GGML: the signed element of largest magnitude, first one on ties
             neg = _neg_at(x, i, _first_at(a == stat, i, GP, 2), 2)
             stat = tl.where(neg > 0, _negated(stat), stat)
@@ -117,6 +118,7 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
         mx = tl.max(tl.where(m, x, -float("inf")), axis=2, keep_dims=True)
         mn = tl.min(tl.where(m, x, float("inf")), axis=2, keep_dims=True)
         empty = (mx == -float("inf")) & (mn == float("inf"))  # a masked-out row: keep its (unstored) math finite
+        has_nan = has_nan | ((mx == float("inf")) | (mn == -float("inf"))) & ~empty  # an inf element
         mx = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mx))
         mn = tl.where(has_nan, float("nan"), tl.where(empty, 0.0, mn))
         if tl.max(((mx == 0) | (mn == 0)).to(tl.int32)) > 0:  # rare: a zero extreme takes the first zero's sign (GGML)
@@ -308,13 +310,13 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 zero = _zero_signed(negz.reshape([R]), mx)
                 mx = tl.where(mx == 0, zero, mx)
                 mn = tl.where(mn == 0, zero, mn)
+            bad = ~((tl.abs(mx) < float("inf")) & (tl.abs(mn) < float("inf")))  # NaN-propagating extremes
             stat = mx - mn
             m_raw = mn
-        # a non-finite element makes the group's scale (and zero) NaN, as the oracle does
-        fin = (tl.abs(f0) < float("inf")) & (tl.abs(f1) < float("inf")) & (tl.abs(f2) < float("inf")) & (
-            tl.abs(f3) < float("inf"))
-        bad = tl.min(fin.to(tl.int32), axis=1) == 0  # [R]
-        stat = tl.where(bad | (stat != stat), float("nan"), stat)
+        if SYM:  # the NaN-propagating |x| max (or signed extreme) is non-finite iff an element is
+            bad = ~(tl.abs(stat) < float("inf"))
+        # a non-finite element makes the group's scale (and zero) NaN, as the oracle does (no per-element work)
+        stat = tl.where(bad, float("nan"), stat)
         m_raw = tl.where(bad, float("nan"), m_raw)
         s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
         if HAS_TS:

@@ -18,18 +18,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..env import interpreting
 from .dequant_half import byte_tile, half_scales, nibble_rows, nibble_tile
 from .layout import (F_ASM, F_BYTES, F_FULL, F_G, F_GAT0, F_GBU, F_KIND, F_NG, F_NP, F_OFF0, F_OFFSET, F_ROWS, F_SH0,
                      F_SK, F_STR0, F_W0, F_WORD, F_XOR8, F_ZERO, PLANE_FIELDS)
 
 
 # ---- element and scale values -------------------------------------------------------------------
+# Triton's interpreter reads the e4m3fn NaN codes 0x7F / 0xFF as +-480; the GPU's conversion gives NaN. The
+# interpreter alone gets the explicit NaN select, so the GPU code (and its speed) is the plain conversion.
+INTERPRETED = tl.constexpr(interpreting())
+
+
 @triton.jit
 def e4m3_values(c):
-    """e4m3fn codes (any int dtype, low byte) -> float32; 0x7F / 0xFF are NaN explicitly (Triton's interpreter
-    reads them as +-480, the GPU as NaN: one compare keeps both backends to the format)."""
+    """e4m3fn codes (any int dtype, low byte) -> float32, NaN codes NaN on both backends."""
     b = c.to(tl.uint8)
-    return tl.where((b & 0x7F) == 0x7F, float("nan"), b.to(tl.float8e4nv, bitcast=True).to(tl.float32))
+    v = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    if INTERPRETED:
+        v = tl.where((b & 0x7F) == 0x7F, float("nan"), v)
+    return v
 
 
 @triton.jit
