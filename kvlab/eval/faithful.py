@@ -198,8 +198,8 @@ def _one_copy(k_spec: KVQuantSpec, v_spec: KVQuantSpec, policy: FpPolicy) -> tup
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
     """SDPA over q [B, Hq, T, D] and GQA k, v [B, Hk, S, D]. On CUDA the KV heads are expanded
-    (enable_gqa with a mask is math-kernel-only). Float32 on H200 (torch 2.11) still ran the math
-    kernel, which materializes [B, Hq, T, S]: callers bound T * S by MAX_SCORES."""
+    (enable_gqa with a mask is math-kernel-only). Float32 still runs the math kernel (torch 2.11),
+    which materializes [B, Hq, T, S]: callers bound T * S by MAX_SCORES."""
     gqa = q.shape[1] != k.shape[1]
     if gqa and q.is_cuda:
         r = q.shape[1] // k.shape[1]

@@ -15,9 +15,8 @@ Exact up to float rounding, which a quantized cache amplifies: one pass over T +
 passes of one token run matmuls of different shapes, a last-bit difference moves a code across a
 rounding boundary, and the logits move by up to ~0.1 (q8_0) or ~1-2 (int4) on SmolLM2 (measured,
 4 x 256-token pydoc prompts). Where the top two logits are that close either pass may win: greedy
-agreement is a noisy metric at this level, whichever way it is computed (the 4-segment means in
-sweeps/results/cpu/eval_smollm2_pydoc_2048x4.txt moved by 0.5-2 tokens when this replaced the
-token-by-token loop; PPL, KL, top-1 and passkey hits did not move).
+agreement is a noisy metric at this level, whichever way it is computed (its 4-segment means moved
+by 0.5-2 tokens when this replaced the token-by-token loop; PPL, KL, top-1 and passkey did not).
 """
 from __future__ import annotations
 

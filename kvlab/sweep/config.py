@@ -103,7 +103,7 @@ def _stage(name: str, params) -> dict:
     out = {**STAGE_DEFAULTS[name], **params}
     if name == "speed":
         if out["tune"] not in ("quick", "full"):
-            raise _err("stages.speed.tune", f"unknown {out['tune']!r}; allowed: quick (the tiles that win on H200), full")
+            raise _err("stages.speed.tune", f"unknown {out['tune']!r}; allowed: quick (two tiles, then splits), full")
         for j, shp in enumerate(out["shapes"]):
             if not isinstance(shp, dict) or set(shp) != SHAPE_KEYS:
                 raise _err(f"stages.speed.shapes[{j}]", f"needs exactly the keys {sorted(SHAPE_KEYS)}")

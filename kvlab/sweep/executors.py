@@ -15,7 +15,7 @@ EXECUTORS = ("local", "ray")
 
 _DEVICE = "cpu"
 _COST = {"model": 3, "attention": 2, "roundtrip": 1}  # relative cell cost, for scheduling only
-WARM_TIMEOUT_S = 900.0  # the pool's speed-cell compiles (106 schemes on 12 workers: ~100 s on the H200)
+WARM_TIMEOUT_S = 900.0  # the pool's speed-cell compiles (about 100 s for the default GPU sweep)
 
 
 def _worker_init(queue, device: str, threads: int) -> None:

@@ -17,9 +17,8 @@ from .cells import Skip
 @functools.lru_cache(maxsize=2)
 def _model(name: str, device: str):
     """The evaluated model, float32 on every device: in bf16 the scored pass and the reference pass
-    (different batch shapes, attention paths) round differently, which on the H200 put a KL floor
-    of 0.0018 under every scheme (bf16 storage itself scored KL 0.0018, above q8_0's 0.0005 on
-    CPU; sweeps/results/h200/README.md)."""
+    (different batch shapes, attention paths) round differently, which puts a KL floor under every
+    scheme (measured: sweeps/results/h200/README.md)."""
     from ..model import load_model
     return load_model(name, device=device, dtype=torch.float32)
 

@@ -1,9 +1,9 @@
 """Gluon split-K decode that dequantizes KV codes straight into tensor-core (MMA) fragments.
 
 Why this exists: the Triton kernel (`triton.py`) hands `tl.dot` a dequantized tile, and Triton
-routes that tile through shared memory into the tensor-core operand layout. On the H200 that
-round trip (137 M shared-memory wavefronts for q4_0 at B=32 x 32K) is what holds q4_0 at 0.34 of
-its bytes' roofline (benchmarks/NOTES_decode.md). Gluon lets a kernel name its register layouts,
+routes that tile through shared memory into the tensor-core operand layout; that round trip is what
+held the 4-bit Triton decode far below its bytes' roofline (profiles in benchmarks/NOTES_decode.md).
+Gluon lets a kernel name its register layouts,
 so here every thread loads exactly the code bytes its `mma.sync.m16n8k16` fragments need and turns
 them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: q4_0,
 q8_0 / int8 g32, fp8_e4m3; K and V may use different codecs): no shared memory in the main loop.

@@ -429,11 +429,9 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              QMAX=2 ** b - 1, XOR8=sym_int and b == 8)
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
-    # one plane holding whole codes, token rows: the group-row path (`_store_rows`)
-    # Where it measured faster on the H200 (32K-token write, sweeps/results/h200/runs/store-*): int codes
-    # from GGML's reciprocal (q4_0 0.030 vs 0.051 ms, q8_0 0.035 vs 0.041) and codebooks (mxfp4 0.180 vs
-    # 0.191). With an IEEE division per element it was slower (int4_had 0.136 vs 0.103 ms), and so were
-    # fp8 codes without scales (0.034 vs 0.030 ms): those keep the general tile.
+    # one plane holding whole codes, token rows: the group-row path (`_store_rows`), where it measured faster:
+    # int codes from GGML's reciprocal and codebooks; IEEE-division ints and unscaled fp8 keep the general
+    # tile (the timings: benchmarks/NOTES_store.md)
     no_div = (fmt == "int" and spec.recip) or p["FMT"] == 3
     p["FLAT"] = (flat and no_div and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b and b in (2, 4, 8)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts

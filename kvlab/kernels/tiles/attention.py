@@ -69,7 +69,7 @@ def pin(x, ON: tl.constexpr):
     interpreter). A non-pure inline-asm move cannot be rematerialized, so Triton cannot hoist tl.dot's
     operand layout above it: the 16-bit row tile is what goes through shared memory (STS, then LDSM /
     ldmatrix(.trans) into the MMA) instead of the raw codes gathered byte by byte in the operand layout
-    (H200 run3 diagnosis). Checked offline: benchmarks/NOTES_decode.md, run4."""
+    (diagnosis and offline SASS: benchmarks/NOTES_decode.md)."""
     if ON:
         x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
     return x

@@ -99,9 +99,8 @@ def plane_gather(CP, row, rmask, perm, W: tl.constexpr, OFFU: tl.constexpr, STR:
                  BN: tl.constexpr, D: tl.constexpr):
     """A plane whose unit order differs from the main plane's (GGML q5: sequential qh vs strided
     qs) -> int32 [BN, D] in the main plane's column order (perm). Its NU units per group are
-    loaded once as NU [BN, NG] tiles and each column picks its unit and bits in registers.
-    (Per-element loads instead, one cached LDG per code, made q5_0 decode 23.7 ms at B=32 x 32K
-    on H200 vs 2.9 ms for int5:g32:sym: 255 registers, 1 KB of spills.)"""
+    loaded once as NU [BN, NG] tiles and each column picks its unit and bits in registers (per-element
+    loads instead spilled and ran 8x slower: benchmarks/NOTES_decode.md)."""
     G: tl.constexpr = CFG[F_G]
     NG: tl.constexpr = CFG[F_NG]
     WORD: tl.constexpr = CFG[F_WORD]

@@ -95,7 +95,7 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False, rowfirst: bo
     while word > 1 and any(x % word for x in [GB] + [p[2] for p in planes] + [G * p[0] // 8 for p in planes]):
         word //= 2
     # fp8 keeps the plain byte-row path in the operand layout (its fp16 tile there reads V's bytes from smem
-    # one at a time: benchmarks/NOTES_decode.md, run2); rowfirst builds the fp16 tile in the row layout, so
+    # one at a time: benchmarks/NOTES_decode.md); rowfirst builds the fp16 tile in the row layout, so
     # fp8's cvt.rn.f16x2.e4m3x2 fast path is allowed there
     asm = bool(asm and spec.axis != "chan" and ((spec.fmt == "int" and ((spec.bits == 4 and word == 4) or byte_rows))
                                                 or (rowfirst and byte_rows and spec.fmt.startswith("fp8"))))
