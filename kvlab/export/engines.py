@@ -104,6 +104,14 @@ class Engine:
         return list(dict.fromkeys(d.name for d in self.dtypes))
 
 
+# the fp8 cache options vLLM and SGLang share: a per-tensor scale per layer, or none
+_FP8_PER_TENSOR = (
+    EngineDType("fp8_e4m3", "fp8_e4m3:rule=absmax",
+                note="per-tensor scale per layer: stored = fp8(x / k_scale), k_scale = amax / 448"),
+    EngineDType("fp8_e4m3", "fp8_e4m3", candidate=False, note="k_scale = v_scale = 1.0 (uncalibrated)"),
+    EngineDType("fp8_e5m2", "fp8_e5m2", note="no scaling"),
+)
+
 _GGML_CPU_NOTE = "llama.cpp stores the cache through GGML's reference quantizer (ggml-quants.c)"
 ENGINES: dict[str, Engine] = {
     "json": Engine("json", (), any_scheme=True),
@@ -124,18 +132,12 @@ ENGINES: dict[str, Engine] = {
     "vllm": Engine("vllm", (
         EngineDType("auto", "bf16", note="model dtype bfloat16 (--dtype bfloat16)"),
         EngineDType("auto", "fp16", note="model dtype float16 (--dtype float16)"),
-        EngineDType("fp8_e4m3", "fp8_e4m3:rule=absmax",
-                    note="per-tensor scale per layer: stored = fp8(x / k_scale), k_scale = amax / 448"),
-        EngineDType("fp8_e4m3", "fp8_e4m3", candidate=False, note="k_scale = v_scale = 1.0 (uncalibrated)"),
-        EngineDType("fp8_e5m2", "fp8_e5m2", note="no scaling"),
+        *_FP8_PER_TENSOR,
     ), skip_layers=True),
     "sglang": Engine("sglang", (
         EngineDType("bf16", "bf16"),
         EngineDType("auto", "fp16", note="model dtype float16 (--dtype float16)"),
-        EngineDType("fp8_e4m3", "fp8_e4m3:rule=absmax",
-                    note="per-tensor scale per layer: stored = fp8(x / k_scale), k_scale = amax / 448"),
-        EngineDType("fp8_e4m3", "fp8_e4m3", candidate=False, note="k_scale = v_scale = 1.0 (uncalibrated)"),
-        EngineDType("fp8_e5m2", "fp8_e5m2", note="no scaling"),
+        *_FP8_PER_TENSOR,
     )),
     "freetoken": Engine("freetoken", (
         EngineDType("auto", "bf16", note="model dtype bfloat16"),

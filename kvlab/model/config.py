@@ -111,3 +111,9 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
     return inv_freq
+
+
+def require_supported(what: str, value, allowed, hint: str = "") -> None:
+    """ValueError `unsupported {what} {value!r}; supported: ...` unless value is one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"unsupported {what} {value!r}; supported: {', '.join(allowed)}{hint}")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvlab.model.config import LlamaConfig
+from kvlab.model.config import LlamaConfig, require_supported
 from kvlab.model.hf_loader import check_shapes, expected_shapes
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
@@ -119,9 +119,7 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -
     """Build a LlamaConfig from GGUF metadata (`{arch}.*` keys) and the tensors present
     (`shapes`: GGUF name -> shape in torch order, e.g. token_embd.weight -> (vocab, hidden))."""
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: "
-                         f"{', '.join(SUPPORTED_GGUF_ARCHS)} (Llama/Mistral GGUFs use 'llama')")
+    require_supported("GGUF architecture", arch, SUPPORTED_GGUF_ARCHS, " (Llama/Mistral GGUFs use 'llama')")
 
     def get(key: str, default: Any = None) -> Any:
         v = meta.get(f"{arch}.{key}", default)

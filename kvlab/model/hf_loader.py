@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvlab.model.config import LlamaConfig
+from kvlab.model.config import LlamaConfig, require_supported
 from kvlab.model.llama import LlamaModel
 
 SUPPORTED_HF_ARCHS = ("llama", "mistral", "qwen2")
@@ -29,9 +29,7 @@ def config_from_hf(cfg: dict[str, Any]) -> LlamaConfig:
     """LlamaConfig from an HF `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling`
     or 5.x `rope_parameters`). Raises ValueError for other model types or unsupported options."""
     mt = cfg.get("model_type")
-    if mt not in SUPPORTED_HF_ARCHS:
-        raise ValueError(f"unsupported model_type {mt!r} in config.json; supported: "
-                         f"{', '.join(SUPPORTED_HF_ARCHS)}")
+    require_supported("model_type", mt, SUPPORTED_HF_ARCHS, " (config.json's model_type)")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
     if cfg.get("mlp_bias"):

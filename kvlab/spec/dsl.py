@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from .quant_spec import KVQuantSpec
-from .text import ALIASES, FLAGS, KEYED, format_defaults, format_spec
+from .text import ALIASES, FLAGS, KEYED, clean_text, format_defaults, format_spec
 from .vocab import AXES, FORMATS
 
 def _parse_format(tok: str) -> tuple[str, int | None]:
@@ -50,9 +50,7 @@ def as_spec(spec) -> KVQuantSpec:
 def parse_spec(text: str) -> KVQuantSpec:
     """Parse one tensor's spec text (or a spec preset name) into a `KVQuantSpec`."""
     from .presets import SPEC_PRESETS
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a spec must be a non-empty string like 'int4:g32:asym', got {text!r}")
-    text = text.strip()
+    text = clean_text(text, "spec", "'int4:g32:asym'")
     if SPEC_PRESETS.get(text, text) != text:
         return parse_spec(SPEC_PRESETS[text])
     tokens = text.split(":")

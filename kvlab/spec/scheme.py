@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .dsl import parse_spec
 from .quant_spec import SPEC_VERSION, KVQuantSpec
+from .text import clean_text
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,7 @@ class KVScheme:
 def parse_scheme(text: str) -> KVScheme:
     """Parse scheme text (see module doc) or a preset name into a `KVScheme`."""
     from .presets import SCHEME_PRESETS, SPEC_PRESETS
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a scheme must be a non-empty string like 'q4_0' or 'k=int4:g32:chan:asym,v=int4:g32', got {text!r}")
-    text = text.strip()
+    text = clean_text(text, "scheme", "'q4_0' or 'k=int4:g32:chan:asym,v=int4:g32'")
     name = text if (text in SCHEME_PRESETS or text in SPEC_PRESETS) else None
     k = v = None
     window = sink = 0

@@ -10,6 +10,13 @@ KEYED = {"s": ("scale_dtype", SCALE_DTYPES), "rule": ("rule", SCALE_RULES),
 FLAGS = {"recip": "recip", "ts": "tensor_scale", "prerope": "pre_rope"}
 
 
+def clean_text(text, what: str, example: str) -> str:
+    """`text` stripped; ValueError unless it is a non-empty string (what: "spec" / "scheme")."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a {what} must be a non-empty string like {example}, got {text!r}")
+    return text.strip()
+
+
 def format_defaults(fmt: str, axis: str | None = None) -> dict:
     """Field defaults for a format (and axis), used both to fill parsed specs and to print them."""
     dense = fmt in ("bf16", "fp16")

@@ -199,10 +199,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     NBP: tl.constexpr = GP // K
     jj = tl.arange(0, NBP)[None, None, :, None]
     kk = tl.arange(0, K)[None, None, None, :]
-    if STRIDED:
-        i = kk * NB + jj
-    else:
-        i = jj * K + kk
+    i = _elem_of(jj, kk, NB, K, STRIDED)
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
     x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
@@ -232,12 +229,19 @@ def _nanmin(a, b):
 
 
 @triton.jit
-def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
-    """Elements k of every byte of the group rows: [R, NB] (GGML-strided i = k*NB + j, else j*K + k)."""
+def _elem_of(j, k, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
+    """Element of a group held by sub-element k of byte j: GGML-strided k * NB + j, else sequential j * K + k."""
     if ST:
         i = k * NB + j
     else:
         i = j * K + k
+    return i
+
+
+@triton.jit
+def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
+    """Elements k of every byte of the group rows: [R, NB]."""
+    i = _elem_of(j, k, NB, K, ST)
     return tl.load(xr + i * sd, mask=lm, other=0.0), i
 
 
