@@ -41,7 +41,10 @@ SCHEMES = ["q4_0", "k=int4:g8:chan:asym,v=int4:g8:asym,window=8",
 @pytest.mark.parametrize("name", SCHEMES)
 def test_parallel_attention_equals_step_by_step(smollm2, cap, name):
     """Same captured q/k/v: every query of the parallel pass sees exactly what the cache held
-    when that token was decoded (one query at a time over the growing history)."""
+    when that token was decoded (one query at a time over the growing history). Deterministic on
+    any CPU: both sides quantize the same values elementwise, so they hold the same codes (the
+    one matmul before rounding, int3's Hadamard rotation, gave the same rows for 1 and 48 tokens
+    here, and 1-ulp changes of its output flipped no code); only fp32 summation order differs."""
     model, _ = smollm2
     s = kvlab.scheme(name)
     n = model.config.n_layers
@@ -56,11 +59,18 @@ def test_parallel_attention_equals_step_by_step(smollm2, cap, name):
             assert torch.allclose(o, out[:, :, sl], rtol=1e-5, atol=1e-5), (name, layer, t)  # fp32 summation order only
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0"])
-def test_parallel_scoring_matches_incremental_decode(smollm2, name):
+@pytest.mark.parametrize("name,kl_ratio,tie", [("q8_0", 1.0, 0.5), ("q4_0", 0.5, 2.0)])
+def test_parallel_scoring_matches_incremental_decode(smollm2, name, kl_ratio, tie):
     """Whole model: parallel scoring vs prefill + one token at a time. CPU matmuls of different
     shapes differ in the last bits and a quantized forward amplifies that (DESIGN.md section 5),
-    so low-bit schemes are compared as distributions, far inside the quantization effect itself."""
+    so the two are compared as distributions, against the quantization effect itself, and where
+    their argmaxes differ it must be at a near-tie: the parallel argmax at most `tie` below the
+    incremental top. Measured KL(parallel || incremental) / KL(full precision || parallel):
+    q8_0 0.30, q4_0 0.18 here; 0.30-0.67 and 0.04-0.22 with the linear layers' outputs moved by
+    1 ulp in 12 shape-dependent patterns (a CPU whose GEMMs round each shape differently), where
+    q4_0's argmaxes differed at 1-5 of the 32 positions, the parallel one at most 0.91 below the
+    top (q8_0: none). A wrong key/value copy in one path is the attention-level test's to find
+    exactly (test_parallel_attention_equals_step_by_step); this one finds what breaks the model."""
     model, tok = smollm2
     ids = text_tokens(tok, "pydoc")[:72]
     n = model.config.n_layers
@@ -72,8 +82,9 @@ def test_parallel_scoring_matches_incremental_decode(smollm2, name):
     kl = (lp_par.exp() * (lp_par - lp_inc)).sum(-1).mean().item()
     ref = model(ids[None])[0, 40:].log_softmax(-1)
     kl_quant = (ref.exp() * (ref - lp_par)).sum(-1).mean().item()
-    assert kl < 0.5 * kl_quant, (kl, kl_quant)  # measured: q8_0 0.27x, q4_0 ~0.1x
-    assert (par.argmax(-1) == steps.argmax(-1)).float().mean() >= 0.9
+    assert kl < kl_ratio * kl_quant, (kl, kl_quant)
+    gap = steps.max(-1).values - steps.gather(1, par.argmax(-1)[:, None])[:, 0]   # 0 where the argmaxes agree
+    assert gap.max() <= tie, gap.tolist()
 
 
 def test_float_cache_equals_dense(smollm2):
