@@ -20,6 +20,7 @@ from ..cache.window import FpPolicy
 from ..model.llama import MAX_SCORES  # scores one float32 attention call may hold; more queries are split
 from ..quant import fake_quantize, quantize
 from ..spec import KVQuantSpec, KVScheme, as_scheme
+from .engine_space import engine_space
 
 MASK_CACHE_MAX = 1 << 26  # bool elements of one chunk's mask that a forward keeps for its later layers
 
@@ -108,6 +109,10 @@ class DecodeFaithfulBackend:
         self._masks_for, self._masks = None, {}
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
+        space = None
+        if self.scheme.engine is not None:  # an engine profile: attend in the engine's space (history kept there)
+            space = engine_space(self.scheme.engine, q.shape[-1], model.config.gguf_qk_permuted, str(q.device))
+            q, k_pre, k, v = space.queries(q), space.keys(k_pre), space.keys(k), space.values(v)
         if layer in self.hist:
             hk_pre, hk, hv, hpos = self.hist[layer]
             k_pre, k, v = (torch.cat([a, b], dim=2) for a, b in ((hk_pre, k_pre), (hk, k), (hv, v)))
@@ -125,8 +130,9 @@ class DecodeFaithfulBackend:
             kq = model.apply_rope(kq, k_pos, max_position=model.rope_positions - 1)  # earlier positions: covered
         if self._masks_for is not positions:  # a new forward: the layers of one forward share their masks
             self._masks_for, self._masks = positions, {}
-        return faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk,
-                                  mask_cache=self._masks)
+        out = faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk,
+                                 mask_cache=self._masks)
+        return out if space is None else space.output(out)
 
 
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,

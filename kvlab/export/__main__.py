@@ -1,4 +1,5 @@
 """python -m kvlab.export SCHEME --engine ENGINE --out DIR [options]
+   python -m kvlab.export verify --engine llama.cpp [--types q4_0,q8_0] [--tokens 2048] [--segments 4] [--out CSV]
 
 Export a KV-cache scheme for a serving engine. DIR receives:
   scheme.json               the scheme as versioned JSON (kvlab.scheme("DIR/scheme.json") reads it back)
@@ -22,6 +23,10 @@ When the engine cannot run the scheme (a full-precision window, per-channel grou
 a format it lacks), the nearest scheme it can run (closest bits/element, then lowest round-trip
 rel-L1 on student_t4) and its measured cost are printed, and the exit code is 3; with
 --substitute that scheme is exported instead and the substitution is recorded in engine.json.
+
+`verify` runs the engine itself (llama.cpp through the optional llama-cpp-python) on the same token ids as
+kvlab's evaluation under the matching engine profile (`llama.cpp:q4_0`, ...) and writes per cache type and
+rotation the two PPL deltas and their per-position NLL difference (kvlab.export.verify).
 
 Exit codes: 0 exported; 2 bad input (unknown scheme or engine, unwritable --out, bad model path,
 head_dim mismatch); 3 the engine cannot run the scheme (see --substitute).
@@ -61,7 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def verify_main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvlab.export verify",
+                                description="Compare engine profiles with the running engine on the same tokens")
+    p.add_argument("--engine", required=True, choices=["llama.cpp"])
+    p.add_argument("--types", default="", help="comma-separated cache types (default: all of the engine's)")
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--segments", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="sweeps/results/engines/llama_cpp_verify.csv")
+    a = p.parse_args(argv)
+    from .verify import verify_llama_cpp
+    try:
+        verify_llama_cpp([t for t in a.types.split(",") if t], a.tokens, a.segments, a.out, a.threads)
+    except ValueError as e:
+        print(f"python -m kvlab.export verify: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.out}")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:
+        return verify_main(argv[1:])
     a = build_parser().parse_args(argv)
     from .exporter import Unsupported, export
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr))

@@ -45,7 +45,7 @@ class LlamaConfig:
     attention_bias: bool = False
     o_proj_bias: bool = False
     sliding_window: int | None = None
-    arch: str = "llama"
+    arch: str = "llama"  # llama, mistral or qwen2: llama.cpp's converter permutes q/k rows of the first two
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "n_layers", "n_heads",
@@ -63,6 +63,12 @@ class LlamaConfig:
             if kind not in SUPPORTED_ROPE_SCALING and kind != "default":
                 raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: "
                                  f"None, 'default', {', '.join(map(repr, SUPPORTED_ROPE_SCALING))}")
+
+    @property
+    def gguf_qk_permuted(self) -> bool:
+        """llama.cpp's converter stores this model's q/k rows permuted for its interleaved RoPE (llama-arch
+        models, Mistral included; not Qwen2), so llama.cpp's K cache holds channels in that order."""
+        return self.arch in ("llama", "mistral")
 
     @property
     def group_size(self) -> int:

@@ -35,9 +35,17 @@ def hadamard(head_dim: int, device=None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=32)
-def _hadamard_on(head_dim: int, device: str) -> torch.Tensor:
-    b = hadamard_block(head_dim)
+def _hadamard_on(head_dim: int, device: str, block: int = 0) -> torch.Tensor:
+    b = block or hadamard_block(head_dim)
     return torch.block_diag(*[_hadamard_cpu(b)] * (head_dim // b)).to(device)
+
+
+def hadamard_blocks(head_dim: int, block: int, device=None) -> torch.Tensor:
+    """[D, D] float32 block-diagonal matrix of normalized Sylvester Hadamard blocks of size `block` (a power of
+    two dividing head_dim), cached per device and read-only, as an engine that rotates in fixed blocks uses."""
+    if block < 1 or block & (block - 1) or head_dim % block:
+        raise ValueError(f"Hadamard block {block} must be a power of two dividing head_dim {head_dim}")
+    return _hadamard_on(head_dim, str(torch.device(device)) if device is not None else "cpu", block)
 
 
 def rotate(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,9 @@ Text form (items joined by ','):
     L<i>=SPEC             layer i (negative counts from the end) uses SPEC for K and V
 
 Example: `k=int4:g32:chan:asym,v=int4:g32:asym,window=128,L0=bf16,L-1=bf16`.
+
+An engine profile (`llama.cpp:q4_0`, `kvlab.spec.engines`) is a scheme too: its specs are the engine's
+blocks and `engine` carries what the engine does around them (channel order, rotation, query rounding).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from .dsl import parse_spec
+from .engines import EngineProfile, parse_profile
 from .quant_spec import SPEC_VERSION, KVQuantSpec
 from .text import clean_text
 
@@ -30,6 +34,7 @@ class KVScheme:
     sink: int = 0
     overrides: tuple = field(default=())  # ((layer, KVQuantSpec), ...) sorted; layer < 0 counts from the end
     name: str | None = field(default=None, compare=False)
+    engine: EngineProfile | None = None  # an engine profile: what the engine does around the bytes
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -81,6 +86,8 @@ class KVScheme:
 
     # ---- text and dict forms ------------------------------------------------------------
     def __str__(self) -> str:
+        if self.engine is not None:
+            return self.engine.name
         items = [str(self.k)] if self.is_uniform else [f"k={self.k}", f"v={self.v}"]
         if self.window:
             items.append(f"window={self.window}")
@@ -92,12 +99,15 @@ class KVScheme:
     def to_dict(self) -> dict:
         return {"version": SPEC_VERSION, "text": str(self), "name": self.name, "k": self.k.to_dict(),
                 "v": self.v.to_dict(), "window": self.window, "sink": self.sink,
-                "overrides": [[l, s.to_dict()] for l, s in self.overrides]}
+                "overrides": [[l, s.to_dict()] for l, s in self.overrides],
+                **({"engine": self.engine.name} if self.engine else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KVScheme":
         if d.get("version", SPEC_VERSION) != SPEC_VERSION:
             raise ValueError(f"scheme version {d.get('version')} is not supported; this kvlab reads {SPEC_VERSION}")
+        if d.get("engine"):
+            return parse_scheme(d["engine"])
         try:
             return cls(k=KVQuantSpec.from_dict(d["k"]), v=KVQuantSpec.from_dict(d["v"]), window=d.get("window", 0),
                        sink=d.get("sink", 0), name=d.get("name"),
@@ -110,6 +120,9 @@ def parse_scheme(text: str) -> KVScheme:
     """Parse scheme text (see module doc) or a preset name into a `KVScheme`."""
     from .presets import SCHEME_PRESETS, SPEC_PRESETS
     text = clean_text(text, "scheme", "'q4_0' or 'k=int4:g32:chan:asym,v=int4:g32'")
+    profile = parse_profile(text)
+    if profile is not None:
+        return KVScheme(k=parse_spec(profile.k_spec), v=parse_spec(profile.v_spec), name=profile.name, engine=profile)
     name = text if (text in SCHEME_PRESETS or text in SPEC_PRESETS) else None
     k = v = None
     window = sink = 0

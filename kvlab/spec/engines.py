@@ -1,0 +1,104 @@
+"""Engine profiles: what an engine does around its KV-cache bytes, beside the bytes themselves.
+
+A block-format preset (`q4_0`) is byte-exact with GGML's block; an engine profile (`llama.cpp:q4_0`) also
+models the arithmetic llama.cpp wraps around it, so only the profile predicts what a user of that engine
+sees. Text forms (every one is also a scheme: `kvlab.scheme("llama.cpp:q4_0")`):
+
+    llama.cpp:TYPE              -ctk TYPE -ctv TYPE, with llama.cpp's default Hadamard rotation
+    llama.cpp:TYPE:norot        the same with LLAMA_ATTN_ROT_DISABLE=1
+    llama.cpp:K/V[:norot]       -ctk K -ctv V (e.g. llama.cpp:q8_0/q4_0)
+
+TYPE: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (llama.cpp's `--cache-type-k/-v` list). The facts,
+read from llama.cpp at ggml-org/llama.cpp@0c1e57098 (the copy vendored by llama-cpp-python 0.3.36):
+
+- K is stored in the GGUF file's channel order: convert_hf_to_gguf permutes the q/k rows of llama-arch
+  models for llama.cpp's interleaved RoPE (`conversion/llama.py`, `permute`), so GGUF channel 2j is HF
+  channel j and 2j+1 is j + D/2, and a 32-channel block groups HF channels {16b..16b+15, D/2+16b..}.
+- With a quantized K (V), Q and K (V) are rotated by a normalized Walsh-Hadamard matrix whenever
+  head_dim % 64 == 0, unless LLAMA_ATTN_ROT_DISABLE is a nonzero integer (`src/llama-kv-cache.cpp`,
+  constructor; `src/llama-graph.cpp`, `build_attn`): K over blocks of the largest power of two dividing
+  head_dim, V over blocks of 64; after RoPE, before the cache write; the output is rotated back.
+- On the CPU the query is quantized to K's dot type before the Q.K product
+  (`ggml/src/ggml-cpu/ops.cpp`, flash-attention kernel; `ggml-cpu.c` type traits): q8_0 blocks of 32
+  for q4_0 / q5_0 / q8_0 / iq4_nl keys, q8_1 for q4_1 / q5_1 (q8_0 plus an fp16 sum used by the key's
+  min term, not modelled here: its rounding is below the others'), fp16 / bf16 for f16 / bf16 keys.
+- Every token, the current one and the whole prompt included, is read from the quantized cache; no
+  full-precision window or sinks (decode-faithful, as kvlab's evaluation).
+- q8_0 keys: the x86 CPU write path rounds to nearest even (AVX2 `_mm256_round_ps`), not GGML's reference
+  half away from zero (`ggml/src/ggml-cpu/arch/x86/quants.c`, `quantize_row_q8_0`).
+- iq4_nl: llama.cpp's quantizer picks codes at scale max/-127 and stores the weighted least-squares
+  scale; kvlab's iq4nl codes are nearest-value at its own scale (format-compatible, not byte-exact).
+Not modelled: f16 accumulation of P.V when V is f16 (fp32 for quantized V), K-shift, GPU backends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LLAMA_CPP_TYPES = {  # --cache-type -> (kvlab spec of the stored block, spec the CPU quantizes Q to before Q.K)
+    "f16": ("fp16", "fp16"),
+    "bf16": ("bf16", "bf16"),
+    "q8_0": ("int8:g32:sym:recip:pack=ggml", "int8:g32:sym:recip"),  # the x86 write rounds to nearest even
+    "q4_0": ("q4_0", "int8:g32:sym:recip"),
+    "q4_1": ("q4_1", "int8:g32:sym:recip"),
+    "q5_0": ("q5_0", "int8:g32:sym:recip"),
+    "q5_1": ("q5_1", "int8:g32:sym:recip"),
+    "iq4_nl": ("iq4nl:g32:rule=signed:pack=ggml", "int8:g32:sym:recip"),
+}
+SOURCE = "ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How an engine stores and reads a KV cache, beyond the block bytes.
+
+    engine, cache_k, cache_v: the engine and its flag values; k_spec, v_spec: kvlab specs of the stored
+    blocks; q_spec: what the query is rounded to before Q.K (None: kept as is); rotate: the engine's
+    Hadamard rotation is on (it applies to a quantized K / V at head dims divisible by 64);
+    gguf_k_order: K lives in the GGUF file's permuted q/k channel order (llama-arch models)."""
+    engine: str
+    cache_k: str
+    cache_v: str
+    k_spec: str
+    v_spec: str
+    q_spec: str | None
+    rotate: bool
+    gguf_k_order: bool
+    source: str = SOURCE
+
+    @property
+    def name(self) -> str:
+        types = self.cache_k if self.cache_k == self.cache_v else f"{self.cache_k}/{self.cache_v}"
+        return f"{self.engine}:{types}" + ("" if self.rotate else ":norot")
+
+    def rotation_blocks(self, head_dim: int) -> tuple[int, int]:
+        """(K block, V block) of the Hadamard rotation at `head_dim`; 0 where there is none."""
+        if not self.rotate or head_dim % 64:
+            return 0, 0
+        kb = 64
+        while head_dim % (2 * kb) == 0:
+            kb *= 2
+        quantized = (lambda t: t not in ("f16", "bf16", "f32"))  # noqa: E731
+        return (kb if quantized(self.cache_k) else 0), (64 if quantized(self.cache_v) else 0)
+
+
+def parse_profile(text: str) -> EngineProfile | None:
+    """The profile named by `text` (see module doc), None if `text` names no engine profile; ValueError
+    for an engine profile with unknown cache types."""
+    engine, sep, rest = text.partition(":")
+    if engine != "llama.cpp" or not sep:
+        return None
+    rotate = not rest.endswith(":norot")
+    types = rest[: -len(":norot")] if not rotate else rest
+    ck, _, cv = types.partition("/")
+    cv = cv or ck
+    for t in (ck, cv):
+        if t not in LLAMA_CPP_TYPES:
+            raise ValueError(f"llama.cpp cache type {t!r} in {text!r}; allowed: {', '.join(LLAMA_CPP_TYPES)} "
+                             "(llama.cpp:TYPE, llama.cpp:K/V, each optionally :norot)")
+    return EngineProfile("llama.cpp", ck, cv, LLAMA_CPP_TYPES[ck][0], LLAMA_CPP_TYPES[cv][0], LLAMA_CPP_TYPES[ck][1],
+                         rotate, gguf_k_order=True)
+
+
+def llama_cpp_profiles() -> list[str]:
+    """Every llama.cpp profile name with the same type for K and V, rotation on and off."""
+    return [f"llama.cpp:{t}{s}" for t in LLAMA_CPP_TYPES for s in ("", ":norot")]

@@ -1,0 +1,112 @@
+"""Engine profiles (kvlab.spec.engines) and the space the evaluation attends in for them (kvlab.eval.engine_space):
+names and round trips, the engine facts they encode, and a profile's decode-faithful attention against the same
+arithmetic written out by hand on a tiny random model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kvlab
+from kvlab.eval.engine_space import EngineSpace, gguf_order
+from kvlab.eval.faithful import DecodeFaithfulBackend
+from kvlab.spec.engines import LLAMA_CPP_TYPES, llama_cpp_profiles
+
+
+@pytest.mark.parametrize("name", llama_cpp_profiles() + ["llama.cpp:q8_0/q4_0", "llama.cpp:f16/q4_1:norot"])
+def test_profile_names_round_trip(name):
+    s = kvlab.scheme(name)
+    assert str(s) == name and kvlab.scheme(str(s)) == s and kvlab.scheme(s.to_dict()) == s
+    assert s.engine is not None and s.window == 0 and s.sink == 0  # llama.cpp keeps no full-precision tokens
+    assert s != kvlab.scheme(s.engine.k_spec if s.is_uniform else f"k={s.k},v={s.v}")  # the bytes alone differ
+
+
+def test_profile_facts():
+    q4 = kvlab.scheme("llama.cpp:q4_0").engine
+    assert kvlab.scheme("llama.cpp:q4_0").k == kvlab.scheme("q4_0").k  # GGML's block, byte-exact preset
+    assert q4.rotation_blocks(64) == (64, 64) and q4.rotation_blocks(128) == (128, 64)  # V always 64 blocks
+    assert q4.rotation_blocks(96) == (0, 0)  # head_dim % 64 != 0: no rotation
+    assert kvlab.scheme("llama.cpp:q4_0:norot").engine.rotation_blocks(128) == (0, 0)
+    assert kvlab.scheme("llama.cpp:f16/q4_0").engine.rotation_blocks(128) == (0, 64)  # only the quantized side
+    assert kvlab.scheme("llama.cpp:f16").engine.rotation_blocks(128) == (0, 0)
+    assert kvlab.scheme("llama.cpp:q4_1").engine.q_spec == "int8:g32:sym:recip"  # q8_1 values: q8_0's rounding
+    assert kvlab.scheme("llama.cpp:f16").engine.q_spec == "fp16"
+    assert set(LLAMA_CPP_TYPES) == {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+
+
+@pytest.mark.parametrize("text,match", [("llama.cpp:q3_k", "cache type 'q3_k'"), ("llama.cpp:q4_0/fp8", "'fp8'"),
+                                        ("llama.cpp:", "cache type ''")])
+def test_bad_profiles_name_the_type(text, match):
+    with pytest.raises(ValueError, match=match):
+        kvlab.scheme(text)
+
+
+def test_gguf_order_is_the_converters_row_permutation():
+    """The K channel order the profile assumes is exactly what the GGUF loader undoes (kvlab.model's
+    gguf_permute, the converter's permute): row g of the permuted matrix is HF row gguf_order[g]."""
+    from kvlab.model.gguf_loader import gguf_permute
+    D, H = 64, 3
+    rows = np.arange(H * D)[:, None].astype(np.float32)
+    got = gguf_permute(rows, H)[:, 0].astype(int).reshape(H, D) % D
+    assert (got == np.array(gguf_order(D))[None]).all()
+    assert sorted(gguf_order(D)) == list(range(D))
+    import dataclasses
+    c = _tiny_model().config
+    for arch, want in (("llama", True), ("mistral", True), ("qwen2", False)):
+        assert dataclasses.replace(c, arch=arch).gguf_qk_permuted == want
+
+
+@pytest.mark.parametrize("name", ["llama.cpp:q4_0", "llama.cpp:q4_0:norot", "llama.cpp:f16/q5_1"])
+def test_space_keeps_scores_and_values(name):
+    """Permutation and rotation are orthogonal: q.k is unchanged (without the query's rounding) and the
+    output map undoes the value map."""
+    sp = EngineSpace(kvlab.scheme(name).engine, 128, True, "cpu")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 128, generator=g) for _ in range(3))
+    assert torch.allclose(sp.keys(q) @ sp.keys(k).transpose(-1, -2), q @ k.transpose(-1, -2), atol=1e-4)
+    assert torch.allclose(sp.output(sp.values(v)), v, atol=1e-5)
+    assert not torch.equal(sp.queries(q), sp.keys(q))  # the query is rounded (q8_0 or fp16)
+
+
+def _tiny_model():
+    from kvlab.model import LlamaModel, config_from_hf
+    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 96,
+           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+           "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+    torch.manual_seed(0)
+    return LlamaModel(config_from_hf(cfg)).eval()
+
+
+def _by_hand(model, tokens, name):
+    """The profile's arithmetic written out: capture q / k / v per layer, move them to GGUF order and rotate
+    (K: H over the head, V: H_64), quantize the cache with the block specs and the query with q8_0, causal
+    attention, rotate the output back."""
+    from kvlab.model.llama import DenseCausalBackend
+    prof = kvlab.scheme(name).engine
+    D = model.config.head_dim
+    perm = torch.tensor(gguf_order(D))
+    H = kvlab.quant.hadamard(D)
+
+    class Backend(DenseCausalBackend):
+        def attend(self, layer, q, k_pre, k, v, positions, model):
+            qq = kvlab.quant.fake_quantize(q[..., perm] @ H, prof.q_spec)
+            kq = kvlab.quant.fake_quantize(k[..., perm] @ H, prof.k_spec)
+            vq = kvlab.quant.fake_quantize(v @ H, prof.v_spec)
+            r = q.shape[1] // k.shape[1]
+            o = F.scaled_dot_product_attention(qq, kq.repeat_interleave(r, 1), vq.repeat_interleave(r, 1),
+                                               is_causal=True)
+            return o @ H.T
+    return model(tokens, backend=Backend())
+
+
+@torch.no_grad()
+def test_profile_attention_equals_the_engine_arithmetic_by_hand():
+    model = _tiny_model()
+    tokens = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(1))
+    name = "llama.cpp:q4_0"
+    got = model(tokens, backend=DecodeFaithfulBackend(name, model.config.n_layers))
+    want = _by_hand(model, tokens, name)
+    assert (got - want).abs().max() / want.abs().max() < 1e-4
+    plain = model(tokens, backend=DecodeFaithfulBackend("q4_0", model.config.n_layers))
+    assert (plain - want).abs().max() / want.abs().max() > 1e-3  # the profile is not the bare block format
