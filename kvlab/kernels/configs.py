@@ -12,20 +12,17 @@ their dicts. No Triton import.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
+from .checks import need as _check
 from .env import num_sms
 
 VERSION = 1
 DOTS = ("fp32", "bf16", "fp16", "fma")  # score / PV dot: fp32 (ieee), bf16 / fp16 tensor cores, fp32 FMAs
 _LEGACY = {"BLOCK_N": "block_n", "BLOCK_M": "block_m", "BLOCK_R": "block_r", "ot": "transpose_o"}
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 def _pow2_in(name: str, v, lo: int, hi: int) -> None:
@@ -46,6 +43,10 @@ class _Config:
     kernel: ClassVar[str]
     op: ClassVar[str]
 
+    def __init_subclass__(cls, op: str = "", kernel: str = "triton", **kw):
+        super().__init_subclass__(**kw)
+        cls.op, cls.kernel = op, kernel
+
     def _check_launch(self) -> None:
         """Validate the launch options the Triton kernels share (warps, pipeline stages)."""
         _pow2_in("num_warps", self.num_warps, 1, 16)
@@ -58,11 +59,11 @@ class _Config:
 
     def replace(self, **kw):
         """A copy with some fields changed (validated again)."""
-        return type(self)(**{**asdict(self), **kw})
+        return dataclasses.replace(self, **kw)
 
 
 @dataclass(frozen=True)
-class TritonDecodeConfig(_Config):
+class TritonDecodeConfig(_Config, op="decode"):
     """The Triton split-K decode (`decode/triton.py`).
 
     block_n: tokens per tile; num_warps, num_stages: launch options; num_splits: split-K count (None: from
@@ -71,8 +72,6 @@ class TritonDecodeConfig(_Config):
     layout: "operand" (dequantize in the dot's operand layout) or "rowfirst" (in the load's row layout,
     then through shared memory); orient: "q" (scores = q K^T) or "kv" (scores^T = K q^T, the big tiles on
     the MMA's M side); maxnreg: register cap per thread (None: the compiler's choice)."""
-    kernel: ClassVar[str] = "triton"
-    op: ClassVar[str] = "decode"
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -97,14 +96,12 @@ class TritonDecodeConfig(_Config):
 
 
 @dataclass(frozen=True)
-class GluonDecodeConfig(_Config):
+class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     """The Gluon MMA-fragment decode (`decode/gluon.py`).
 
     num_warps: warps per program (each owns tokens_per_warp tokens of every tile); tokens_per_warp: 16 or
     32; num_splits: split-K count (None: `auto_splits`); maxnreg: register cap (more CTAs per SM);
     transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V."""
-    kernel: ClassVar[str] = "gluon"
-    op: ClassVar[str] = "decode"
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
@@ -120,10 +117,8 @@ class GluonDecodeConfig(_Config):
 
 
 @dataclass(frozen=True)
-class ExtendConfig(_Config):
+class ExtendConfig(_Config, op="extend"):
     """The Triton extend (`extend/triton.py`): block_m (query, head) rows and block_n tokens per tile."""
-    kernel: ClassVar[str] = "triton"
-    op: ClassVar[str] = "extend"
     block_n: int = 32
     block_m: int = 64
     num_warps: int = 4
@@ -138,16 +133,14 @@ class ExtendConfig(_Config):
 
 
 @dataclass(frozen=True)
-class StoreConfig(_Config):
+class StoreConfig(_Config, op="store"):
     """The store kernel (`store/triton.py`): block_r rows (tokens, or channels for axis chan) per program."""
-    kernel: ClassVar[str] = "triton"
-    op: ClassVar[str] = "store"
     block_r: int = 16
     num_warps: int = 4
 
     def __post_init__(self):
         _pow2_in("block_r", self.block_r, 1, 256)
-        _pow2_in("num_warps", self.num_warps, 1, 16)
+        _pow2_in("num_warps", self.num_warps, 1, 16)  # one stage: no pipelined loop
 
 
 CONFIGS = {("decode", "triton"): TritonDecodeConfig, ("decode", "gluon"): GluonDecodeConfig,

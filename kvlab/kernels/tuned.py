@@ -11,6 +11,7 @@ before format 2 (configs as bare dicts) are read too. Imports no kernel code and
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -22,6 +23,7 @@ FORMAT = 2
 B_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _PATH: str | None = None
 _MEM: dict[str, dict] | None = None
+_PARSED: dict[str, object] = {}  # key -> typed config (or None): lookups sit on the store's per-token path
 
 
 def b_bucket(B: int) -> int:
@@ -29,11 +31,13 @@ def b_bucket(B: int) -> int:
     return next((b for b in B_BUCKETS if B <= b), B_BUCKETS[-1])
 
 
+@functools.lru_cache(maxsize=1024)
 def attention_key(op: str, k_spec, v_spec, B: int, Hq: int, Hk: int, D: int, page_size: int) -> str:
     """Key of a decode or extend config."""
     return f"{op}|k={k_spec}|v={v_spec}|B{b_bucket(B)}|Hq{Hq}|Hk{Hk}|D{D}|P{page_size}"
 
 
+@functools.lru_cache(maxsize=1024)
 def store_key(spec, Hk: int, D: int) -> str:
     """Key of a store config (the token count is not part of it)."""
     return f"store|{spec}|Hk{Hk}|D{D}"
@@ -55,6 +59,7 @@ def set_cache_path(path: str | None) -> None:
     """Use `path` as the tuned-config JSON file (None: back to the default)."""
     global _PATH, _MEM
     _PATH, _MEM = path, None
+    _PARSED.clear()
 
 
 def _load() -> dict:
@@ -78,13 +83,14 @@ def _dump(path: str) -> None:
 
 def lookup(key: str):
     """The stored config for `key` (a typed config), or None. An entry this kvlab cannot read is skipped."""
-    entry = _load().get(key)
-    if entry is None:
-        return None
-    try:
-        return config_from_dict(key.split("|", 1)[0], {k: v for k, v in entry.items() if k != "ms"})
-    except ValueError:
-        return None
+    if key not in _PARSED:
+        entry = _load().get(key)
+        try:
+            _PARSED[key] = None if entry is None else config_from_dict(
+                key.split("|", 1)[0], {k: v for k, v in entry.items() if k != "ms"})
+        except ValueError:
+            _PARSED[key] = None
+    return _PARSED[key]
 
 
 def measured_ms(key: str) -> float | None:
@@ -95,6 +101,7 @@ def measured_ms(key: str) -> float | None:
 def record(key: str, config, ms: float | None, save: bool = True) -> None:
     """Store `config` (typed) with its median for `key`; save: write the JSON file now."""
     _load()[key] = {**config.to_dict(), "ms": ms}
+    _PARSED[key] = config
     if save:
         _dump(cache_path())
 
