@@ -125,7 +125,7 @@ def calibrate(x: torch.Tensor, spec) -> tuple[torch.Tensor | None, torch.Tensor 
     tensors or None when the spec keeps none.
 
     scale (axis tensor): as the oracle computes it over x (rotated first if the spec rotates):
-    absmax / qmax (int), signed extreme / -2^(b-1) (int, rule signed), absmax / fp8 max or
+    absmax / qmax (int), signed extreme / -2^(b-1) (int, rule signed), absmax / 2^(b-1) (rule full), absmax / fp8 max or
     / 2^emax (e8m0). tensor_scale (NVFP4): absmax / (6 * 448). Only finite values count; an
     all-zero (or all non-finite) sample gives 1.0 instead of a scale that would zero every code.
     """
@@ -142,6 +142,8 @@ def calibrate(x: torch.Tensor, spec) -> tuple[torch.Tensor | None, torch.Tensor 
             b = spec.bits
             if spec.rule == "signed":
                 s = xf[xf.abs().argmax()] / -(2 ** (b - 1)) if xf.numel() else amax
+            elif spec.rule == "full":
+                s = amax / 2 ** (b - 1)
             else:
                 s = amax / (2 ** (b - 1) - 1)
         elif spec.scale_dtype == "e8m0":

@@ -66,6 +66,11 @@ class KVPool(PoolViews):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         self.scheme = as_scheme(scheme)
+        eng = self.scheme.engine
+        if eng is not None and (eng.rotate or eng.k_codec or eng.v_codec or eng.q_round or eng.gguf_k_order):
+            raise ValueError(f"engine profile {eng.name} models arithmetic the pool does not run (rotation, channel "
+                             "order, query rounding or the engine's own quantizer; kvlab.eval evaluates it); pool its "
+                             f"stored blocks as a plain scheme: k={eng.k_spec},v={eng.v_spec}")
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.n_pages, self.page_size, self.max_seqs = n_pages, page_size, max_seqs
         self.device = torch.empty(0, device=device).device

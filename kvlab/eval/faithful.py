@@ -40,7 +40,7 @@ def fp_mask(spec: KVQuantSpec, policy: FpPolicy, q_pos: Tensor, k_pos: Tensor) -
 
 
 def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict | None = None,
-                      prev: Tensor | None = None) -> Tensor:
+                      prev: Tensor | None = None, codec=None) -> Tensor:
     """Dequantized copy of x [B, H, S, D] as the cache would hold each token once quantized.
 
     Tokens that can never be quantized yet (sinks, an unfinished channel group) keep x's values
@@ -60,7 +60,8 @@ def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict |
         start = lo + (prev.shape[2] - lo) // G * G  # prev holds final values for [lo, start)
     out = torch.cat([prev[:, :, :start].float(), x[:, :, start:]], dim=2) if start > lo else x.clone()
     if hi > start:
-        out[:, :, start:hi] = fake_quantize(x[:, :, start:hi].contiguous(), spec, **(calib or {})).float()
+        part = x[:, :, start:hi].contiguous()
+        out[:, :, start:hi] = codec(part) if codec is not None else fake_quantize(part, spec, **(calib or {})).float()
     return out
 
 
@@ -77,8 +78,11 @@ class DecodeFaithfulBackend:
         self.n_layers = n_layers
         self.policy = FpPolicy.of(self.scheme, n_layers)
         self.calib = calib or {}
+        eng = self.scheme.engine
         for layer in range(n_layers):
             for name, spec in zip("kv", self.scheme.for_layer(layer, n_layers)):
+                if eng is not None and getattr(eng, f"{name}_codec"):
+                    continue  # the engine's codec fixes its own scales (e.g. NVFP4's tensor scale at 1.0)
                 if needs_calibration(spec) and name not in self.calib.get(layer, {}):
                     raise ValueError(f"layer {layer} {name.upper()} spec {spec} keeps a static per-tensor scale; pass "
                                      "calib=calibrate(model, calibration_tokens, scheme) (a scale taken from the scored "
@@ -110,8 +114,10 @@ class DecodeFaithfulBackend:
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
         space = None
-        if self.scheme.engine is not None:  # an engine profile: attend in the engine's space (history kept there)
-            space = engine_space(self.scheme.engine, q.shape[-1], model.config.gguf_qk_permuted, str(q.device))
+        eng = self.scheme.engine
+        if eng is not None and layer not in eng.boundary_layers(self.n_layers):
+            # an engine profile: attend in the engine's space (history kept there)
+            space = engine_space(eng, q.shape[-1], model.config.gguf_qk_permuted, str(q.device))
             q, k_pre, k, v = space.queries(q), space.keys(k_pre), space.keys(k), space.values(v)
         if layer in self.hist:
             hk_pre, hk, hv, hpos = self.hist[layer]
@@ -123,8 +129,9 @@ class DecodeFaithfulBackend:
         k_spec, v_spec = self.scheme.for_layer(layer, self.n_layers)
         cal = self.calib.get(layer, {})
         pk, pv = self.qhist.get(layer, (None, None))
-        kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk)
-        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv)
+        kc, vc = (space.codec("k"), space.codec("v")) if space is not None else (None, None)
+        kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk, kc)
+        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv, vc)
         self.qhist[layer] = (kq, vq)
         if k_spec.pre_rope:
             kq = model.apply_rope(kq, k_pos, max_position=model.rope_positions - 1)  # earlier positions: covered

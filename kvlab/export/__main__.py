@@ -1,5 +1,6 @@
 """python -m kvlab.export SCHEME --engine ENGINE --out DIR [options]
    python -m kvlab.export verify --engine llama.cpp [--types q4_0,q8_0] [--tokens 2048] [--segments 4] [--out CSV]
+   python -m kvlab.export options [--engines llama.cpp,vllm,sglang,freetoken] [--tokens 2048] [--segments 4]
 
 Export a KV-cache scheme for a serving engine. DIR receives:
   scheme.json               the scheme as versioned JSON (kvlab.scheme("DIR/scheme.json") reads it back)
@@ -27,6 +28,9 @@ rel-L1 on student_t4) and its measured cost are printed, and the exit code is 3;
 `verify` runs the engine itself (llama.cpp through the optional llama-cpp-python) on the same token ids as
 kvlab's evaluation under the matching engine profile (`llama.cpp:q4_0`, ...) and writes per cache type and
 rotation the two PPL deltas and their per-position NLL difference (kvlab.export.verify).
+
+`options` scores every engine's cache option on SmolLM2 under its engine profile (KL, PPL delta, top-1, bits
+per element, the engine command; kvlab.export.options) into sweeps/results/engines/options.csv.
 
 Exit codes: 0 exported; 2 bad input (unknown scheme or engine, unwritable --out, bad model path,
 head_dim mismatch); 3 the engine cannot run the scheme (see --substitute).
@@ -86,10 +90,34 @@ def verify_main(argv) -> int:
     return 0
 
 
+def options_main(argv) -> int:
+    from .options import DEFAULT_OUT, score_options
+    from ..spec.engines import all_profiles
+    p = argparse.ArgumentParser(prog="python -m kvlab.export options",
+                                description="Score every engine's KV-cache option on SmolLM2 under its engine profile")
+    p.add_argument("--engines", default="llama.cpp,vllm,sglang,freetoken", help="comma-separated engines")
+    p.add_argument("--profiles", default="", help="comma-separated profile names (default: every profile of --engines)")
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--segments", type=int, default=4)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    a = p.parse_args(argv)
+    engines = [e for e in a.engines.split(",") if e]
+    names = [n for n in a.profiles.split(",") if n] or [n for n in all_profiles() if n.split(":")[0] in engines]
+    try:
+        score_options(names, a.tokens, a.segments, a.out)
+    except ValueError as e:
+        print(f"python -m kvlab.export options: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["verify"]:
         return verify_main(argv[1:])
+    if argv[:1] == ["options"]:
+        return options_main(argv[1:])
     a = build_parser().parse_args(argv)
     from .exporter import Unsupported, export
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr))

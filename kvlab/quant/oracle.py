@@ -91,6 +91,8 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
             s_raw = _static(scale, xg)
         elif spec.rule == "signed":
             s_raw = _div(_reduce(xg, "ext", spec) * ratio, -(2 ** (b - 1)))
+        elif spec.rule == "full":  # FreeToken q4_0: the whole two's-complement range; +|x|max clips to 2^(b-1) - 1
+            s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** (b - 1))
         else:
             s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** (b - 1) - 1)
         m_raw = None
@@ -118,8 +120,8 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
     else:
         u = torch.round(v) + off
     u = u.clamp(0, 2 ** b - 1).to(torch.uint8)
-    if b == 8 and spec.sym:  # 8-bit symmetric codes are stored two's complement (GGML q8_0)
-        u = u ^ 0x80
+    if spec.sym and (b == 8 or spec.twos):  # two's complement (GGML q8_0, FreeToken): flip the offset's top bit
+        u = u ^ (1 << (b - 1))
     return u, s_st, m_st
 
 
@@ -162,7 +164,7 @@ def _values(u, s_st, m_st, spec: KVQuantSpec, ts):
     if spec.fmt == "int":
         b = spec.bits
         if spec.sym:
-            c = u.view(torch.int8).float() if b == 8 else u.float() - 2 ** (b - 1)
+            c = u.view(torch.int8).float() if b == 8 else (u ^ (1 << (b - 1)) if spec.twos else u).float() - 2 ** (b - 1)
         else:
             c = u.float()
     elif spec.fmt in FP8_MAX:

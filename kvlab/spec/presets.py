@@ -21,10 +21,13 @@ SPEC_PRESETS: dict[str, str] = {
     # fp8 casts (vLLM/SGLang --kv-cache-dtype fp8*): per-tensor scale, 1.0 unless calibrated
     "fp8_e4m3": "fp8_e4m3",
     "fp8_e5m2": "fp8_e5m2",
-    # FreeToken: absmax/qmax scale in fp16 per 32 elements, rounded to fp16 before dividing,
-    # half away from zero; codes interleaved (element 2j low nibble of byte j)
-    "freetoken:q4_0": "int4:g32:sym:rnd=away",
-    "freetoken:q6_0": "int6:g32:sym:rnd=away",
+    # FreeToken (the pull request that added its 4-bit cache, FlashML-org/FreeToken#268; content pinned at
+    # rodjjo/FreeToken@2c466dbc python/freetoken/kvcache/quant.py): one fp16 scale per 32 elements, rounded to
+    # fp16 before dividing, half away from zero, two's-complement codes, element 2j in the low nibble of
+    # byte j; q4_0 divides |x|max by 8 and clips +8 to 7, q6_0 divides by 31. (FreeToken stores scale 1.0
+    # for an all-zero block where kvlab stores 0: the values agree, those scale bytes do not.)
+    "freetoken:q4_0": "int4:g32:sym:rule=full:twos:rnd=away",
+    "freetoken:q6_0": "int6:g32:sym:twos:rnd=away",
     "freetoken:q8_0": "int8:g32:sym:rnd=away",
     "freetoken:fp8_e4m3": "fp8_e4m3:g32:s=f16",
     # non-uniform 4-bit codebooks

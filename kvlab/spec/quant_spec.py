@@ -43,7 +43,9 @@ class KVQuantSpec:
     sym:         symmetric (no zero point) or asymmetric (stores GGML's min offset)
     scale_dtype: "f16" | "bf16" | "f32" | "e8m0" | "e4m3"
     rule:        "absmax" (|x|max / qmax), "signed" (GGML: the signed extreme / -2^(b-1)),
-                 "mse" (grid search over clipping ratios), "unit" (scale 1, nothing stored; fp8)
+                 "mse" (grid search over clipping ratios), "unit" (scale 1, nothing stored; fp8),
+                 "full" (|x|max / 2^(b-1): the whole two's-complement range, +|x|max clipped to
+                 2^(b-1) - 1; FreeToken's q4_0)
     recip:       GGML arithmetic: codes use the fp32 reciprocal of the unrounded scale; otherwise
                  the scale is rounded to scale_dtype first and x is divided by it (FreeToken)
     rounding:    "even" (round half to even), "away" (half away from zero), "up" (half up)
@@ -52,6 +54,8 @@ class KVQuantSpec:
                  elements j and j + G/2; 1-bit planes sequential as GGML's qh)
     tensor_scale: an extra fp32 per-tensor scale above the group scales (NVFP4)
     pre_rope:    quantize keys before RoPE (K only; the reader applies RoPE after dequantizing)
+    twos:        symmetric sub-byte codes stored two's complement (FreeToken) instead of offset binary
+                 (GGML, code + 2^(b-1)); 8-bit symmetric codes are always two's complement
     """
 
     fmt: str = "int"
@@ -67,6 +71,7 @@ class KVQuantSpec:
     pack: str = "seq"
     tensor_scale: bool = False
     pre_rope: bool = False
+    twos: bool = False
 
     def __post_init__(self) -> None:
         _allowed("format", self.fmt, FORMATS)
@@ -116,6 +121,11 @@ class KVQuantSpec:
                              "(fp8: ties to even; fp4/codebooks: ties to the smaller magnitude, as GGML)")
         if self.recip and self.fmt != "int":
             raise ValueError("recip (GGML reciprocal arithmetic) applies to int formats only")
+        if self.rule == "full" and not (self.fmt == "int" and self.sym):
+            raise ValueError("scale rule 'full' (|x|max / 2^(b-1), FreeToken q4_0) needs a symmetric int format")
+        if self.twos and not (self.fmt == "int" and self.sym and self.bits < 8):
+            raise ValueError("twos (two's-complement sub-byte codes) needs a symmetric int format of 2..7 bits "
+                             "(8-bit symmetric codes are always two's complement)")
         if self.pack == "ggml" and self.axis != "tok":
             raise ValueError("pack ggml describes per-token GGML blocks; it needs axis tok")
 

@@ -122,7 +122,8 @@ def parse_scheme(text: str) -> KVScheme:
     text = clean_text(text, "scheme", "'q4_0' or 'k=int4:g32:chan:asym,v=int4:g32'")
     profile = parse_profile(text)
     if profile is not None:
-        return KVScheme(k=parse_spec(profile.k_spec), v=parse_spec(profile.v_spec), name=profile.name, engine=profile)
+        return KVScheme(k=parse_spec(profile.k_spec), v=parse_spec(profile.v_spec), name=profile.name, engine=profile,
+                        overrides=tuple((i, parse_spec(s)) for i, s in profile.overrides))
     name = text if (text in SCHEME_PRESETS or text in SPEC_PRESETS) else None
     k = v = None
     window = sink = 0

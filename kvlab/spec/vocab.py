@@ -5,7 +5,7 @@ from __future__ import annotations
 FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "bf16", "fp16")
 AXES = ("tok", "chan", "head", "tensor")
 SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
-SCALE_RULES = ("absmax", "signed", "mse", "unit")
+SCALE_RULES = ("absmax", "signed", "mse", "unit", "full")
 ROUNDINGS = ("even", "away", "up")
 ROTATIONS = ("none", "had")
 PACKINGS = ("seq", "ggml")

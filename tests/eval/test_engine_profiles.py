@@ -30,8 +30,8 @@ def test_profile_facts():
     assert kvlab.scheme("llama.cpp:q4_0:norot").engine.rotation_blocks(128) == (0, 0)
     assert kvlab.scheme("llama.cpp:f16/q4_0").engine.rotation_blocks(128) == (0, 64)  # only the quantized side
     assert kvlab.scheme("llama.cpp:f16").engine.rotation_blocks(128) == (0, 0)
-    assert kvlab.scheme("llama.cpp:q4_1").engine.q_spec == "int8:g32:sym:recip"  # q8_1 values: q8_0's rounding
-    assert kvlab.scheme("llama.cpp:f16").engine.q_spec == "fp16"
+    assert kvlab.scheme("llama.cpp:q4_1").engine.q_round == "int8:g32:sym:recip"  # q8_1 values: q8_0's rounding
+    assert kvlab.scheme("llama.cpp:f16").engine.q_round == "fp16"
     assert set(LLAMA_CPP_TYPES) == {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 
 
@@ -90,7 +90,7 @@ def _by_hand(model, tokens, name):
 
     class Backend(DenseCausalBackend):
         def attend(self, layer, q, k_pre, k, v, positions, model):
-            qq = kvlab.quant.fake_quantize(q[..., perm] @ H, prof.q_spec)
+            qq = kvlab.quant.fake_quantize(q[..., perm] @ H, prof.q_round)
             kq = kvlab.quant.fake_quantize(k[..., perm] @ H, prof.k_spec)
             vq = kvlab.quant.fake_quantize(v @ H, prof.v_spec)
             r = q.shape[1] // k.shape[1]

@@ -43,8 +43,8 @@ WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2, I8A: 4}   # ... per value row (16 output
 
 def codec_of(spec) -> int | None:
     """The codec that decodes `spec`'s pages, or None."""
-    if spec.pre_rope or spec.tensor_scale or spec.rotation not in ("none", "had"):
-        return None
+    if spec.pre_rope or spec.tensor_scale or spec.twos or spec.rotation not in ("none", "had"):
+        return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary)
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16":
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A

@@ -40,7 +40,7 @@ from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_p
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
-RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2}
+RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2, "full": 0}  # full: absmax statistics, divisor 2^(b-1)
 RND_IDS = {"even": 0, "away": 1, "up": 2}
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW"]
@@ -131,7 +131,7 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
-           RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
+           RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
            HW: tl.constexpr):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8)."""
     if FMT == 0:
@@ -153,8 +153,8 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
         else:
             r = rint_even(v) + OFF
         u = tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)  # r is never NaN here
-        if XOR8:  # 8-bit symmetric codes are two's complement
-            u = u ^ 0x80
+        if XORC:  # two's-complement codes (8-bit symmetric, or `twos`): flip the offset's top bit
+            u = u ^ XORC
     elif FMT <= 2:
         if RULE == 2:
             y = x
@@ -192,7 +192,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
            W: tl.constexpr, SH: tl.constexpr, PO: tl.constexpr, STRIDED: tl.constexpr,
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
-           OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr):
+           OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr):
     """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -203,7 +203,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
     x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
-               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
     j3 = tl.arange(0, NBP)[None, None, :]
     tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
@@ -250,7 +250,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 HK: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
-                RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr, W: tl.constexpr,
+                RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
@@ -328,12 +328,12 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW)
+    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW)
     if K >= 2:
-        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << W)
+        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << W)
     if K == 4:
-        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << 4)
-        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, HW) << 6)
+        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << 4)
+        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << 6)
     tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
 
 
@@ -344,7 +344,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr, NGP: tl.constexpr, CHAN: tl.constexpr,
                   STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
                   RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
-                  HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XOR8: tl.constexpr,
+                  HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   HW: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -353,7 +353,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
-                    h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XOR8,
+                    h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
                     W0, ST0, HW, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
@@ -392,15 +392,15 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, gok, SYM, STATIC, RULE,
                                           SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
-               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XOR8, G * BITS // 8, HW)
+               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XOR8, G * BITS // 8, HW)
+                   XORC, G * BITS // 8, HW)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XOR8, G * BITS // 8, HW)
+                   QMAX, XORC, G * BITS // 8, HW)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -411,13 +411,14 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     if spec.is_float_storage:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
-                    QMAX=0, XOR8=False, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
+                    QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
                     FLAT=False)
     fmt, b = spec.fmt, spec.bits
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
     if fmt == "int":
-        sdiv = (-(2 ** (b - 1)) if spec.rule == "signed" else 2 ** (b - 1) - 1) if spec.sym else 2 ** b - 1
+        sdiv = ({"signed": -(2 ** (b - 1)), "full": 2 ** (b - 1)}.get(spec.rule, 2 ** (b - 1) - 1) if spec.sym
+                else 2 ** b - 1)
     elif fmt in FP8_MAX:
         sdiv = 2 ** ELEM_EMAX[fmt] if spec.scale_dtype == "e8m0" else FP8_MAX[fmt]
     elif spec.rule == "signed":
@@ -430,7 +431,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              STATIC=spec.static_scale, SYM=spec.sym, RULE=RULE_IDS[spec.rule],
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
-             QMAX=2 ** b - 1, XOR8=sym_int and b == 8)
+             QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0)
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
     # one plane holding whole codes, token rows: the group-row path (`_store_rows`), where it measured faster:

@@ -85,6 +85,10 @@ def unsupported(q: torch.Tensor, kv) -> str | None:
     if kv.k_spec.pre_rope:
         return (f"k_spec {kv.k_spec} stores keys before RoPE; the Triton kernels do not apply RoPE in-kernel yet; "
                 "use backend='reference'")
+    for name, spec in (("k_spec", kv.k_spec), ("v_spec", kv.v_spec)):
+        if spec.twos:
+            return (f"{name} {spec} stores two's-complement sub-byte codes (FreeToken); the Triton tiles read offset "
+                    "binary; use backend='reference'")
     if not can_launch(q):
         return "the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 (set before importing triton) on the CPU"
     return None

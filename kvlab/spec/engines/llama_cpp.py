@@ -1,8 +1,4 @@
-"""Engine profiles: what an engine does around its KV-cache bytes, beside the bytes themselves.
-
-A block-format preset (`q4_0`) is byte-exact with GGML's block; an engine profile (`llama.cpp:q4_0`) also
-models the arithmetic llama.cpp wraps around it, so only the profile predicts what a user of that engine
-sees. Text forms (every one is also a scheme: `kvlab.scheme("llama.cpp:q4_0")`):
+"""llama.cpp profiles (see kvlab.spec.engines). Text forms:
 
     llama.cpp:TYPE              -ctk TYPE -ctv TYPE, with llama.cpp's default Hadamard rotation
     llama.cpp:TYPE:norot        the same with LLAMA_ATTN_ROT_DISABLE=1
@@ -30,9 +26,10 @@ read from llama.cpp at ggml-org/llama.cpp@0c1e57098 (the copy vendored by llama-
   scale; kvlab's iq4nl codes are nearest-value at its own scale (format-compatible, not byte-exact).
 Not modelled: f16 accumulation of P.V when V is f16 (fp32 for quantized V), K-shift, GPU backends.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .profile import EngineProfile
 
 LLAMA_CPP_TYPES = {  # --cache-type -> (kvlab spec of the stored block, spec the CPU quantizes Q to before Q.K)
     "f16": ("fp16", "fp16"),
@@ -45,48 +42,17 @@ LLAMA_CPP_TYPES = {  # --cache-type -> (kvlab spec of the stored block, spec the
     "iq4_nl": ("iq4nl:g32:rule=signed:pack=ggml", "int8:g32:sym:recip"),
 }
 SOURCE = "ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
+NOTES = ("not modelled: f16 accumulation of P.V when V is f16 (fp32 for quantized V), q8_1's fp16 block sum "
+         "(q4_1 / q5_1 keys), K-shift, GPU backends; iq4_nl codes are nearest-value at kvlab's scale, not "
+         "llama.cpp's weighted least-squares scale")
 
 
-@dataclass(frozen=True)
-class EngineProfile:
-    """How an engine stores and reads a KV cache, beyond the block bytes.
-
-    engine, cache_k, cache_v: the engine and its flag values; k_spec, v_spec: kvlab specs of the stored
-    blocks; q_spec: what the query is rounded to before Q.K (None: kept as is); rotate: the engine's
-    Hadamard rotation is on (it applies to a quantized K / V at head dims divisible by 64);
-    gguf_k_order: K lives in the GGUF file's permuted q/k channel order (llama-arch models)."""
-    engine: str
-    cache_k: str
-    cache_v: str
-    k_spec: str
-    v_spec: str
-    q_spec: str | None
-    rotate: bool
-    gguf_k_order: bool
-    source: str = SOURCE
-
-    @property
-    def name(self) -> str:
-        types = self.cache_k if self.cache_k == self.cache_v else f"{self.cache_k}/{self.cache_v}"
-        return f"{self.engine}:{types}" + ("" if self.rotate else ":norot")
-
-    def rotation_blocks(self, head_dim: int) -> tuple[int, int]:
-        """(K block, V block) of the Hadamard rotation at `head_dim`; 0 where there is none."""
-        if not self.rotate or head_dim % 64:
-            return 0, 0
-        kb = 64
-        while head_dim % (2 * kb) == 0:
-            kb *= 2
-        quantized = (lambda t: t not in ("f16", "bf16", "f32"))  # noqa: E731
-        return (kb if quantized(self.cache_k) else 0), (64 if quantized(self.cache_v) else 0)
+def _quantized(t: str) -> bool:
+    return t not in ("f16", "bf16", "f32")
 
 
-def parse_profile(text: str) -> EngineProfile | None:
-    """The profile named by `text` (see module doc), None if `text` names no engine profile; ValueError
-    for an engine profile with unknown cache types."""
-    engine, sep, rest = text.partition(":")
-    if engine != "llama.cpp" or not sep:
-        return None
+def parse(rest: str, text: str) -> EngineProfile:
+    """The llama.cpp profile `text` (= "llama.cpp:" + rest)."""
     rotate = not rest.endswith(":norot")
     types = rest[: -len(":norot")] if not rotate else rest
     ck, _, cv = types.partition("/")
@@ -95,10 +61,18 @@ def parse_profile(text: str) -> EngineProfile | None:
         if t not in LLAMA_CPP_TYPES:
             raise ValueError(f"llama.cpp cache type {t!r} in {text!r}; allowed: {', '.join(LLAMA_CPP_TYPES)} "
                              "(llama.cpp:TYPE, llama.cpp:K/V, each optionally :norot)")
-    return EngineProfile("llama.cpp", ck, cv, LLAMA_CPP_TYPES[ck][0], LLAMA_CPP_TYPES[cv][0], LLAMA_CPP_TYPES[ck][1],
-                         rotate, gguf_k_order=True)
+    return EngineProfile("llama.cpp", ck if ck == cv else f"{ck}/{cv}", LLAMA_CPP_TYPES[ck][0], LLAMA_CPP_TYPES[cv][0],
+                         q_round=LLAMA_CPP_TYPES[ck][1],
+                         k_rot="ggml" if rotate and _quantized(ck) else None,
+                         v_rot="ggml64" if rotate and _quantized(cv) else None,
+                         gguf_k_order=True, exact=ck != "iq4_nl" and cv != "iq4_nl",
+                         suffix="" if rotate else ":norot", source=SOURCE, notes=NOTES)
 
 
-def llama_cpp_profiles() -> list[str]:
-    """Every llama.cpp profile name with the same type for K and V, rotation on and off."""
-    return [f"llama.cpp:{t}{s}" for t in LLAMA_CPP_TYPES for s in ("", ":norot")]
+def profiles() -> list[str]:
+    """Every llama.cpp profile with the same type for K and V, rotation on and off (f16 / bf16 never rotate,
+    so they have one profile each)."""
+    return [f"llama.cpp:{t}{s}" for t in LLAMA_CPP_TYPES for s in ("", ":norot") if _quantized(t) or not s]
+
+
+llama_cpp_profiles = profiles
