@@ -27,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
+from kvlab.spec import parse_spec  # noqa: E402
 
 SCALES = {"unit": (1.0, 1.0), "calibrated": (0.37, 1.9)}
 
@@ -84,8 +85,10 @@ def correctness(rows, log):
     P = 16
     for (Hq, Hk, D) in ((32, 8, 128), (9, 3, 64)):
         for sname, (ks, vs) in SCALES.items():
-            spec = "fp8_e4m3" if sname == "unit" else "fp8_e4m3:rule=absmax"  # axis tensor: scale 1 / static scale
-            c = make_paged([1, 300, 517], Hk, D, P, "fp8_e4m3", "fp8_e4m3", device="cuda", seed=3)
+            # axis tensor: no scale (1.0) / a static per-tensor scale; the same e4m3 code pages
+            spec = parse_spec("fp8_e4m3" if sname == "unit" else "fp8_e4m3:rule=absmax")
+            unit = parse_spec("fp8_e4m3")
+            c = make_paged([1, 300, 517], Hk, D, P, unit, unit, device="cuda", seed=3)
             args, kw = call_args(c)
             if sname != "unit":
                 kw.update(k_tensor_scale=torch.tensor([ks], device="cuda"), v_tensor_scale=torch.tensor([vs], device="cuda"))
@@ -120,10 +123,10 @@ def timing(rows, log):
     from kvlab.kernels.decode import decode
     P, Hq, Hk, D, L = 16, 32, 8, 128, 32768
     for B in (32, 1):
-        c = synthetic_cache("fp8_e4m3", "fp8_e4m3", B, Hk, D, P, L, "cuda")
+        fp8 = parse_spec("fp8_e4m3")
+        c = synthetic_cache(fp8, fp8, B, Hk, D, P, L, "cuda")
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
-        args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], "fp8_e4m3",
-                "fp8_e4m3", P)
+        args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], fp8, fp8, P)
         fns = {"kvlab": decode(*args, plan=True)}
         try:
             peers = Peers(c["k_pages"]["codes"], c["v_pages"]["codes"], c["kv_indptr"], c["kv_indices"],
