@@ -55,8 +55,9 @@ class Peers:
         self.kc, self.vc = kc.view(torch.float8_e4m3fn), vc.view(torch.float8_e4m3fn)
         B = indptr.numel() - 1
         self.bt = block_table(indptr, indices, B)
-        self.lens = seq_lens(indptr, last, P).to(torch.uint32)
-        self.max_len = int(self.lens.max().item())
+        lens = seq_lens(indptr, last, P)
+        self.max_len = int(lens.max().item())
+        self.lens = lens.to(torch.uint32)
         self.ks, self.vs, self.sm = k_scale, v_scale, D ** -0.5
         self.ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
         self.wrappers = {}
