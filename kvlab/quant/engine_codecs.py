@@ -11,8 +11,10 @@ on other tokens. The engine source each one follows is cited in the profile modu
     nvfp4_4over6      NVFP4 (tensor scale 1.0) choosing per 16 values |x|max / 6 or / 4, whichever has the
                       smaller squared error
     sglang_mxfp4_16   SGLang fp4_mx_block16: e2m1 per 16 with scale 2^ceil(log2(|x|max / 6)), ties up
-    torch_fp8_e4m3, torch_fp8_e5m2  PyTorch's eager cast (SGLang's store and query cast): round to nearest
-                      even; whether it saturates is PyTorch's (its CPU cast in 2.11 clamps to +-448)
+    torch_fp8_e4m3, torch_fp8_e5m2  PyTorch's eager CUDA cast (SGLang's store and query cast): round to
+                      nearest even, not saturating: e4m3 past 464 is NaN (measured on the H200 with torch 2.11,
+                      sweeps/results/h200/flashinfer_fp8/header.json, whose CPU cast agreed; PyTorch 2.13.0+cpu clamps to 448),
+                      e5m2 past 61440 is +-inf (IEEE overflow; not measured)
 Any other name is read as a kvlab spec text (`fake_quantize`).
 """
 from __future__ import annotations
@@ -123,7 +125,13 @@ def sglang_mxfp4_16(x: torch.Tensor) -> torch.Tensor:
 
 
 def torch_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x.to(dtype).float()
+    """PyTorch's CUDA fp8 cast on any device: round to nearest even inside the range, NaN (e4m3) / inf (e5m2)
+    past its rounding boundary, whatever the local device's cast does there."""
+    top, edge = (448.0, 464.0) if dtype == torch.float8_e4m3fn else (57344.0, 61440.0)
+    y = x.clamp(-top, top).to(dtype).float()
+    over = torch.full_like(x, float("nan")) if dtype == torch.float8_e4m3fn else torch.copysign(
+        torch.full_like(x, float("inf")), x)
+    return torch.where(x.abs() > edge, over, torch.where(torch.isnan(x), x, y))
 
 
 CODECS = {

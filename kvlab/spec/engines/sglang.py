@@ -3,9 +3,8 @@ the sglang 0.5.23 wheel (no commit id in it); paths below are in it.
 
 - fp8_e4m3 / fp8_e5m2 (`srt/layers/quantization/kv_cache.py`, `srt/mem_cache/memory_pool.py`
   `set_kv_buffer`): per-layer k/v scales from the checkpoint, else none (1.0); the store is PyTorch's eager
-  cast, round-to-nearest-even (codec `torch_fp8_e4m3` / `torch_fp8_e5m2`; c10's scalar Float8_e4m3fn
-  conversion turns |x| >= 480 into NaN where vLLM saturates; PyTorch 2.11's CPU cast clamps to +-448; only
-  values past the e4m3 range can tell them apart). On an H200 the default attention backend for MHA models is fa3
+  cast, round-to-nearest-even (codec `torch_fp8_e4m3` / `torch_fp8_e5m2`: on the GPU PyTorch 2.11 does
+  not saturate, |x| > 464 becomes NaN in e4m3, measured on the H200, where vLLM saturates to 448). On an H200 the default attention backend for MHA models is fa3
   (`srt/arg_groups/model_override_base.py`), which casts the query to the cache dtype the same way
   (`srt/layers/attention/flashattention_backend.py`).
 - nvfp4 (`srt/layers/quantization/fp4_kv_cache_quant_method.py`): e2m1 in groups of 16 with e4m3 group
