@@ -110,3 +110,108 @@ def test_profile_attention_equals_the_engine_arithmetic_by_hand():
     assert (got - want).abs().max() / want.abs().max() < 1e-4
     plain = model(tokens, backend=DecodeFaithfulBackend("q4_0", model.config.n_layers))
     assert (plain - want).abs().max() / want.abs().max() > 1e-3  # the profile is not the bare block format
+
+
+# ---- vLLM, SGLang, FreeToken -------------------------------------------------------------------------
+from kvlab.quant import engine_codecs  # noqa: E402
+from kvlab.spec.engines import all_profiles  # noqa: E402
+
+
+@pytest.mark.parametrize("name", all_profiles())
+def test_every_profile_round_trips_and_names_real_codecs(name):
+    s = kvlab.scheme(name)
+    assert str(s) == name and kvlab.scheme(s.to_dict()) == s and s.engine.source
+    p = s.engine
+    for codec in (p.k_codec, p.v_codec, p.q_round):
+        if codec:
+            assert codec in engine_codecs.CODECS or kvlab.spec.parse_spec(codec)
+    if p.exact:  # the engine's bytes are kvlab.encode's: where a codec computes the values, they must agree
+        x = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(0)) * 3
+        for codec, spec in ((p.k_codec, s.k), (p.v_codec, s.v)):
+            if codec:
+                assert torch.equal(engine_codecs.apply(codec, x), kvlab.quant.fake_quantize(x, spec).float())
+
+
+def test_engine_facts():
+    tq = kvlab.scheme("vllm:turboquant_4bit_nc")
+    assert tq.engine.boundary_layers(30) == {0, 1, 28, 29} and tq.engine.boundary_layers(3) == {0, 2}
+    assert tq.for_layer(1, 30) == (kvlab.spec.parse_spec("bf16"),) * 2 and tq.for_layer(2, 30)[0].bits == 4
+    # K: 4-bit codes + an fp16 norm per (token, head); V: 4-bit + fp16 scale and min; 4 of 30 layers in bf16
+    assert tq.bits_per_element(64, n_layers=30) == pytest.approx((26 * (4.25 + 4.5) / 2 + 4 * 16) / 30)
+    i4 = kvlab.scheme("vllm:int4_per_token_head")
+    assert i4.bits_per_element(64) == 4.5 and i4.engine.rotation_blocks(96) == (32, 32)  # 96 = 3 x 32
+    assert kvlab.scheme("vllm:fp8").engine.q_round == "fp8_e4m3"  # FlashAttention-3 takes an fp8 query
+    assert kvlab.scheme("vllm:fp8_e5m2").engine.q_round is None  # FlashInfer (FA3 rejects e5m2)
+    assert kvlab.scheme("sglang:fp8_e4m3").engine.k_codec == "torch_fp8_e4m3"  # PyTorch's cast, not vLLM's
+    ft = kvlab.scheme("freetoken:q4_0")
+    assert ft.k == kvlab.spec.parse_spec("freetoken:q4_0") and ft.k.rule == "full" and ft.k.twos
+
+
+@pytest.mark.parametrize("text,match", [("vllm:int2", "vLLM --kv-cache-dtype 'int2'"),
+                                        ("sglang:fp8", "SGLang --kv-cache-dtype 'fp8'"),
+                                        ("freetoken:q5_0", "allowed: q8_0, q6_0, q4_0, fp8_e4m3")])
+def test_bad_engine_options_name_what_is_allowed(text, match):
+    with pytest.raises(ValueError, match=match):
+        kvlab.scheme(text)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", [n for n in all_profiles() if not n.startswith("llama.cpp")])
+def test_every_profile_scores_the_tiny_model(name):
+    model = _tiny_model()
+    tokens = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
+    got = model(tokens, backend=DecodeFaithfulBackend(name, model.config.n_layers))
+    assert torch.isfinite(got).all()
+
+
+@torch.no_grad()
+def test_turboquant_boundary_layers_stay_bf16():
+    """vLLM keeps turboquant's first and last two layers (at most half) at the model dtype: a 2-layer model
+    has none quantized."""
+    model = _tiny_model()
+    tokens = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
+    tq = model(tokens, backend=DecodeFaithfulBackend("vllm:turboquant_3bit_nc", model.config.n_layers))
+    bf = model(tokens, backend=DecodeFaithfulBackend("bf16", model.config.n_layers))
+    assert torch.equal(tq, bf)
+
+
+@torch.no_grad()
+def test_vllm_int4_profile_equals_its_arithmetic_by_hand():
+    """vllm:int4_per_token_head written out: random-sign Hadamard of q, k, v (rounded to bf16), the codec on
+    k and v, plain causal attention, the output rotated back."""
+    from kvlab.eval.engine_space import rht_signs
+    from kvlab.model.llama import DenseCausalBackend
+    model = _tiny_model()
+    D = model.config.head_dim
+    R = torch.tensor(rht_signs(D))[:, None] * kvlab.quant.hadamard(D)
+    bf = (lambda t: t.to(torch.bfloat16).float())  # noqa: E731
+
+    class Backend(DenseCausalBackend):
+        def attend(self, layer, q, k_pre, k, v, positions, model):
+            qq, kq, vq = bf(q @ R), engine_codecs.vllm_int4_zp(bf(k @ R)), engine_codecs.vllm_int4_zp(bf(v @ R))
+            r = q.shape[1] // k.shape[1]
+            o = F.scaled_dot_product_attention(qq, kq.repeat_interleave(r, 1), vq.repeat_interleave(r, 1),
+                                               is_causal=True)
+            return o @ R.T
+    tokens = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(1))
+    want = model(tokens, backend=Backend())
+    got = model(tokens, backend=DecodeFaithfulBackend("vllm:int4_per_token_head", model.config.n_layers))
+    assert (got - want).abs().max() / want.abs().max() < 1e-4
+    plain = model(tokens, backend=DecodeFaithfulBackend("int4:head:asym:s=f32", model.config.n_layers))
+    assert (plain - want).abs().max() / want.abs().max() > 1e-3
+
+
+def test_rht_signs_are_vllms_seeded_draw():
+    s = rht_signs_local = __import__("kvlab.eval.engine_space", fromlist=["rht_signs"]).rht_signs(64)
+    g = torch.Generator().manual_seed(0x9E3779B9)
+    assert list(s) == (2.0 * torch.bernoulli(torch.full((64,), 0.5), generator=g) - 1.0).tolist()
+    assert set(rht_signs_local) == {-1.0, 1.0}
+
+
+def test_pool_refuses_profiles_whose_arithmetic_it_does_not_run():
+    from kvlab.cache import KVPool
+    with pytest.raises(ValueError, match="k=q4_0|k=int4"):
+        KVPool("llama.cpp:q4_0", 2, 1, 64, 4)
+    with pytest.raises(ValueError, match="vllm:int4_per_token_head"):
+        KVPool("vllm:int4_per_token_head", 2, 1, 64, 4)
+    KVPool("freetoken:q4_0", 2, 1, 64, 4)  # FreeToken does nothing around its blocks: the pool stores them
