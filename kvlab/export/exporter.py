@@ -15,6 +15,7 @@ from .conformance import FILENAME as VECTORS, describe_layout, rows_for, write_v
 from .engines import SOURCES, Plan, flags, get_engine, plan
 from .readme import readme
 from .spec_json import write_scheme_json
+from .quality import engine_profile, profile_cost
 from .substitute import Substitution, model_cost, nearest
 from .tuned import write_tuned
 
@@ -148,6 +149,10 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
             "runs": "any" if eng.any_scheme else ("byte-exact" if p.k.exact and p.v.exact else "format-compatible"),
             "k": _dtype_info(p.k), "v": _dtype_info(p.v), **fl, "files": files,
             "kv_scales": None, "substitution": sub.to_dict() if sub else None, "sources": SOURCES[eng.name]}
+    if not eng.any_scheme:  # the option's cost under the engine's profile, from the committed table
+        label = p.k.name if p.k.name == p.v.name else f"k={p.k.name},v={p.v.name}"
+        prof = engine_profile(eng.name, label)
+        info["quality"] = {"profile": prof, "cost": profile_cost(prof) if prof else None}
     if eng.name in LAUNCH:
         info["command"] = " ".join([LAUNCH[eng.name], *map(shlex.quote, fl["flags"])])
         files["flags_sh"] = _write_sh(out, eng.name, sch, fl)

@@ -15,6 +15,16 @@ def readme(info: dict, meta: dict) -> str:
            f"kvlab {info['kvlab_version']}, head_dim {info['head_dim']}, "
            f"{info['bits_per_element']:.3f} stored bits per K/V element"
            + (f", model {info['model']}" if info.get("model") else "") + ".", ""]
+    q = info.get("quality") or {}
+    if q.get("cost"):
+        c = q["cost"]
+        out += ["## What it costs on a real model", "",
+                f"Under {e}'s own arithmetic (engine profile `{q['profile']}`: channel order, rotations, scale "
+                f"defaults, query rounding), on {c['model']}, decode-faithful: KL {c['kl']:.4f} +- {c['kl_sd']:.4f}, "
+                f"PPL {c['ppl_delta_pct']:+.2f}% +- {c['ppl_delta_pct_sd']:.2f} (`{c['file']}`).", ""]
+    elif q.get("profile"):
+        out += ["## What it costs on a real model", "", f"Engine profile `{q['profile']}` is not in the committed "
+                "table; `python -m kvlab.export options --profiles " + q["profile"] + "` scores it.", ""]
     sub = info.get("substitution")
     if sub:
         out += ["## Substitution", "", f"{e} cannot run `{sub['requested']}` ({'; '.join(sub['reasons'])}); "

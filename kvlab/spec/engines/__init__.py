@@ -26,6 +26,9 @@ from .profile import ROTATIONS, EngineProfile
 def parse_profile(text: str) -> EngineProfile | None:
     """The profile named by `text`, None if `text` names no engine profile; ValueError (naming what is
     allowed) for an engine prefix with an unknown option."""
+    if "," in text or "=" in text:
+        return None  # scheme items (k=..., window=...): a profile is a whole scheme; spec presets named
+        # like an engine (freetoken:q4_0) still combine there as plain specs
     engine, sep, rest = text.partition(":")
     parsers = {"llama.cpp": llama_cpp.parse, "vllm": vllm.parse, "sglang": sglang.parse, "freetoken": freetoken.parse}
     if not sep or engine not in parsers:
