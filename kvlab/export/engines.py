@@ -10,9 +10,10 @@ Engine names and scale formats, checked against the engines' sources (see SOURCE
   q4_1, iq4_nl, q5_0, q5_1 (common/arg.cpp `kv_cache_types`); a quantized V cache needs flash
   attention (`-fa on`; builds before the Aug 2025 `-fa on|off|auto` change take a bare `-fa`).
 * vLLM: `--kv-cache-dtype` in vllm/config/cache.py `CacheDType` (auto, float16, bfloat16, fp8,
-  fp8_e4m3, fp8_e5m2, plus fp8_inc, fp8_ds_mla and, in recent releases, per-token-head int8/int4/
-  fp8, nvfp4 and turboquant variants that kvlab has no byte-verified spec for, so they are not
-  mapped here). Per-layer opt-out: `--kv-cache-dtype-skip-layers`.
+  fp8_e4m3, fp8_e5m2, int8_per_token_head and fp8_per_token_head are mapped here; int4_per_token_head,
+  nvfp4 and the turboquant variants compute values no kvlab spec reproduces (engine codecs in
+  kvlab.spec.engines / kvlab.quant.engine_codecs: their cost is in `python -m kvlab.export options`, but
+  a kvlab scheme cannot be exported as them). Per-layer opt-out: `--kv-cache-dtype-skip-layers`.
 * SGLang: `--kv-cache-dtype` choices in python/sglang/srt/server_args.py: auto, fp8_e5m2,
   fp8_e4m3, bf16, bfloat16, fp4_e2m1 (newer: mxfp8, nvfp4, fp4_mx_block16); note SGLang does
   not accept plain `fp8`.
@@ -133,6 +134,13 @@ ENGINES: dict[str, Engine] = {
         EngineDType("auto", "bf16", note="model dtype bfloat16 (--dtype bfloat16)"),
         EngineDType("auto", "fp16", note="model dtype float16 (--dtype float16)"),
         *_FP8_PER_TENSOR,
+        EngineDType("int8_per_token_head", "int8:head:sym:s=f32:recip:rnd=away",
+                    note="one fp32 scale per (token, kv head), |x|max / 127, x * (1 / scale) rounded half away "
+                         "from zero (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py); vLLM keeps the "
+                         "scales in their own [blocks, block_size, heads] tensor (the vectors' .scales)"),
+        EngineDType("fp8_per_token_head", "fp8_e4m3:head:s=f32", exact=False,
+                    note="one fp32 scale per (token, kv head), |x|max / 448; vLLM multiplies by the reciprocal "
+                         "where kvlab divides, so a code can differ by one step at a rounding tie"),
     ), skip_layers=True),
     "sglang": Engine("sglang", (
         EngineDType("bf16", "bf16"),
