@@ -17,8 +17,10 @@ ALLOWED = {
     "model": set(),
     "eval": {"spec", "quant", "cache", "model"},
     "kernels": {"spec", "quant", "cache"},
-    "sweep": {"spec", "quant", "cache", "model", "eval", "kernels"},
+    "report": {"spec"},
+    "sweep": {"spec", "quant", "cache", "model", "eval", "kernels", "report"},
     "export": {"spec", "quant", "cache", "model", "eval", "kernels"},
+    "paper": {"spec", "report", "export"},
 }
 KERNEL_LEAVES = {"checks", "configs", "env", "paged", "tiles"}  # what a backend file may import from kvlab.kernels
 BACKENDS = {"reference.py", "triton.py", "gluon.py", "gluon_codecs.py"}

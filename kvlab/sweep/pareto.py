@@ -93,27 +93,11 @@ def format_table(front: pd.DataFrame) -> str:
 
 
 def plot(table: pd.DataFrame, front: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Scatter of every scheme (loss vs effective bits, error bars = sd), frontier highlighted."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(9, 6))
-    on = table["scheme"].isin(front["scheme"])
-    ax.errorbar(table["eff_bits"], table["loss"], yerr=table["loss_sd"], fmt="none", ecolor="0.7", zorder=1)
-    sns.scatterplot(x=table["eff_bits"], y=table["loss"], hue=on.map({True: "Pareto", False: "dominated"}),
-                    ax=ax, zorder=2)
-    ax.plot(front["eff_bits"], front["loss"], "-", color="C3", zorder=3)
-    for _, r in front.iterrows():
-        ax.annotate(str(r["name"])[:28], (r["eff_bits"], r["loss"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_yscale("log")
-    ax.set_xlabel("effective bits per K/V element (scales, zeros, fp window amortized)")
-    ax.set_ylabel(f"{table['loss_metric'].iloc[0]} (lower is better)")
-    ax.set_title(title or "kvlab sweep: Pareto frontier")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    """The Pareto view (kvlab.report.pareto_panels): bits vs loss and decode time vs loss, families colored,
+    frontier points numbered and named in a table beside the panels (the notebooks and the paper draw the
+    same figure)."""
+    from ..report import pareto_panels
+    pareto_panels(table, path, title=title or "kvlab sweep: Pareto frontier")
 
 
 def report(results_dir: str | Path, quiet: bool = False) -> pd.DataFrame:
