@@ -56,8 +56,20 @@ def pareto_frontier(df: pd.DataFrame, x: str, y: str = "loss") -> pd.DataFrame:
     return d.loc[keep]
 
 
+def label(scheme: str, name) -> str:
+    """A row's display name: its preset name while that name still means the row's scheme text (a preset
+    redefined since the run, as freetoken:q4_0 was, shows the text it was measured with)."""
+    from ..spec import as_scheme
+    if not isinstance(name, str) or name == scheme:
+        return scheme
+    try:
+        return name if as_scheme(name) == as_scheme(scheme) else scheme
+    except ValueError:
+        return scheme
+
+
 def pareto_panels(table: pd.DataFrame, path=None, title: str = "", floor: float = 1e-5, max_named: int = 26,
-                  time_ref: tuple[str, float] | None = None):
+                  time_ref: tuple[str, float] | None = None, time_label: str = "decode time, ms"):
     """Draw the two-panel Pareto view of a scheme table (columns scheme, name, eff_bits, loss, loss_sd,
     decode_ms; loss = KL). Saves to `path` when given; returns the matplotlib Figure. `time_ref`: a
     (label, ms) vertical line on the time panel (e.g. cuDNN bf16 in the same run)."""
@@ -77,7 +89,7 @@ def pareto_panels(table: pd.DataFrame, path=None, title: str = "", floor: float 
     gs = fig.add_gridspec(1, 3 if has_time else 2, width_ratios=[1, 1, 0.8] if has_time else [1, 0.8], wspace=0.08)
     panels = [("eff_bits", "effective bits per K/V element\n(scales, zeros, fp window amortized)")]
     if has_time:
-        panels.append(("decode_ms", "decode time, ms (H200, B=32 x 32K, graph replay)"))
+        panels.append(("decode_ms", time_label))
     named: dict = {}
     axes = []
     for j, (x, xlabel) in enumerate(panels):
@@ -110,9 +122,9 @@ def pareto_panels(table: pd.DataFrame, path=None, title: str = "", floor: float 
     tab = fig.add_subplot(gs[0, -1])
     tab.axis("off")
     rows = t.set_index("scheme").loc[list(named)]
-    lines = [f"{i:>2d}  {str(r['name'])[:38]:38s} {r['eff_bits']:5.2f} {r['loss']:8.1e}"
+    lines = [f"{i:>2d}  {label(s, r['name'])[:38]:38s} {r['eff_bits']:5.2f} {r['loss']:8.1e}"
              + (f" {r['decode_ms']:6.3f}" if has_time and not pd.isna(r["decode_ms"]) else "")
-             for i, (_, r) in zip(named.values(), rows.iterrows())]
+             for i, (s, r) in zip(named.values(), rows.iterrows())]
     head = f"{'#':>2s}  {'frontier scheme':38s} {'bits':>5s} {'KL':>8s}" + (f" {'ms':>6s}" if has_time else "")
     tab.text(0, 1, "\n".join([head] + lines), family="monospace", fontsize=6.6, va="top")
     fig.suptitle(title or "bits x KL x decode time", fontsize=11)

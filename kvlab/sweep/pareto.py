@@ -92,12 +92,12 @@ def format_table(front: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot(table: pd.DataFrame, front: pd.DataFrame, path: Path, title: str = "") -> None:
+def plot(table: pd.DataFrame, front: pd.DataFrame, path: Path, title: str = "", time_label: str = "decode time, ms") -> None:
     """The Pareto view (kvlab.report.pareto_panels): bits vs loss and decode time vs loss, families colored,
     frontier points numbered and named in a table beside the panels (the notebooks and the paper draw the
     same figure)."""
     from ..report import pareto_panels
-    pareto_panels(table, path, title=title or "kvlab sweep: Pareto frontier")
+    pareto_panels(table, path, title=title or "kvlab sweep: Pareto frontier", time_label=time_label)
 
 
 def report(results_dir: str | Path, quiet: bool = False) -> pd.DataFrame:
@@ -115,7 +115,11 @@ def report(results_dir: str | Path, quiet: bool = False) -> pd.DataFrame:
     table.to_csv(d / "schemes.csv", index=False)
     front.to_csv(d / "pareto.csv", index=False)
     if not table.empty:
-        plot(table, front, d / "pareto.png", title=f"{d.name}: {len(front)} of {len(table)} schemes on the frontier")
+        sp = df[df["stage"] == "speed"] if "stage" in df else df.iloc[:0]
+        shape = sp["shape"].iloc[0] if len(sp) and "shape" in sp else ""
+        gpu = sp["gpu"].dropna().iloc[0] if len(sp) and "gpu" in sp and sp["gpu"].notna().any() else ""
+        plot(table, front, d / "pareto.png", title=f"{d.name}: {len(front)} of {len(table)} schemes on the frontier",
+             time_label=f"decode time, ms ({gpu} {shape}, graph replay)".replace(" ()", "").replace("( ", "("))
     if not quiet:
         print(format_table(front))
     return front
