@@ -195,7 +195,9 @@ def _gap(spec: KVQuantSpec, engine: Engine) -> str:
     if spec.axis == "chan":
         parts.append("per-channel groups (axis chan)")
     if spec.rotation == "had":
-        parts.append("Hadamard rotation")
+        parts.append("kvlab's Hadamard rotation" + (" (llama.cpp rotates quantized caches its own way by default, "
+                                                    "in GGUF channel order: profile llama.cpp:TYPE)"
+                                                    if engine.name == "llama.cpp" else ""))
     if spec.pre_rope:
         parts.append("pre-RoPE keys")
     if spec.tensor_scale:

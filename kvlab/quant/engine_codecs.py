@@ -11,6 +11,9 @@ on other tokens. The engine source each one follows is cited in the profile modu
     nvfp4_4over6      NVFP4 (tensor scale 1.0) choosing per 16 values |x|max / 6 or / 4, whichever has the
                       smaller squared error
     sglang_mxfp4_16   SGLang fp4_mx_block16: e2m1 per 16 with scale 2^ceil(log2(|x|max / 6)), ties up
+    ggml_iq4_nl       llama.cpp's iq4_nl KV write (quantize_row_iq4_nl_ref): codes nearest to x at scale
+                      max / -127 (ties to the larger code), then the stored scale is the weighted least-squares
+                      fit (weights x^2), rounded to fp16, the codes kept
     torch_fp8_e4m3, torch_fp8_e5m2  PyTorch's eager CUDA cast (SGLang's store and query cast): round to
                       nearest even, not saturating: e4m3 past 464 is NaN (measured on the H200 with torch 2.11,
                       sweeps/results/h200/flashinfer_fp8/header.json, whose CPU cast agreed; PyTorch 2.13.0+cpu clamps to 448),
@@ -24,7 +27,7 @@ import math
 
 import torch
 
-from .formats import E2M1, fp8_value
+from .formats import E2M1, IQ4NL, fp8_value
 from .oracle import fake_quantize
 from .rotation import hadamard_blocks
 
@@ -124,6 +127,27 @@ def sglang_mxfp4_16(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
+def ggml_iq4_nl(x: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's iq4_nl values (ggml-quants.c `quantize_row_iq4_nl_impl` with no importance weights and
+    ntry = -1, as its CPU KV write calls it) per 32 values along the last dim."""
+    vals = torch.tensor(IQ4NL, dtype=torch.float32, device=x.device)
+    g = x.reshape(*x.shape[:-1], -1, 32)
+    mx = g.gather(-1, g.abs().argmax(-1, keepdim=True))  # the signed extreme, first one on ties
+    d0 = mx / -127.0
+    al = g * torch.where(d0 != 0, 1.0 / d0, torch.zeros_like(d0))
+    mu = torch.searchsorted(vals, al.contiguous(), right=True).clamp(1, 15)  # val[mu-1] <= al < val[mu]
+    lo, hi = vals[mu - 1], vals[mu]
+    idx = torch.where(al - lo < hi - al, mu - 1, mu)  # best_index_int8: a tie takes the upper code
+    idx = torch.where(al <= vals[0], torch.zeros_like(idx), torch.where(al >= vals[15], torch.full_like(idx, 15), idx))
+    q = vals[idx]
+    w = g * g
+    sq2 = (w * q * q).sum(-1, keepdim=True)
+    d = torch.where(sq2 > 0, (w * q * g).sum(-1, keepdim=True) / torch.where(sq2 > 0, sq2, torch.ones_like(sq2)),
+                    torch.zeros_like(sq2))
+    d = torch.where(mx.abs() < 1e-15, torch.zeros_like(d), d)
+    return (d.half().float() * q).reshape(x.shape)
+
+
 def torch_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """PyTorch's CUDA fp8 cast on any device: round to nearest even inside the range, NaN (e4m3) / inf (e5m2)
     past its rounding boundary, whatever the local device's cast does there."""
@@ -143,6 +167,7 @@ CODECS = {
     "nvfp4_ts1": nvfp4,
     "nvfp4_4over6": functools.partial(nvfp4, ratios=(6.0, 4.0)),
     "sglang_mxfp4_16": sglang_mxfp4_16,
+    "ggml_iq4_nl": ggml_iq4_nl,
     "torch_fp8_e4m3": functools.partial(torch_cast, dtype=torch.float8_e4m3fn),
     "torch_fp8_e5m2": functools.partial(torch_cast, dtype=torch.float8_e5m2),
 }

@@ -22,8 +22,10 @@ read from llama.cpp at ggml-org/llama.cpp@0c1e57098 (the copy vendored by llama-
   full-precision window or sinks (decode-faithful, as kvlab's evaluation).
 - q8_0 keys: the x86 CPU write path rounds to nearest even (AVX2 `_mm256_round_ps`), not GGML's reference
   half away from zero (`ggml/src/ggml-cpu/arch/x86/quants.c`, `quantize_row_q8_0`).
-- iq4_nl: llama.cpp's quantizer picks codes at scale max/-127 and stores the weighted least-squares
-  scale; kvlab's iq4nl codes are nearest-value at its own scale (format-compatible, not byte-exact).
+- iq4_nl: llama.cpp's quantizer (`ggml/src/ggml-quants.c`, `quantize_row_iq4_nl_impl`, ntry = -1) picks
+  codes at scale max/-127 and stores the weighted least-squares scale (weights x^2) without re-picking them;
+  kvlab's iq4nl spec is the same block format with nearest-value codes at its own scale, so the profile
+  computes llama.cpp's values with the engine codec `ggml_iq4_nl`.
 Not modelled: f16 accumulation of P.V when V is f16 (fp32 for quantized V), K-shift, GPU backends.
 """
 
@@ -43,8 +45,7 @@ LLAMA_CPP_TYPES = {  # --cache-type -> (kvlab spec of the stored block, spec the
 }
 SOURCE = "ggml-org/llama.cpp@0c1e57098 (vendored by llama-cpp-python 0.3.36)"
 NOTES = ("not modelled: f16 accumulation of P.V when V is f16 (fp32 for quantized V), q8_1's fp16 block sum "
-         "(q4_1 / q5_1 keys), K-shift, GPU backends; iq4_nl codes are nearest-value at kvlab's scale, not "
-         "llama.cpp's weighted least-squares scale")
+         "(q4_1 / q5_1 keys), K-shift, GPU backends")
 
 
 def _quantized(t: str) -> bool:
@@ -65,6 +66,8 @@ def parse(rest: str, text: str) -> EngineProfile:
                          q_round=LLAMA_CPP_TYPES[ck][1],
                          k_rot="ggml" if rotate and _quantized(ck) else None,
                          v_rot="ggml64" if rotate and _quantized(cv) else None,
+                         k_codec="ggml_iq4_nl" if ck == "iq4_nl" else None,
+                         v_codec="ggml_iq4_nl" if cv == "iq4_nl" else None,
                          gguf_k_order=True, exact=ck != "iq4_nl" and cv != "iq4_nl",
                          suffix="" if rotate else ":norot", source=SOURCE, notes=NOTES)
 
