@@ -20,7 +20,7 @@ ALLOWED = {
     "report": {"spec"},
     "sweep": {"spec", "quant", "cache", "model", "eval", "kernels", "report"},
     "export": {"spec", "quant", "cache", "model", "eval", "kernels"},
-    "paper": {"spec", "report", "export"},
+    "paper": {"spec", "quant", "eval", "report", "export"},
 }
 KERNEL_LEAVES = {"checks", "configs", "env", "paged", "tiles"}  # what a backend file may import from kvlab.kernels
 BACKENDS = {"reference.py", "triton.py", "gluon.py", "gluon_codecs.py"}

@@ -86,3 +86,13 @@ def read_options(path: str | Path = DEFAULT_OUT) -> dict[str, dict]:
         return {}
     with open(p, newline="") as f:
         return {r["profile"]: r for r in csv.DictReader(f)}
+
+
+def markdown(path: str | Path = DEFAULT_OUT) -> str:
+    """The options table as Markdown (the README's engine table is this, pasted)."""
+    rows = list(read_options(path).values())
+    out = ["| engine option (profile) | bits/el | KL | PPL delta % (sd) | runs on |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| `{r['profile']}` | {float(r['bits_per_element']):.2f} | {float(r['kl']):.4f} | "
+                   f"{float(r['ppl_delta_pct']):+.2f} ({float(r['ppl_delta_pct_sd']):.2f}) | {r['runs_on']} |")
+    return "\n".join(out)

@@ -89,3 +89,58 @@ def test_torch_fp8_cast_is_the_cuda_one():
 def test_spec_text_falls_through_to_the_oracle():
     x = _x(3)
     assert torch.equal(ec.apply("q8_0", x), kvlab.quant.fake_quantize(x, "q8_0").float())
+
+
+def _iq4_nl_block_by_hand(x):
+    """llama.cpp's quantize_row_iq4_nl_impl for one block of 32 (ntry = -1, no importance weights), as a loop."""
+    vals = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+    amax, mx = 0.0, 0.0
+    for v in x:
+        if abs(v) > amax:
+            amax, mx = abs(v), v
+    if amax < 1e-15:
+        return [0.0] * 32
+    inv = 1.0 / (mx / vals[0])
+    codes = []
+    for v in x:
+        a = inv * v
+        if a <= vals[0]:
+            codes.append(0)
+        elif a >= vals[-1]:
+            codes.append(15)
+        else:
+            mu = next(i for i in range(16) if vals[i] > a)
+            codes.append(mu - 1 if a - vals[mu - 1] < vals[mu] - a else mu)
+    sqx = sum(v * v * vals[c] * v for v, c in zip(x, codes))
+    sq2 = sum(v * v * vals[c] ** 2 for v, c in zip(x, codes))
+    d = float(torch.tensor(sqx / sq2).half())
+    return [d * vals[c] for c in codes]
+
+
+def test_ggml_iq4_nl_is_llama_cpps_quantizer():
+    x = _x(4, shape=(8, 64))
+    got = ec.ggml_iq4_nl(x).reshape(-1, 32)
+    want = torch.tensor([_iq4_nl_block_by_hand(b.tolist()) for b in x.reshape(-1, 32)])
+    assert torch.allclose(got, want, rtol=2 ** -10, atol=0)  # the fp16 scale may differ by one rounding
+    assert (got == want).float().mean() > 0.99
+    # a code tie goes to the larger value: 1 + 13 = 2 * 7 at scale 1 (max -127 fixes the scale)
+    t = torch.zeros(1, 32)
+    t[0, 0], t[0, 1] = -127.0, 7.0
+    assert (ec.ggml_iq4_nl(t)[0, 1] / ec.ggml_iq4_nl(t)[0, 0] * -127).round() == 13
+
+
+def test_ggml_iq4_nl_equals_llama_cpp_itself():
+    """Against llama.cpp's own C function, where llama-cpp-python is installed (an optional dependency)."""
+    import ctypes
+    import os
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import numpy as np
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    lib.quantize_row_iq4_nl_ref.argtypes = lib.dequantize_row_iq4_nl.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                                               ctypes.c_int64]
+    x = (_x(5, shape=(64, 128)) * 7).numpy().astype(np.float32)
+    blocks, y = np.zeros(x.size // 32 * 18, np.uint8), np.zeros(x.size, np.float32)
+    lib.quantize_row_iq4_nl_ref(x.ctypes.data, blocks.ctypes.data, x.size)
+    lib.dequantize_row_iq4_nl(blocks.ctypes.data, y.ctypes.data, x.size)
+    ours = ec.ggml_iq4_nl(torch.from_numpy(x)).numpy().ravel()
+    assert np.allclose(ours, y, rtol=2 ** -10, atol=0) and (ours == y).mean() > 0.99

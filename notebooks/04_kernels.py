@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Kernels on the H200: roofline, speedups, tuned configs, what limits each one
+#
+# Decode over a paged quantized cache reads every stored byte once per step, so its bound is memory
+# bandwidth: time >= bytes of codes + scales + zeros / copy bandwidth. This notebook reads the committed H200
+# tables (no GPU needed): how close each scheme's kernel gets to that bound, how it compares with cuDNN's bf16
+# attention on dense K/V in the same process, what the tuned configs buy over a new user's defaults, the
+# store kernels, and FlashInfer's fp8 decode on the same bytes. Each table names the file and the run it
+# came from.
+
+# %% tags=["parameters"]
+RESULTS = "../sweeps/results/h200"
+DECODE = f"{RESULTS}/decode.csv"                          # bench_decode run, header.json
+DISPATCH = f"{RESULTS}/runs/arch-bc9b6a4/decode.csv"     # the one benchmark runner: tuned vs default dispatch
+STORE = f"{RESULTS}/store.csv"
+FLASHINFER = f"{RESULTS}/flashinfer_fp8/flashinfer_fp8.csv"
+TUNED = f"{RESULTS}/tuned_configs.json"
+PROFILE = f"{RESULTS}/runs/profile-4f1093e/summary.txt"
+MAIN = ["bf16", "fp8_e4m3", "q8_0", "q4_0", "q4_1", "int4_had", "kivi4", "int3", "int2", "mxfp4", "nvfp4"]
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from kvlab.report import speedup_bars
+
+sns.set_theme(style="whitegrid", context="notebook")
+header = json.loads(Path(f"{RESULTS}/header.json").read_text())
+print({k: header[k] for k in ("gpu", "torch", "triton", "commit", "date", "copy_tbps_read_plus_write")})
+dec = pd.read_csv(DECODE)
+dec = dec[dec["scheme"].isin(MAIN)]
+
+# %% [markdown]
+# ## The memory roofline at B=32 x 32K (Hq 32, Hk 8, D 128, page 16)
+# Achieved bandwidth = stored bytes read / graph-replayed kernel time. The dashed line is the measured copy
+# bandwidth of the same GPU (read + write); a kernel at the line is as fast as reading its bytes can be.
+
+# %%
+main = dec[(dec["batch"] == 32) & (dec["context"] == 32768)].drop_duplicates("scheme").set_index("scheme").loc[
+    [s for s in MAIN if s in set(dec["scheme"])]]
+main["bytes per element"] = main["kv_bytes"] / (32 * 32768 * 8 * 128 * 2)
+main["TB/s (graph)"] = main["kv_bytes"] / main["graph_ms"] / 1e9
+fig, ax = plt.subplots(figsize=(8, 4.5))
+sns.scatterplot(data=main.reset_index(), x="bytes per element", y="TB/s (graph)", hue="scheme", s=80, ax=ax)
+ax.axhline(header["copy_tbps_read_plus_write"], ls="--", color="0.3")
+ax.text(0.45, header["copy_tbps_read_plus_write"] * 1.02, "copy bandwidth", color="0.3")
+ax.set_ylim(0, header["copy_tbps_read_plus_write"] * 1.25)
+ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
+ax.set_title("decode: achieved bandwidth vs stored bytes per element")
+main[["graph_ms", "cudnn_bf16_ms", "speedup_vs_cudnn", "roofline_frac_graph", "bytes per element"]].round(3)
+
+# %% [markdown]
+# ## Speedup over cuDNN bf16 across batch and context
+# cuDNN SDPA on dense bf16 K/V of the same shape, in the same process; above 1 the quantized cache is faster
+# than the dense bf16 attention it replaces.
+
+# %%
+dec["shape"] = "B" + dec["batch"].astype(str) + " x " + (dec["context"] // 1024).astype(str) + "K"
+sub = dec.drop_duplicates(["scheme", "shape"])
+g = sns.catplot(data=sub, x="scheme", y="speedup_vs_cudnn", hue="shape", kind="bar", height=4, aspect=2.6,
+                order=[s for s in MAIN if s in set(sub["scheme"])])
+for ax in g.axes.flat:
+    ax.axhline(1.0, ls="--", color="0.3")
+g.set_axis_labels("", "cuDNN bf16 time / kvlab time")
+
+# %% [markdown]
+# ## Tuned configs vs a new user's defaults
+# The same schemes through the public API with the tuned-config file and with none (the benchmark runner's
+# two dispatch rows, one process). Ratio below 1: faster than cuDNN bf16.
+
+# %%
+disp = pd.read_csv(DISPATCH)
+speedup_bars(disp, value="ratio_graph_vs_cudnn", by="scheme", hue="dispatch",
+             title="decode time / cuDNN bf16 (B=32 x 32K), tuned vs default dispatch")
+disp.pivot(index="scheme", columns="dispatch", values="ratio_graph_vs_cudnn").round(3)
+
+# %%
+tuned = json.loads(Path(TUNED).read_text())["configs"]
+pd.DataFrame([{"K spec": k.split("|")[1][2:][:40], "shape": "|".join(k.split("|")[3:]), **v}
+              for k, v in tuned.items() if k.startswith("decode")]).head(12)
+
+# %% [markdown]
+# ## Store: quantize + pack + scatter of a 32K-token write
+# Fraction of the copy bandwidth reached (read the bf16 input, write the stored bytes).
+
+# %%
+st = pd.read_csv(STORE)
+ax = sns.barplot(data=st, x="scheme", y="graph_frac_of_copy", color="C2")
+ax.axhline(1.0, ls="--", color="0.3")
+ax.tick_params(axis="x", rotation=45)
+ax.set_title("store kernel: fraction of copy bandwidth (32K tokens)")
+st[["scheme", "median_ms", "achieved_gbps", "graph_frac_of_copy", "exact"]].round(3)
+
+# %% [markdown]
+# ## FlashInfer's fp8 decode on the same bytes
+# kvlab's fp8 decode, FlashInfer's XQA kernel and its decode wrappers, each against the float32 reference on
+# the same e4m3 pages and scales (odd lengths, NaN-poisoned slots past the end), then timed.
+
+# %%
+fi = pd.read_csv(FLASHINFER)
+acc = fi[fi["test"] == "correctness"].pivot_table(index="impl", columns=["head_dim", "scales"],
+                                                  values="max_rel_err_vs_fp32")
+acc
+
+# %%
+fi[fi["test"] == "timing"][["impl", "batch", "median_ms", "tb_per_s", "ratio_vs_cudnn", "ratio_vs_xqa"]].round(3)
+
+# %% [markdown]
+# ## What limits each kernel
+# Nsight Compute on the slow families (B=32 x 32K): DRAM throughput well under the roofline with few eligible
+# warps and high register counts means the dequantization, not memory, bounds them; that is the work of
+# issue 16 (fast codecs in the MMA-fragment kernel).
+
+# %%
+print(Path(PROFILE).read_text())
