@@ -5,8 +5,10 @@
 
 Every case times what a user gets: the public ops with default dispatch (`decode`, `store`), planned and
 replayed from a CUDA graph as an engine runs a decode step, beside peers in the same process (cuDNN and
-flash SDPA on dense bf16 K/V). Decode rows come twice: `dispatch=tuned` (the tuned-config file given with
---tuned) and `dispatch=default` (no tuned file: a new user). Before a scheme is timed, its default-dispatch
+flash SDPA on dense bf16 K/V). Decode rows come three times: `dispatch=tuned` (the tuned-config file given
+with --tuned), `dispatch=default` (no tuned file and no environment variable: a new user, who gets the configs
+shipped in kvlab/kernels/data and, for shapes they lack, the closest batch bucket or the dispatch heuristic)
+and `dispatch=heuristic` (the shipped configs turned off: the heuristic alone). Before a scheme is timed, its default-dispatch
 output is checked against the float32 reference on a small odd-shaped cache (`gate` columns); a scheme that
 fails is reported, not timed. Writes header.json (GPU, versions, commit, date, copy bandwidth), one CSV per
 case, and the tuned configs the run used or found.
@@ -172,9 +174,11 @@ def case_decode(out: Path, h: dict, names, args) -> None:
             if not base["gate_rel_err"] <= GATE_TOL:
                 emit({**base, "error": perr + f"gate failed: rel err {base['gate_rel_err']:.3g}; not timed"})
                 continue
-            for dispatch, path in (("tuned", args.tuned), ("default", os.devnull)):
+            for dispatch, path, pkg in (("tuned", args.tuned, "1"), ("default", os.devnull, "1"),
+                                        ("heuristic", os.devnull, "0")):
                 if dispatch == "tuned" and not args.tuned:
                     continue
+                os.environ["KVLAB_PACKAGED_CONFIGS"] = pkg  # read when set_cache_path clears the caches
                 row = {**base, "dispatch": dispatch}
                 if time.time() - t0 > args.budget:
                     emit({**row, "error": perr + "skipped: time budget"})
@@ -190,6 +194,7 @@ def case_decode(out: Path, h: dict, names, args) -> None:
                     row["error"] = perr + f"{type(e).__name__}: {str(e)[:300]}"
                 emit(row)
                 torch.cuda.empty_cache()
+    os.environ.pop("KVLAB_PACKAGED_CONFIGS", None)
     tuned.set_cache_path(None)
     f.close()
 

@@ -5,14 +5,19 @@ Keys never hold a sequence length (the same config serves every context):
     decode|k=SPEC|v=SPEC|B<bucket>|Hq..|Hk..|D..|P..       attention_key("decode", ...); extend alike
     store|SPEC|Hk..|D..                                     store_key(...)
 
-Values are typed configs (`configs.py`) with the median they measured. The file is per GPU name:
-~/.cache/kvlab/tuned_<gpu>.json, or env KVLAB_TUNED_CONFIGS, or `set_cache_path`. Files written
-before format 2 (configs as bare dicts) are read too. Imports no kernel code and no Triton.
+Values are typed configs (`configs.py`) with the median they measured. The user's file is per GPU name:
+~/.cache/kvlab/tuned_<gpu>.json, or env KVLAB_TUNED_CONFIGS, or `set_cache_path`; `tune()` writes there.
+Beneath it, configs measured on the GPUs we benchmark ship with the package (kvlab/kernels/data/
+tuned_<gpu>.json, as serving engines ship per-device kernel configs): a lookup takes the user's entry, else
+the packaged one (env KVLAB_PACKAGED_CONFIGS=0 turns those off). `nearest` serves a batch bucket nobody tuned
+from the closest tuned one. Files written before format 2 (configs as bare dicts) are read too. Imports no
+kernel code and no Triton.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 
@@ -23,7 +28,9 @@ FORMAT = 2
 B_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _PATH: str | None = None
 _MEM: dict[str, dict] | None = None
-_PARSED: dict[str, object] = {}  # key -> typed config (or None): lookups sit on the store's per-token path
+_PKG: dict[str, dict] | None = None
+_PARSED: dict[tuple, object] = {}  # (key, packaged) -> typed config (or None): lookups sit on the store's per-token path
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
 
 def b_bucket(B: int) -> int:
@@ -55,10 +62,15 @@ def cache_path(device=None) -> str:
         os.path.expanduser("~"), ".cache", "kvlab", f"tuned_{_slug(gpu_name(device))}.json")
 
 
+def packaged_path(device=None) -> str:
+    """The packaged tuned-config file for this GPU (it may not exist: only benchmarked GPUs have one)."""
+    return os.path.join(DATA_DIR, f"tuned_{_slug(gpu_name(device))}.json")
+
+
 def set_cache_path(path: str | None) -> None:
     """Use `path` as the tuned-config JSON file (None: back to the default)."""
-    global _PATH, _MEM
-    _PATH, _MEM = path, None
+    global _PATH, _MEM, _PKG
+    _PATH, _MEM, _PKG = path, None, None
     _PARSED.clear()
 
 
@@ -81,27 +93,61 @@ def _dump(path: str) -> None:
     os.replace(tmp, path)
 
 
-def lookup(key: str):
-    """The stored config for `key` (a typed config), or None. An entry this kvlab cannot read is skipped."""
-    if key not in _PARSED:
-        entry = _load().get(key)
+def _packaged() -> dict:
+    global _PKG
+    if _PKG is None:
+        _PKG = {}
+        if os.environ.get("KVLAB_PACKAGED_CONFIGS", "1") != "0":
+            try:
+                with open(packaged_path()) as f:
+                    _PKG = json.load(f).get("configs", {})
+            except (OSError, ValueError):
+                pass
+    return _PKG
+
+
+def _entry(key: str, packaged: bool) -> dict | None:
+    e = _load().get(key)
+    return _packaged().get(key) if e is None and packaged else e
+
+
+def lookup(key: str, packaged: bool = True):
+    """The config for `key` (a typed config) from the user's file, else (packaged=True) the package's, or
+    None. An entry this kvlab cannot read is skipped."""
+    if (key, packaged) not in _PARSED:
+        entry = _entry(key, packaged)
         try:
-            _PARSED[key] = None if entry is None else config_from_dict(
+            _PARSED[key, packaged] = None if entry is None else config_from_dict(
                 key.split("|", 1)[0], {k: v for k, v in entry.items() if k != "ms"})
         except ValueError:
-            _PARSED[key] = None
-    return _PARSED[key]
+            _PARSED[key, packaged] = None
+    return _PARSED[key, packaged]
 
 
-def measured_ms(key: str) -> float | None:
-    """The median the stored config of `key` measured, or None."""
-    return (_load().get(key) or {}).get("ms")
+def nearest(key: str):
+    """For an attention key with no entry: the config tuned at the closest batch bucket of the same specs and
+    shape (user's file first, then the package's), with num_splits cleared (the split count follows the
+    batch: `configs.auto_splits` picks it); None when no bucket of that shape is tuned."""
+    m = re.fullmatch(r"(.*)\|B(\d+)(\|.*)", key)
+    if m is None:
+        return None
+    head, b, tail = m.group(1), int(m.group(2)), m.group(3)
+    for other in sorted(B_BUCKETS, key=lambda x: (abs(math.log2(x) - math.log2(b)), -x)):
+        cfg = lookup(f"{head}|B{other}{tail}") if other != b else None
+        if cfg is not None:
+            return cfg.replace(num_splits=None)
+    return None
+
+
+def measured_ms(key: str, packaged: bool = False) -> float | None:
+    """The median the stored config of `key` measured (the user's file; packaged=True: or the package's)."""
+    return (_entry(key, packaged) or {}).get("ms")
 
 
 def record(key: str, config, ms: float | None, save: bool = True) -> None:
     """Store `config` (typed) with its median for `key`; save: write the JSON file now."""
     _load()[key] = {**config.to_dict(), "ms": ms}
-    _PARSED[key] = config
+    _PARSED[key, True] = _PARSED[key, False] = config
     if save:
         _dump(cache_path())
 

@@ -129,3 +129,65 @@ def test_triton_space_offers_the_fast_paths_the_spec_has(name):
     quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" for s in (sch.k, sch.v))
     assert any(c.asm for c in cands) == (quant4 or any(autotune.rowfirst_ok(s) for s in (sch.k, sch.v)))
     assert any(c.orient == "kv" for c in cands) == quant4
+
+
+# ---- configs shipped with the package ---------------------------------------------------------------
+def _packaged(monkeypatch, tmp_path, configs: dict, gpu="NVIDIA H200"):
+    """A packaged file for `gpu` in a temporary data dir, and that GPU as the current one."""
+    import json
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "tuned_nvidia_h200.json").write_text(json.dumps({"format": 2, "gpu": gpu, "configs": configs}))
+    monkeypatch.setattr(tuned, "DATA_DIR", str(d))
+    monkeypatch.setattr(tuned, "gpu_name", lambda device=None: gpu)
+    tuned.set_cache_path(str(tmp_path / "user.json"))  # an empty user file; clears the caches
+
+
+def test_packaged_configs_serve_a_new_user_and_the_users_own_override(tmp_cache, tmp_path, monkeypatch):
+    key = tuned.attention_key("decode", "q4_0", "q4_0", 32, 32, 8, 128, 16)
+    _packaged(monkeypatch, tmp_path, {key: {"kernel": "gluon", "num_warps": 4, "tokens_per_warp": 32,
+                                            "num_splits": 3, "ms": 0.44}})
+    got = tuned.lookup(key)
+    assert got == GluonDecodeConfig(num_warps=4, tokens_per_warp=32, num_splits=3)
+    assert tuned.lookup(key, packaged=False) is None and tuned.measured_ms(key) is None  # tune() compares its own
+    assert tuned.measured_ms(key, packaged=True) == 0.44
+    mine = TritonDecodeConfig(block_n=128, num_splits=5)
+    tuned.record(key, mine, 0.5, save=False)
+    assert tuned.lookup(key) == mine  # the user's tune() result wins over the shipped one
+    monkeypatch.setenv("KVLAB_PACKAGED_CONFIGS", "0")
+    tuned.set_cache_path(str(tmp_path / "other.json"))
+    assert tuned.lookup(key) is None
+
+
+def test_nearest_bucket_serves_untuned_batches_with_splits_rederived(tmp_cache, tmp_path, monkeypatch):
+    k32 = tuned.attention_key("decode", "q8_0", "q8_0", 32, 32, 8, 128, 16)
+    _packaged(monkeypatch, tmp_path, {k32: {"kernel": "gluon", "num_warps": 4, "tokens_per_warp": 32,
+                                            "num_splits": 1}})
+    k1 = tuned.attention_key("decode", "q8_0", "q8_0", 1, 32, 8, 128, 16)
+    assert tuned.lookup(k1) is None
+    assert tuned.nearest(k1) == GluonDecodeConfig(num_warps=4, tokens_per_warp=32, num_splits=None)
+    other_shape = tuned.attention_key("decode", "q8_0", "q8_0", 1, 9, 3, 64, 16)
+    assert tuned.nearest(other_shape) is None  # never borrowed across heads, head_dim or page size
+    assert tuned.nearest("store|q4_0|Hk8|D128") is None
+
+
+def test_decode_dispatch_falls_back_to_a_kernel_that_runs_the_call(tmp_cache, tmp_path, monkeypatch):
+    """On the CPU a shipped Gluon entry cannot run (it needs CUDA): dispatch falls through to Triton."""
+    import torch
+
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "decode"))
+    from paged_cases import call_args, make_paged
+
+    from kvlab.kernels.checks import check_prefix
+    from kvlab.kernels.decode import api
+    spec = kvlab.scheme("q4_0").k
+    c = make_paged([5, 40], 2, 128, 16, spec, spec)
+    q = torch.randn(2, 4, 128)
+    args, kw = call_args(c)
+    kv = check_prefix(q, *args, spec, spec, 16, *kw.values(), 2)
+    key = tuned.attention_key("decode", spec, spec, 2, 4, 2, 128, 16)
+    _packaged(monkeypatch, tmp_path, {key: {"kernel": "gluon", "num_warps": 4, "tokens_per_warp": 32,
+                                            "num_splits": 2}})
+    mod, cfg = api.resolve(q, kv)
+    assert cfg.kernel == "triton" and mod.__name__.endswith("decode.triton")

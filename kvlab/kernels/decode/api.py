@@ -4,14 +4,18 @@
 attends one query token per sequence to its quantized pages (CSR block table, FlashInfer style) plus
 its full-precision tokens. Backends: `reference.py` (torch), `triton.py` (every spec family), `gluon.py`
 (MMA fragments, int4 / int8 / fp8 specs on CUDA). This module alone chooses among them: an explicit
-config names its kernel; otherwise the tuned-config store's entry, then the Triton default, each
-taken only if that backend's own `why_not` accepts the call. Never imports Triton at import time.
+config names its kernel; otherwise, in order, the tuned entry for this GPU and shape (the user's file, then
+the configs shipped with kvlab), the entry tuned at the closest batch bucket (its split count re-derived),
+the Gluon kernel's default on a GPU it is verified on, and the Triton default, each taken only if that
+backend's own `why_not` accepts the call. Never imports Triton at import time.
 """
 from __future__ import annotations
 
 from ..checks import check_out, check_prefix, check_query, check_sm_scale, need
-from ..configs import TritonDecodeConfig, auto_splits, config_from_dict
-from ..tuned import attention_key, lookup
+from ..configs import GluonDecodeConfig, TritonDecodeConfig, auto_splits, config_from_dict
+from ..tuned import attention_key, lookup, nearest
+
+GLUON_DEFAULT = GluonDecodeConfig(num_warps=4, tokens_per_warp=32)  # the shape most tuned Gluon entries share
 
 BACKENDS = ("triton", "reference")  # "triton": the Triton-family kernels (Triton or Gluon, by config)
 
@@ -29,12 +33,19 @@ def _kernel(name: str):
     return triton
 
 
+def _gluon_verified(device) -> bool:
+    try:
+        return _kernel("gluon").gpu_verified(device)
+    except ValueError:
+        return False
+
+
 def resolve(q, kv, config=None, num_splits: int | None = None):
     """(backend module, typed config with num_splits set) for a checked call.
 
     config given (a typed config or its dict): its kernel must run the call, else ValueError with the
-    kernel's reason. None: the tuned entry for this GPU, spec pair and shape where its kernel runs the
-    call, else the Triton default."""
+    kernel's reason. None: the first of the tuned entry, the closest tuned batch bucket, the Gluon default
+    (on a GPU it is verified on) and the Triton default whose kernel runs the call."""
     B, Hq, D = q.shape
     if config is not None:
         cfg = config_from_dict("decode", config)
@@ -42,8 +53,11 @@ def resolve(q, kv, config=None, num_splits: int | None = None):
         why = mod.why_not(q, kv, cfg)
         need(why is None, f"config kernel={cfg.kernel!r} cannot run this call: {why}")
     else:
-        tuned = lookup(attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size))
-        cands = ([tuned] if tuned is not None else []) + [TritonDecodeConfig()]
+        key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
+        cands = [c for c in (lookup(key), nearest(key)) if c is not None]
+        if q.is_cuda and _gluon_verified(q.device):
+            cands.append(GLUON_DEFAULT)
+        cands.append(TritonDecodeConfig())
         for cfg in cands:
             try:
                 mod = _kernel(cfg.kernel)
