@@ -173,6 +173,9 @@ def test_nearest_bucket_serves_untuned_batches_with_splits_rederived(tmp_cache, 
 
 def test_decode_dispatch_falls_back_to_a_kernel_that_runs_the_call(tmp_cache, tmp_path, monkeypatch):
     """On the CPU a shipped Gluon entry cannot run (it needs CUDA): dispatch falls through to Triton."""
+    from kvlab.kernels.env import interpreting
+    if not interpreting():
+        pytest.skip("CPU tensors reach the Triton kernels only under TRITON_INTERPRET=1 (CPU CI)")
     import torch
 
     import sys
