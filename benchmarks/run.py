@@ -38,6 +38,8 @@ SCHEMES = {"bf16": "bf16", "fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0
            "int2": "int2:g32:asym", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "nf4": "nf4", "iq4nl": "iq4nl"}
 SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=128),
           "b1": dict(batch=1, context=32768, heads_q=32, heads_kv=8, head_dim=128),
+          "b8": dict(batch=8, context=32768, heads_q=32, heads_kv=8, head_dim=128),
+          "b128": dict(batch=128, context=16384, heads_q=32, heads_kv=8, head_dim=128),
           "smollm2": dict(batch=32, context=8192, heads_q=9, heads_kv=3, head_dim=64),
           "d256": dict(batch=32, context=8192, heads_q=8, heads_kv=4, head_dim=256)}
 DECODE_COLUMNS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms",
