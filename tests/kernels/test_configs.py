@@ -194,3 +194,13 @@ def test_decode_dispatch_falls_back_to_a_kernel_that_runs_the_call(tmp_cache, tm
                                             "num_splits": 2}})
     mod, cfg = api.resolve(q, kv)
     assert cfg.kernel == "triton" and mod.__name__.endswith("decode.triton")
+
+
+def test_every_shipped_config_parses():
+    """A shipped entry this kvlab cannot read would be skipped silently: every one must parse."""
+    import pathlib
+    for path in pathlib.Path(tuned.DATA_DIR).glob("tuned_*.json"):
+        entries = json.loads(path.read_text())["configs"]
+        assert entries, path
+        for key, e in entries.items():
+            configs.config_from_dict(key.split("|", 1)[0], {k: v for k, v in e.items() if k != "ms"})
