@@ -21,6 +21,7 @@ ALLOWED = {
     "sweep": {"spec", "quant", "cache", "model", "eval", "kernels", "report"},
     "export": {"spec", "quant", "cache", "model", "eval", "kernels"},
     "paper": {"spec", "quant", "eval", "report", "export"},
+    "generate": {"spec", "cache", "model", "eval", "kernels"},
 }
 KERNEL_LEAVES = {"checks", "configs", "env", "paged", "tiles"}  # what a backend file may import from kvlab.kernels
 BACKENDS = {"reference.py", "triton.py", "gluon.py", "gluon_codecs.py"}

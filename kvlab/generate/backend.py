@@ -1,0 +1,60 @@
+"""`PagedBackend`: the decoder's attention over a real `KVPool` and the paged kernels.
+
+A prefill chunk of T > 1 tokens attends through `extend` to everything the pool holds for its sequences plus
+the chunk itself in full precision (as serving engines' chunked prefill does), then the chunk is stored
+(quantize + pack + scatter). A decode step (T = 1) stores the new token first, then attends through `decode`
+to the whole cache, the new token read back as stored (as an engine's decode step reads it; kvlab's
+decode-faithful evaluation scores exactly that). The sequences of one call share their positions (the model
+takes one position vector per forward).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..kernels.decode import decode
+from ..kernels.extend import extend
+
+
+class PagedBackend:
+    """AttentionBackend over `pool` for the sequences `seq_ids` (one batch row each, in order).
+
+    kernels: "triton" (the Triton / Gluon kernels by default dispatch; on the CPU under TRITON_INTERPRET=1) or
+    "reference" (the torch float32 backends of the same ops)."""
+
+    def __init__(self, pool, seq_ids, kernels: str = "triton") -> None:
+        for name, spec in (("K", pool.scheme.k), ("V", pool.scheme.v)):
+            if spec.pre_rope:
+                raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
+                                 "after dequantizing (issue 16): generate with a post-RoPE scheme")
+        self.pool, self.seq_ids, self.kernels = pool, list(seq_ids), kernels
+
+    @property
+    def seq_len(self) -> int:
+        return self.pool.seq_len(self.seq_ids[0])
+
+    def _prefix(self, layer: int):
+        p = self.pool
+        lc, bt, fp = p.layer_cache(layer), p.block_table(self.seq_ids, layer), p.fp_buffer(layer, self.seq_ids)
+        args = (lc.k_pages, lc.v_pages, bt.kv_indptr, bt.kv_indices, bt.kv_last_page_len, lc.k_spec, lc.v_spec,
+                p.page_size)
+        kw = dict(k_fp=fp.k, v_fp=fp.v, fp_len=fp.length, k_tensor_scale=lc.k_tensor_scale,
+                  v_tensor_scale=lc.v_tensor_scale, backend=self.kernels)
+        return args, kw
+
+    def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
+        B, Hq, T, D = q.shape  # q [B, Hq, T, D]; k, v [B, Hk, T, D]
+        if B != len(self.seq_ids):
+            raise ValueError(f"a batch of {B} rows for {len(self.seq_ids)} sequences")
+        dt = self.pool.fp_dtype
+        if T == 1:
+            self.pool.append_batch(self.seq_ids, layer, k[:, :, 0], v[:, :, 0])  # [B, Hk, D]
+            args, kw = self._prefix(layer)
+            return decode(q[:, :, 0].to(dt).contiguous(), *args, **kw)[:, :, None].to(q.dtype)
+        args, kw = self._prefix(layer)
+        flat = (lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], D).to(dt).contiguous())  # noqa: E731
+        qo = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device)
+        out = extend(flat(q), flat(k), flat(v), qo, *args, **kw, max_qo_len=T)  # [B*T, Hq, D]
+        for b, s in enumerate(self.seq_ids):
+            self.pool.append(s, layer, k[b].transpose(0, 1), v[b].transpose(0, 1))  # [T, Hk, D]
+        return out.reshape(B, T, Hq, D).transpose(1, 2).to(q.dtype)
