@@ -7,13 +7,14 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     tok|chan|head|tensor   axis
     sym|asym      symmetric or asymmetric (int only)
     s=<dtype>     scale dtype: f16 bf16 f32 e8m0 e4m3
-    rule=<r>      absmax | signed | mse | unit
+    rule=<r>      absmax | signed | mse | unit | full
     recip         GGML arithmetic (codes from the fp32 reciprocal of the unrounded scale)
     rnd=<r>       even | away | up
     rot=<r>       none | had
     pack=<p>      seq | ggml
     ts            two-level scaling: an fp32 tensor scale above e4m3 group scales (NVFP4)
     prerope       keys quantized before RoPE
+    twos          two's-complement sub-byte codes (FreeToken) instead of offset binary
 
 A spec preset name (`q4_0`, `mxfp4`, `freetoken:q6_0`, ...) is accepted wherever a spec is.
 `format_spec` (kvlab.spec.text) prints the canonical text: format, group/axis, sym/asym (ints), then every
