@@ -28,6 +28,17 @@ class PagedBackend:
                 raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
                                  "after dequantizing (issue 16): generate with a post-RoPE scheme")
         self.pool, self.seq_ids, self.kernels = pool, list(seq_ids), kernels
+        self._table = (None, None)  # (per-sequence (pages, quantized tokens), CSR block table) of the last layer
+
+    def _block_table(self, layer: int):
+        """The CSR block table at `layer`. Within a step every layer holds the same pages and counts once its
+        append is done, so the table built for one layer serves the next (pages only grow while a backend
+        lives): it is rebuilt, host to device, only when a count changed."""
+        p = self.pool
+        key = tuple((len(p.pages_of(s)), p.n_quantized(s, layer)) for s in self.seq_ids)
+        if self._table[0] != key:
+            self._table = (key, p.block_table(self.seq_ids, layer))
+        return self._table[1]
 
     @property
     def seq_len(self) -> int:
@@ -35,7 +46,7 @@ class PagedBackend:
 
     def _prefix(self, layer: int):
         p = self.pool
-        lc, bt, fp = p.layer_cache(layer), p.block_table(self.seq_ids, layer), p.fp_buffer(layer, self.seq_ids)
+        lc, bt, fp = p.layer_cache(layer), self._block_table(layer), p.fp_buffer(layer, self.seq_ids)
         args = (lc.k_pages, lc.v_pages, bt.kv_indptr, bt.kv_indices, bt.kv_last_page_len, lc.k_spec, lc.v_spec,
                 p.page_size)
         kw = dict(k_fp=fp.k, v_fp=fp.v, fp_len=fp.length, k_tensor_scale=lc.k_tensor_scale,

@@ -29,7 +29,7 @@ B_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _PATH: str | None = None
 _MEM: dict[str, dict] | None = None
 _PKG: dict[str, dict] | None = None
-_PARSED: dict[tuple, object] = {}  # (key, packaged) -> typed config (or None): lookups sit on the store's per-token path
+_PARSED: dict[tuple, object] = {}  # (key, packaged | "nearest") -> typed config or None: lookups sit on hot paths
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
 
@@ -128,6 +128,12 @@ def nearest(key: str):
     """For an attention key with no entry: the config tuned at the closest batch bucket of the same specs and
     shape (user's file first, then the package's), with num_splits cleared (the split count follows the
     batch: `configs.auto_splits` picks it); None when no bucket of that shape is tuned."""
+    if (key, "nearest") not in _PARSED:  # cached like lookups: decode resolves on every unplanned call
+        _PARSED[key, "nearest"] = _nearest(key)
+    return _PARSED[key, "nearest"]
+
+
+def _nearest(key: str):
     m = re.fullmatch(r"(.*)\|B(\d+)(\|.*)", key)
     if m is None:
         return None
@@ -147,6 +153,7 @@ def measured_ms(key: str, packaged: bool = False) -> float | None:
 def record(key: str, config, ms: float | None, save: bool = True) -> None:
     """Store `config` (typed) with its median for `key`; save: write the JSON file now."""
     _load()[key] = {**config.to_dict(), "ms": ms}
+    _PARSED.clear()  # a new bucket can change what `nearest` answers for its neighbours
     _PARSED[key, True] = _PARSED[key, False] = config
     if save:
         _dump(cache_path())

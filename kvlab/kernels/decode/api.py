@@ -54,7 +54,8 @@ def resolve(q, kv, config=None, num_splits: int | None = None):
         need(why is None, f"config kernel={cfg.kernel!r} cannot run this call: {why}")
     else:
         key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
-        cands = [c for c in (lookup(key), nearest(key)) if c is not None]
+        tuned = lookup(key)
+        cands = [tuned] if tuned is not None else [c for c in (nearest(key),) if c is not None]
         if q.is_cuda and _gluon_verified(q.device):
             cands.append(GLUON_DEFAULT)
         cands.append(TritonDecodeConfig())
