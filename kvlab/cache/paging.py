@@ -67,7 +67,7 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
         pages["codes"][page, :, off] = x[keep].to(FLOAT_STORAGE[spec.fmt])
         return
     q = quantize(x[keep], spec, **kw)  # codes [T', Hk, D/G, GB], scales [T', Hk, D/G]
-    pages["codes"][page, :, off] = q.codes.reshape(q.codes.shape[0], Hk, -1)
+    pages["codes"][page, :, off] = q.codes.flatten(2)  # [T', Hk, D/G * GB]
     if lay.has_group_scales:
         pages["scales"][page, :, off] = q.scales
         if q.zeros is not None:

@@ -113,12 +113,19 @@ class KVPool(PoolViews):
         return cls(scheme, n_layers, n_kv_heads, head_dim, n, page_size, **kw)
 
     # ---- sequences ----------------------------------------------------------------------
-    def add_sequence(self) -> int:
-        """A new empty sequence; returns its id."""
+    def add_sequence(self, row: int | None = None) -> int:
+        """A new empty sequence; returns its id. row: the fp-buffer row it must use (a batch slot of
+        `kvlab.cache.step.DecodeStep`, whose kernels read row b for slot b); default: any free row."""
         if not self._free_rows:
             raise ValueError(f"max_seqs={self.max_seqs} sequences are live; free one or build the pool with more")
+        if row is not None and row not in self._free_rows:
+            raise ValueError(f"fp row {row!r} is not free; free rows: {sorted(self._free_rows)[:16]} "
+                             f"(rows 0..{self.max_seqs - 1})")
+        r = self._free_rows.pop() if row is None else row
+        if row is not None:
+            self._free_rows.remove(row)
         sid, self._next_id = self._next_id, self._next_id + 1
-        self._seqs[sid] = _Seq(self._free_rows.pop(), self.n_layers)
+        self._seqs[sid] = _Seq(r, self.n_layers)
         return sid
 
     def free(self, seq_id: int) -> None:

@@ -4,8 +4,11 @@ A prefill chunk of T > 1 tokens attends through `extend` to everything the pool 
 the chunk itself in full precision (as serving engines' chunked prefill does), then the chunk is stored
 (quantize + pack + scatter). A decode step (T = 1) stores the new token first, then attends through `decode`
 to the whole cache, the new token read back as stored (as an engine's decode step reads it; kvlab's
-decode-faithful evaluation scores exactly that). The sequences of one call share their positions (the model
-takes one position vector per forward).
+decode-faithful evaluation scores exactly that). The sequences of one call share their positions.
+
+`StepBackend` runs decode steps of a `kvlab.cache.DecodeStep` instead: one token per batch slot, sequences of
+different lengths (positions [B, 1]), the pool written by index tensors planned once per step, every shape
+fixed: what `kvlab.generate.Batcher` captures in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -69,3 +72,25 @@ class PagedBackend:
         for b, s in enumerate(self.seq_ids):
             self.pool.append(s, layer, k[b].transpose(0, 1), v[b].transpose(0, 1))  # [T, Hk, D]
         return out.reshape(B, T, Hq, D).transpose(1, 2).to(q.dtype)
+
+
+class StepBackend:
+    """AttentionBackend for decode steps over `step` (a planned `DecodeStep`): each layer writes the slots' new
+    tokens through the step's index tensors, then attends through `decode` with the step's block table and fp
+    buffers. Idle slots read nothing and return 0. kernels: as `PagedBackend`."""
+
+    def __init__(self, step, kernels: str = "triton") -> None:
+        for name, spec in (("K", step.pool.scheme.k), ("V", step.pool.scheme.v)):
+            if spec.pre_rope:
+                raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
+                                 "after dequantizing (issue 16): generate with a post-RoPE scheme")
+        self.step, self.kernels = step, kernels
+
+    def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
+        B, Hq, T, D = q.shape  # q [B, Hq, 1, D]; k, v [B, Hk, 1, D]
+        if T != 1 or B != self.step.B:
+            raise ValueError(f"a decode step takes one token for each of {self.step.B} slots, got [B={B}, T={T}]")
+        self.step.write(layer, k[:, :, 0], v[:, :, 0])
+        args, kw = self.step.attention_args(layer)
+        dt = self.step.pool.fp_dtype
+        return decode(q[:, :, 0].to(dt).contiguous(), *args, **kw, backend=self.kernels)[:, :, None].to(q.dtype)

@@ -1,50 +1,34 @@
-"""Greedy generation through `PagedBackend`: chunked prefill, then one decode step per new token, timed."""
+"""Greedy generation of one batch of equal-length prompts: chunked prefill, then decode steps (`Batcher`)."""
 from __future__ import annotations
-
-import time
 
 import torch
 from torch import Tensor
 
-from .backend import PagedBackend
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+from .batcher import Batcher
 
 
 @torch.no_grad()
-def generate(model, pool, prompts: Tensor, n_new: int, chunk: int = 2048, kernels: str = "triton") -> dict:
+def generate(model, pool, prompts: Tensor, n_new: int, chunk: int = 2048, kernels: str = "triton",
+             graphs: bool | None = None) -> dict:
     """Greedy-generate `n_new` tokens after each row of `prompts` [B, T] (one shared length) through `pool`.
 
-    Returns {"tokens": [B, n_new] int64, "prefill_s", "decode_s", "decode_tokens_per_s" (B x steps / time),
-    "seq_ids"}. The sequences stay in the pool (free them with pool.free)."""
+    Decode steps run through `kvlab.cache.DecodeStep` (one plan per step for every layer), captured in a CUDA
+    graph on the GPU (graphs=None: on CUDA). Returns {"tokens": [B, n_new] int64, "prefill_s", "decode_s",
+    "decode_tokens_per_s" (B x steps / time), "seq_ids", "graphs"}. The sequences stay in the pool (free them
+    with pool.free); the pool's fp rows 0..B-1 must be free."""
     if prompts.dim() != 2 or prompts.shape[1] < 1:
         raise ValueError(f"prompts must be [B, T] token ids with T >= 1, got {tuple(prompts.shape)}")
     if n_new < 1 or chunk < 1:
         raise ValueError(f"n_new ({n_new}) and chunk ({chunk}) must be >= 1")
-    dev = next(model.parameters()).device
     B, T = prompts.shape
-    ids = [pool.add_sequence() for _ in range(B)]
-    be = PagedBackend(pool, ids, kernels)
-    prompts = prompts.to(dev)
-    _sync(dev)
-    t0 = time.perf_counter()
-    logits = None
-    for i in range(0, T, chunk):
-        j = min(T, i + chunk)
-        logits = model(prompts[:, i:j], positions=torch.arange(i, j, device=dev), backend=be, last=1)
-    nxt = logits[:, -1].argmax(-1)
-    _sync(dev)
-    t1 = time.perf_counter()
-    out = [nxt]
-    for s in range(n_new - 1):
-        logits = model(nxt[:, None], positions=torch.tensor([T + s], device=dev), backend=be)
-        nxt = logits[:, -1].argmax(-1)
-        out.append(nxt)
-    _sync(dev)
-    t2 = time.perf_counter()
-    steps = n_new - 1
-    return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": t1 - t0, "decode_s": t2 - t1,
-            "decode_tokens_per_s": B * steps / (t2 - t1) if steps else None, "seq_ids": ids}
+    if B > pool.max_seqs:
+        raise ValueError(f"{B} prompts but the pool holds max_seqs={pool.max_seqs} sequences")
+    b = Batcher(model, pool, slots=B, max_tokens=min(model.config.max_position_embeddings, max(T + n_new, 1)),
+                kernels=kernels, chunk=chunk, graphs=graphs, keep=True)
+    for row in prompts.cpu():
+        b.submit(row, n_new)
+    r = b.run()
+    reqs = r["requests"]
+    return {"tokens": torch.tensor([q.tokens for q in reqs], dtype=torch.long), "prefill_s": r["prefill_s"],
+            "decode_s": r["decode_s"], "decode_tokens_per_s": r["decode_tokens_per_s"],
+            "seq_ids": [q.seq for q in reqs], "graphs": r["graphs"]}

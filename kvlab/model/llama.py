@@ -227,26 +227,32 @@ class LlamaModel(nn.Module):
 
     def apply_rope(self, x: Tensor, positions: Tensor, max_position: int | None = None,
                    cos_sin: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """Rotate x: [B, H, T, D] by absolute positions [T] (int64), HF rotate-half convention.
+        """Rotate x: [B, H, T, D] by absolute positions [T] or [B, T] (int64), HF rotate-half convention.
         Returns [B, H, T, D] in x's dtype (cos/sin computed in float32 and cast, as HF).
         max_position: a known bound on positions (no device sync); cos_sin: `_rope(positions)`
         computed once for several tensors."""
         cos, sin = cos_sin or self._rope(positions.to(self.embed_tokens.weight.device), max_position)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D], or [B, T, D] for per-sequence positions
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     # ---- forward -------------------------------------------------------------------------
     def forward(self, tokens: Tensor, positions: Tensor | None = None,
-                backend: AttentionBackend | None = None, last: int | None = None) -> Tensor:
+                backend: AttentionBackend | None = None, last: int | None = None,
+                max_position: int | None = None) -> Tensor:
         """tokens: LongTensor [B, T]; positions: LongTensor [T] of absolute positions (default:
-        continue after what `backend` holds, i.e. `backend.seq_len` if it has one, else 0..T-1);
-        backend: where K/V live (default: a fresh `DenseCausalBackend`); last: compute logits for
-        the last `last` positions only (default all; the LM head of a long prompt is costly).
+        continue after what `backend` holds, i.e. `backend.seq_len` if it has one, else 0..T-1), or
+        [B, T], one row per sequence (for backends that hold sequences of different lengths, as
+        `kvlab.generate`'s; the dense default backend takes [T] only); backend: where K/V live
+        (default: a fresh `DenseCausalBackend`); last: compute logits for the last `last` positions
+        only (default all; the LM head of a long prompt is costly); max_position: a bound on the
+        given positions, which spares a device sync (needed inside CUDA-graph capture).
         Returns logits [B, T or last, V] float32."""
         if last is not None and not 1 <= last <= tokens.shape[-1]:
             raise ValueError(f"last={last} must be between 1 and the {tokens.shape[-1]} tokens given")
-        return self._run(tokens, positions, backend, last=last)[0]
+        return self._run(tokens, positions, backend, last=last, max_position=max_position)[0]
 
     @torch.no_grad()
     def capture(self, tokens: Tensor, positions: Tensor | None = None,
@@ -267,7 +273,8 @@ class LlamaModel(nn.Module):
         return out
 
     def _run(self, tokens: Tensor, positions: Tensor | None, backend: AttentionBackend | None,
-             want_hidden: bool = False, last: int | None = None) -> tuple[Tensor, list[Tensor]]:
+             want_hidden: bool = False, last: int | None = None,
+             max_position: int | None = None) -> tuple[Tensor, list[Tensor]]:
         c = self.config
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor [B, T], got {tuple(tokens.shape)} "
@@ -275,13 +282,15 @@ class LlamaModel(nn.Module):
         backend = DenseCausalBackend() if backend is None else backend
         B, T = tokens.shape
         dev = self.embed_tokens.weight.device
-        max_position = None  # known on the host when positions are implied: no device sync per forward
-        if positions is None:
+        if positions is None:  # known on the host when positions are implied: no device sync per forward
             start = int(getattr(backend, "seq_len", 0))
             positions, max_position = torch.arange(start, start + T, device=dev), start + T - 1
         positions = positions.to(device=dev, dtype=torch.int64)
-        if positions.shape != (T,):
-            raise ValueError(f"positions must be [T]={T} int64, got {tuple(positions.shape)}")
+        if positions.shape not in ((T,), (B, T)):
+            raise ValueError(f"positions must be [T]={T} or [B, T]={B, T} int64, got {tuple(positions.shape)}")
+        if positions.dim() == 2 and isinstance(backend, DenseCausalBackend):
+            raise ValueError("per-sequence positions [B, T] need a backend that holds sequences of different "
+                             "lengths (kvlab.generate.PagedBackend); the dense backend takes positions [T]")
         cos_sin = self._rope(positions, max_position)  # once per forward, shared by every layer
         x = self.embed_tokens(tokens.to(dev))  # [B, T, H]
         hidden = [x.float()] if want_hidden else []

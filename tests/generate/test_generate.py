@@ -13,15 +13,6 @@ from kvlab.generate import PagedBackend, generate
 from kvlab.generate.__main__ import main, page_size_for
 
 
-def _tiny_model():
-    from kvlab.model import LlamaModel, config_from_hf
-    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 96,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-           "max_position_embeddings": 256, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
-    torch.manual_seed(0)
-    return LlamaModel(config_from_hf(cfg)).eval()
-
-
 def _pool(model, scheme, pages=32):
     c, sch = model.config, kvlab.scheme(scheme)
     return KVPool(sch, c.n_layers, c.n_kv_heads, c.head_dim, pages, page_size_for(sch), max_seqs=4)
@@ -29,10 +20,10 @@ def _pool(model, scheme, pages=32):
 
 @torch.no_grad()
 @pytest.mark.parametrize("scheme", ["q4_0", "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2", "int3:g32:asym"])
-def test_decode_steps_equal_the_decode_faithful_simulation(scheme):
+def test_decode_steps_equal_the_decode_faithful_simulation(scheme, tiny_model):
     """Token by token (every step stores its token, then reads the cache back), the paged run is the
     simulation's arithmetic: logits agree to float32 accumulation order."""
-    model = _tiny_model()
+    model = tiny_model
     tokens = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
     pool = _pool(model, scheme)
     be = PagedBackend(pool, [pool.add_sequence(), pool.add_sequence()], kernels="reference")
@@ -42,8 +33,8 @@ def test_decode_steps_equal_the_decode_faithful_simulation(scheme):
 
 
 @torch.no_grad()
-def test_chunked_prefill_over_a_float_cache_is_dense_attention():
-    model = _tiny_model()
+def test_chunked_prefill_over_a_float_cache_is_dense_attention(tiny_model):
+    model = tiny_model
     tokens = torch.randint(0, 64, (1, 70), generator=torch.Generator().manual_seed(2))
     pool = _pool(model, "fp16")
     be = PagedBackend(pool, [pool.add_sequence()], kernels="reference")
@@ -54,8 +45,8 @@ def test_chunked_prefill_over_a_float_cache_is_dense_attention():
 
 
 @torch.no_grad()
-def test_triton_kernels_agree_with_the_torch_backends():
-    model = _tiny_model()
+def test_triton_kernels_agree_with_the_torch_backends(tiny_model):
+    model = tiny_model
     prompts = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(3))
     logits = {}
     for kernels in ("reference", "triton"):
@@ -68,8 +59,8 @@ def test_triton_kernels_agree_with_the_torch_backends():
     assert (tri - ref).abs().max() / ref.abs().max() < 1e-3
 
 
-def test_generate_reports_and_keeps_its_sequences():
-    model = _tiny_model()
+def test_generate_reports_and_keeps_its_sequences(tiny_model):
+    model = tiny_model
     pool = _pool(model, "q8_0")
     r = generate(model, pool, torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(4)), 5,
                  chunk=8, kernels="reference")
@@ -79,8 +70,8 @@ def test_generate_reports_and_keeps_its_sequences():
         generate(model, pool, torch.tensor([1, 2, 3]), 2)
 
 
-def test_prerope_schemes_are_refused_with_the_reason():
-    model = _tiny_model()
+def test_prerope_schemes_are_refused_with_the_reason(tiny_model):
+    model = tiny_model
     pool = _pool(model, "k=int4:g32:chan:asym:prerope,v=int4:g32:asym")
     with pytest.raises(ValueError, match="before RoPE"):
         PagedBackend(pool, [pool.add_sequence()])
