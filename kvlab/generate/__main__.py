@@ -1,13 +1,17 @@
 """python -m kvlab.generate --scheme q4_0 [--budget-gib 1] [--batch 1] [--prompt TEXT | --prompt-len N]
                            [--new-tokens 32] [--chunk 2048] [--device cpu|cuda] [--kernels triton|reference]
-                           [--check] [--passkey] [--csv FILE]
+                           [--graphs | --no-graphs] [--compile] [--requests N] [--check] [--passkey] [--csv FILE]
 
 Generate text through a real paged KV cache: a `KVPool` sized to the memory budget (its own accounting gives
 the context that fits), chunked prefill through the store and extend kernels, one decode step per token
-through store + decode (`kvlab.generate.PagedBackend`). Prints capacity, prefill time, decode tokens/s and
-the text; --check also generates with the decode-faithful simulation (kvlab.eval) and reports where the two
-first differ and the simulation's logit margin there (a quantized forward is chaotic: near-ties flip);
---passkey hides a 5-digit key in the prompt (kvlab.eval.passkey) and reports whether it is retrieved.
+through store + decode (`kvlab.cache.DecodeStep` + `kvlab.generate.StepBackend`; on CUDA each step is one
+CUDA-graph replay unless --no-graphs; --compile runs the model's dense layer parts through torch.compile).
+Prints capacity, prefill time, decode tokens/s and the text; --check also generates with the decode-faithful
+simulation (kvlab.eval) and reports where the two first differ and the simulation's logit margin there (a
+quantized forward is chaotic: near-ties flip); --passkey hides a 5-digit key in the prompt (kvlab.eval.passkey)
+and reports whether it is retrieved. --requests N serves N requests by continuous batching over --batch slots
+(`kvlab.generate.Batcher`): prompts of --prompt-len/2 .. --prompt-len pydoc tokens, --new-tokens/2 ..
+--new-tokens new tokens each; it reports throughput and per-request latency instead of one text.
 With --csv, appends one row (the columns of sweeps/results/h200/generate.csv).
 """
 from __future__ import annotations
@@ -44,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk in tokens")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--kernels", default="triton", choices=["triton", "reference"])
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture decode steps in a CUDA graph (default: on CUDA)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model's dense layer parts for decode")
+    p.add_argument("--requests", type=int, default=0, help="serve N requests by continuous batching")
     p.add_argument("--check", action="store_true", help="compare with the decode-faithful simulation")
     p.add_argument("--passkey", action="store_true", help="passkey retrieval at --prompt-len tokens")
     p.add_argument("--csv", default=None, help="append a result row to this CSV")
@@ -73,11 +81,19 @@ def main(argv=None) -> int:
                             ("--chunk", a.chunk, 1)):
             if v < lo:
                 raise ValueError(f"{name} must be >= {lo}, got {v}")
+        if a.graphs and a.device != "cuda":
+            raise ValueError("--graphs needs --device cuda")
+        if a.requests < 0:
+            raise ValueError(f"--requests must be >= 0, got {a.requests}")
         if a.device == "cpu" and a.kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("the Triton kernels run on the CPU only under TRITON_INTERPRET=1; use --kernels "
                              "reference or set it")
         model, tok = load_model(a.model, device=a.device)
         c = model.config
+        if a.compile:
+            model.compile_decode()
+        if a.requests:
+            return _serve(a, model, tok, sch)
         key = None
         if a.passkey:
             from ..eval.passkey import passkey_prompt
@@ -98,7 +114,7 @@ def main(argv=None) -> int:
         if need_pages > pool.n_pages:
             raise ValueError(f"{a.budget_gib} GiB holds {pool.n_pages} pages of {P} tokens ({cap} tokens with the "
                              f"fp buffers); {a.batch} x {ids.numel() + a.new_tokens} tokens need {need_pages}")
-        r = generate(model, pool, ids[None].repeat(a.batch, 1), a.new_tokens, a.chunk, a.kernels)
+        r = generate(model, pool, ids[None].repeat(a.batch, 1), a.new_tokens, a.chunk, a.kernels, graphs=a.graphs)
     except (ValueError, FileNotFoundError) as e:
         print(f"python -m kvlab.generate: error: {e}", file=sys.stderr)
         return 2
@@ -126,6 +142,37 @@ def main(argv=None) -> int:
                         "decode_tokens_per_s": r["decode_tokens_per_s"], "bf16_decode_tokens_per_s": None,
                         "passkey_hits": hits, "passkey_trials": a.batch if key is not None else None,
                         "device": a.device, "kernels": a.kernels})
+    return 0
+
+
+def _serve(a, model, tok, sch) -> int:
+    """--requests: continuous batching of varied requests over --batch slots; prints throughput and latency."""
+    import random
+
+    from ..cache import KVPool
+    from ..eval.perplexity import text_tokens
+    from .batcher import Batcher
+    c, P = model.config, page_size_for(sch)
+    text = text_tokens(tok, "pydoc")
+    rng = random.Random(0)
+    hi_len = min(a.prompt_len, c.max_position_embeddings - a.new_tokens, text.numel() - 1)
+    pool = KVPool.from_memory(a.budget_gib, sch, c.n_layers, c.n_kv_heads, c.head_dim, P, max_seqs=a.batch,
+                              device=a.device, store=_store(a.kernels))
+    b = Batcher(model, pool, slots=a.batch, kernels=a.kernels, chunk=a.chunk, graphs=a.graphs)
+    for _ in range(a.requests):
+        n, m = rng.randint(max(1, hi_len // 2), hi_len), rng.randint(max(1, a.new_tokens // 2), a.new_tokens)
+        off = rng.randint(0, text.numel() - n)
+        b.submit(text[off:off + n], m)
+    r = b.run()
+    reqs = r["requests"]
+    lat = sorted(q.done_s for q in reqs)
+    print(f"scheme {sch} on {a.model} ({a.device}, {a.kernels} kernels, graphs {r['graphs']}): {a.requests} requests "
+          f"over {a.batch} slots, {pool.n_pages} pages of {P}")
+    print(f"{sum(q.prompt.numel() for q in reqs)} prompt tokens, {sum(len(q.tokens) for q in reqs)} new tokens; "
+          f"prefill {r['prefill_s']:.3f} s; decode {r['steps']} steps, {r['mean_busy_slots']:.1f} busy slots, "
+          + (f"{r['decode_tokens_per_s']:.1f} tokens/s" if r["decode_tokens_per_s"] else "no decode step"))
+    print(f"latency to the last token: median {lat[len(lat) // 2]:.3f} s, max {lat[-1]:.3f} s; first request's "
+          f"text: {tok.decode(reqs[0].tokens)!r}")
     return 0
 
 

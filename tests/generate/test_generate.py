@@ -92,3 +92,32 @@ def test_command_runs_small(capsys, tmp_path):
     assert csv.read_text().splitlines()[0].startswith("scheme,model,batch,context")
     assert main(["--scheme", "q4_0", "--batch", "0", "--device", "cpu"]) == 2
     assert "--batch must be >= 1" in capsys.readouterr().err
+    rc = main(["--scheme", "q8_0", "--kernels", "reference", "--device", "cpu", "--prompt-len", "40",
+               "--new-tokens", "4", "--requests", "3", "--batch", "2", "--budget-gib", "0.02"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 requests over 2 slots" in out and "busy slots" in out and "latency" in out
+    assert main(["--scheme", "q4_0", "--graphs", "--device", "cpu"]) == 2
+    assert "--graphs needs --device cuda" in capsys.readouterr().err
+
+
+@torch.no_grad()
+def test_compiled_decode_layers_match_the_eager_ones(tiny_model):
+    """compile_decode (fused q/k/v and gate/up matmuls through torch.compile) changes one-token forwards only,
+    and only by float rounding."""
+    model = tiny_model
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(6))
+    pool = _pool(model, "q8_0")
+    r_eager = generate(model, pool, tokens, 6, kernels="reference")
+    try:
+        model.compile_decode()
+        pool = _pool(model, "q8_0")
+        r_comp = generate(model, pool, tokens, 6, kernels="reference")
+    except Exception as e:  # noqa: BLE001 - no C compiler for inductor on this machine
+        pytest.skip(f"torch.compile unavailable: {type(e).__name__}: {str(e)[:120]}")
+    assert torch.equal(r_eager["tokens"][:, :1], r_comp["tokens"][:, :1])  # prefill is not compiled
+    be = [DecodeFaithfulBackend("q8_0", model.config.n_layers)]
+    logits_e = model.forward(tokens[:, :1], backend=be[0])  # one-token forward: compiled path
+    model._step_fns, fns = None, model._step_fns
+    logits_ref = model.forward(tokens[:, :1], backend=DecodeFaithfulBackend("q8_0", model.config.n_layers))
+    model._step_fns = fns
+    assert (logits_e - logits_ref).abs().max() / logits_ref.abs().max() < 1e-5
