@@ -8,7 +8,7 @@ main shape: for each scheme and bucket B in 1..256 (Hq 32, Hk 8, D 128, page 16;
 the key holds no context), `kvlab.kernels.autotune.tune` searches the Gluon MMA-fragment space and then the
 split counts around its best. smollm2 shape (Hq 9, Hk 3, D 64, the page `kvlab.generate` uses, context 8K:
 what generation decodes): the Triton kernel's wide space (`wide_space`: tiles 32..256 tokens, 2..8 warps,
-tensor-core and FMA dots, the fp16 fast paths, split counts from the auto one up to 8x), then splits around
+tensor-core and FMA dots, the fp16 fast paths, split counts from the auto one up to 8x) and the Gluon space, then splits around
 the best. Winners go to DIR/tuned_configs.json (the file the package ships is built from it). Stops starting
 new keys after --budget seconds. Prints one line per key.
 """
@@ -40,7 +40,10 @@ def wide_space(sch, B: int, Hk: int) -> list:
     if any(rowfirst_ok(s) for s in (sch.k, sch.v)):
         out += [TritonDecodeConfig(block_n=bn, num_warps=4, num_splits=S, asm=True, layout="rowfirst")
                 for bn in (64, 128)]
-    return out + [c.replace(num_splits=min(256, S * m)) for c in out[:4] for m in (2, 4, 8)]
+    out += [c.replace(num_splits=min(256, S * m)) for c in out[:4] for m in (2, 4, 8)]
+    from kvlab.generate.__main__ import page_size_for
+    from kvlab.kernels.autotune import gluon_space
+    return out + gluon_space(sch, B, 3 * Hk, Hk, 64, page_size_for(sch), "cuda")  # where the MMA kernel runs
 
 
 def main(argv=None):

@@ -171,12 +171,16 @@ def main(argv=None):
     ap.add_argument("--sass", default=None, help="write full SASS per scheme into this folder")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon:SCHEME: tokens per warp per tile")
+    ap.add_argument("--head-dim", type=int, default=128, help="head dim D")
+    ap.add_argument("--heads", default="32,8", help="query heads, KV heads")
     a = ap.parse_args(argv)
+    Hq, Hk = (int(x) for x in a.heads.split(","))
     cfg = {"block_n": a.bn, "num_warps": a.warps, "num_stages": a.stages, "asm": a.asm, "maxnreg": a.maxnreg,
            "layout": a.layout or "operand", "dot": a.dot, "orient": a.orient or "q", "version": 1}
     for s in a.schemes:
         gl = s.startswith("gluon:")
-        compiled = compile_gluon(s[len("gluon:"):], a.warps, a.tw, maxnreg=a.maxnreg) if gl else compile_decode(s, cfg)
+        compiled = (compile_gluon(s[len("gluon:"):], a.warps, a.tw, Hq=Hq, Hk=Hk, D=a.head_dim, maxnreg=a.maxnreg)
+                    if gl else compile_decode(s, cfg, Hq=Hq, Hk=Hk, D=a.head_dim))
         for name, k in compiled:
             if name not in ("_decode_kernel", "_decode_mma_kernel"):
                 continue

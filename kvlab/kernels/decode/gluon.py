@@ -17,7 +17,8 @@ padded rows. The next tile's code words are loaded before the current tile's mat
 prefetch). Splits are merged by the Triton `tiles.attention.merge_kernel`. Measurements and the profile
 evidence behind this design: benchmarks/NOTES_decode.md and sweeps/results/h200/README.md.
 
-Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
+Head dims 64, 128 and 256 (D a constexpr: a thread owns D / 4 key channels and D / 8 value columns, which must lie
+in one scale group, so D 256 needs groups of 64 or more). Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
 own source through `devtools/gluon_emu.py` and compile it for sm_90 offline (`devtools/sm90_offline.py`);
 the GPU tests check it against the reference (tests/kernels/decode/test_gluon.py).
 
@@ -39,8 +40,7 @@ from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CODECS,
     F8,
-    WORDS_K,
-    WORDS_V,
+    HEAD_DIMS,
     codec_of,
     k_build,
     k_channel_order,
@@ -48,6 +48,8 @@ from .gluon_codecs import (
     v_build,
     v_channel_order,
     v_load,
+    words_k,
+    words_v,
 )
 
 # Compute capabilities on which the GPU tests (tests/kernels/decode/test_gluon.py) have passed; the
@@ -74,11 +76,11 @@ def _group(spec) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg: int, device) -> tuple[torch.Tensor,
-                                                                                                     torch.Tensor]:
-    """(k_channel_order, v_channel_order) as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
-    return (torch.tensor(k_channel_order(kcodec, kpack, kg), dtype=torch.int32, device=device),
-            torch.tensor(v_channel_order(vcodec, vpack, vg), dtype=torch.int32, device=device))
+def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg: int, device,
+                   D: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_channel_order, v_channel_order) at head dim D as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
+    return (torch.tensor(k_channel_order(kcodec, kpack, kg, D), dtype=torch.int32, device=device),
+            torch.tensor(v_channel_order(vcodec, vpack, vg, D), dtype=torch.int32, device=device))
 
 
 def _bits(n: int) -> list[int]:
@@ -142,10 +144,10 @@ def _heads(x, GPN: ttgl.constexpr, NW: ttgl.constexpr):
 @gluon.jit
 def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, MMA: ttgl.constexpr,
         GPN: ttgl.constexpr, NW: ttgl.constexpr):
-    """acc * alpha + P V for every warp. p [NW, GP, TW] fp32 (score layout), vt [NW, TW, 128] fp16 (B fragment).
-    OT: acc is O^T [NW, 128, GPN]: V^T is the A operand (the same registers as vt, reordered) and P^T the B
+    """acc * alpha + P V for every warp. p [NW, GP, TW] fp32 (score layout), vt [NW, TW, D] fp16 (B fragment).
+    OT: acc is O^T [NW, D, GPN]: V^T is the A operand (the same registers as vt, reordered) and P^T the B
     operand (p's registers for the first GPN rows), so the accumulator holds GPN heads, not 16 padded rows;
-    alpha moves to the accumulator's column layout (a warp-local exchange). Else acc is O [NW, GP, 128]."""
+    alpha moves to the accumulator's column layout (a warp-local exchange). Else acc is O [NW, GP, D]."""
     if OT:
         pt = ttgl.convert_layout(ttgl.permute(_heads(p.to(ttgl.float16), GPN, NW), [0, 2, 1]), B,
                                  assert_trivial=True)
@@ -158,22 +160,22 @@ def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.conste
 
 @gluon.jit
 def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
-             TW: ttgl.constexpr):
+             TW: ttgl.constexpr, D: ttgl.constexpr):
     """Full-precision tokens f0 + w * TW + [0, TW) (< F) of one (sequence, head) of a [W, D] buffer (row stride
-    `stride`) as an fp16 MMA B fragment: OPERAND 0 = K^T [NW, 128, TW] in the K codec's contraction order
-    (PERM = KPERM), 1 = V [NW, TW, 128] in the V codec's column order (PERM = VPERM). Rows past F are 0."""
+    `stride`) as an fp16 MMA B fragment: OPERAND 0 = K^T [NW, D, TW] in the K codec's contraction order
+    (PERM = KPERM), 1 = V [NW, TW, D] in the V codec's column order (PERM = VPERM). Rows past F are 0."""
     if OPERAND == 0:
         w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
-        c = ttgl.load(PERM + ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B))))
+        c = ttgl.load(PERM + ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B))))
         n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B)))
         t = f0 + (w * TW)[:, None, None] + n[None, None, :]  # [NW, 1, TW]
-        x = ttgl.load(BASE + t * stride + c[None, :, None], mask=(t < F) & (c[None, :, None] < 128), other=0.0)
+        x = ttgl.load(BASE + t * stride + c[None, :, None], mask=(t < F) & (c[None, :, None] < D), other=0.0)
     else:
         w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
         n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B)))
-        c = ttgl.load(PERM + ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B))))
+        c = ttgl.load(PERM + ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B))))
         t = f0 + (w * TW)[:, None, None] + n[None, :, None]  # [NW, TW, 1]
-        x = ttgl.load(BASE + t * stride + c[None, None, :], mask=(t < F) & (c[None, None, :] < 128), other=0.0)
+        x = ttgl.load(BASE + t * stride + c[None, None, :], mask=(t < F) & (c[None, None, :] < D), other=0.0)
     return x.to(ttgl.float16)
 
 
@@ -187,10 +189,11 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
-                       GPN: ttgl.constexpr):
-    """q [B, Hq, 128]; K / V codes as int32 words [N, Hk, P, 128 bits / 32] and fp16 scales [N, Hk, P, 4]
+                       GPN: ttgl.constexpr, D: ttgl.constexpr):
+    """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*);
-    KFP / VFP [B, Hk, W, 128] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, 128] (DIRECT) or OP [B, Hq, S, 128] + LSE [B, Hq, S] (log2)."""
+    KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
+    (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -203,13 +206,13 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     hi = ttgl.minimum(lo + per, L)
     IDX = INDICES + p0
 
-    # queries [NW (same for every warp), GP, 128] in kappa order, scaled by qk_scale (log2 domain)
+    # queries [NW (same for every warp), GP, D] in kappa order, scaled by qk_scale (log2 domain)
     qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, A)))
     qg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, A)))
-    kap = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
+    kap = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
     qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
     qrow = qz[:, None, None] * 0 + qg[None, :, None]
-    qm = (qrow < GROUP) & (qch[None, None, :] < 128)
+    qm = (qrow < GROUP) & (qch[None, None, :] < D)
     q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, None, :], mask=qm, other=0.0)
     qs = qk_scale
     if HAS_KTS:
@@ -225,30 +228,30 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     if OT:
-        acc = ttgl.zeros([NW, 128, GPN], ttgl.float32, layout=MMA)  # O^T
+        acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
-        acc = ttgl.zeros([NW, GP, 128], ttgl.float32, layout=MMA)
-    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW)
+        acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
+    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
     va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
-                                          VWA, NW)
+                                          VWA, NW, D)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
         nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
-                               NW)
+                               NW, D)
         nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
-                                                   WV, GV, P, TW, VW, VWA, NW)
-        kt = k_build(kw, ks, kz, KCODEC, B, NW, TW)
+                                                   WV, GV, P, TW, VW, VWA, NW, D)
+        kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + s_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
         kw, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
     if HAS_FP:
         if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
             F = ttgl.load(FPLEN + b)
             for f0 in range(0, F, BN):
-                kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW)
+                kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW, D)
                 s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW)
-                vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW)
+                vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW, D)
                 acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
 
     # merge the warps' softmax states
@@ -262,24 +265,24 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
     if OT:
         sc = ttgl.convert_layout(_heads(wgt * inv[None, :], GPN, NW), ttgl.SliceLayout(1, MMA))
-        o = ttgl.sum(acc * sc[:, None, :], 0)  # O^T [128, GPN]
-        od = ttgl.arange(0, 128, layout=ttgl.SliceLayout(1, OL))
+        o = ttgl.sum(acc * sc[:, None, :], 0)  # O^T [D, GPN]
+        od = ttgl.arange(0, D, layout=ttgl.SliceLayout(1, OL))
         og = ttgl.arange(0, GPN, layout=ttgl.SliceLayout(0, OL))
         och = ttgl.load(VPERM + od)[:, None]  # head-dim channel of accumulator row d (v_channel_order)
         og = og[None, :]
     else:
-        o = ttgl.sum(acc * (wgt * inv[None, :])[:, :, None], 0)  # [GP, 128]
+        o = ttgl.sum(acc * (wgt * inv[None, :])[:, :, None], 0)  # [GP, D]
         og = ttgl.arange(0, GP, layout=ttgl.SliceLayout(1, OL))
-        on = ttgl.arange(0, 128, layout=ttgl.SliceLayout(0, OL))
+        on = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, OL))
         och = ttgl.load(VPERM + on)[None, :]  # head-dim channel of output column n (v_channel_order)
         og = og[:, None]
     heads = hk * GROUP + og
-    om = (og < GROUP) & (och < 128)
+    om = (og < GROUP) & (och < D)
     if DIRECT:
         ttgl.store(OUT + b * so0 + heads * so1 + och, o.to(OUT.dtype.element_ty), mask=om)
     else:
         row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
-        ttgl.store(OP + row * 128 + och, o, mask=om)
+        ttgl.store(OP + row * D + och, o, mask=om)
         lse = ttgl.where(l_all != 0, m_all + ttgl.log2(ttgl.where(l_all != 0, l_all, 1.0)), float("-inf"))
         lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
@@ -294,8 +297,13 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device) -> str | Non
         if codec_of(spec) is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
                     "; Hadamard rotation allowed; keys after RoPE)")
-    if D != 128:
-        return f"head_dim must be 128, got {D}"
+    if D not in HEAD_DIMS:
+        return f"head_dim must be one of {HEAD_DIMS}, got {D}"
+    for name, spec in (("K", k_spec), ("V", v_spec)):  # a thread's D / 4 key, D / 8 value channels: one group
+        per = D // 4 if name == "K" else D // 8
+        if spec.fmt == "int" and per > _group(spec):
+            return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
+                    f"two groups (use groups of {per} or more)")
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
@@ -333,7 +341,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     for name, z, sc in (("K zeros", kz, ks), ("V zeros", vz, vs)):
         if z is not None and z.stride() != sc.stride():
             raise ValueError(f"{name} must have the scales' strides {sc.stride()}; got {z.stride()}")
-    lay = layouts(NW, TW, WORDS_K[kcodec], WORDS_V[vcodec])
+    WK, WV = words_k(kcodec, D), words_v(vcodec, D)
+    lay = layouts(NW, TW, WK, WV)
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     kts, vts = (None if t is None else torch.as_tensor(t, dtype=torch.float32, device=q.device).reshape(1)
@@ -351,7 +360,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
-    perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device)
+    perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
 
     def launch():
         qr, kf, vf = q, kv.k_fp, kv.v_fp
@@ -369,10 +378,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
             *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
-            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WORDS_K[kcodec], WV=WORDS_V[vcodec], GK=_group(k_spec),
+            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
-            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, num_warps=NW, **launch_opts)
+            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, num_warps=NW, **launch_opts)
         if S > 1:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T

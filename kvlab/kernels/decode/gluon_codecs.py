@@ -6,8 +6,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - F8 (2): fp8_e4m3 bytes (optionally one per-tensor scale, applied by the kernel): v = e4m3(byte).
 - Q4A (3): int4 asym group 32, fp16 scales and zeros (q4_1, int4:g32:asym, int4_had): v = nibble s + m.
 - I8A (4): int8 asym, fp16 scales and zeros: v = byte s + m (byte unsigned).
-Groups of 32, 64 or 128 channels (one fp16 scale, and zero, per group): a thread's 32 key channels
-and 16 value channels always lie in one group.
+Groups of 32, 64 or 128 channels (one fp16 scale, and zero, per group): a thread's D / 4 key channels
+and D / 8 value channels always lie in one group (head dims D 64 and 128; 256 with groups of 64 or more).
+`words_k` / `words_v` give the code words a thread reads per row at head dim D.
 The nibble order within a byte (GGML: element i and i + 16 of a group; sequential: 2i and 2i + 1)
 only changes which channel each fragment element is, i.e. the channel orders below, not the kernel.
 A Hadamard rotation is applied outside the kernel (q rotated, the output rotated back).
@@ -37,8 +38,19 @@ C_Q4, C_I8, C_F8, C_Q4A, C_I8A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I
 CODECS = {Q4: "int4 sym (q4_0)", Q4A: "int4 asym (q4_1, int4:g32:asym)", I8: "int8 sym (q8_0)", I8A: "int8 asym",
           F8: "fp8_e4m3 (no group scales)"}
 GROUPS = (32, 64, 128)  # int codecs: token-axis groups with fp16 scales (and zeros)
-WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4, I8A: 8}   # 32-bit code words per thread per key row (32 channels)
+WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4, I8A: 8}   # 32-bit code words per thread per key row at D 128 (32 channels)
 WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2, I8A: 4}   # ... per value row (16 output columns)
+HEAD_DIMS = (64, 128, 256)
+
+
+def words_k(codec: int, D: int = 128) -> int:
+    """Code words per thread per key row at head dim D (a thread holds D / 4 channels)."""
+    return WORDS_K[codec] * D // 128
+
+
+def words_v(codec: int, D: int = 128) -> int:
+    """Code words per thread per value row at head dim D (a thread holds D / 8 output columns)."""
+    return WORDS_V[codec] * D // 128
 
 
 def codec_of(spec) -> int | None:
@@ -56,40 +68,42 @@ def codec_of(spec) -> int | None:
 
 
 def _nibble_channel(j: int, h: int, pack: str, G: int = 32) -> int:
-    """Channel of nibble h of byte j of a 128-channel int4 row: GGML holds elements i and i + G / 2 of each
+    """Channel of nibble h of byte j of an int4 row: GGML holds elements i and i + G / 2 of each
     G-group in byte G / 2 * g + i, sequential packing elements 2j and 2j + 1."""
     half = G // 2
     return G * (j // half) + j % half + half * h if pack == "ggml" else 2 * j + h
 
 
 def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
-    """Head-dim channel of each score contraction index kappa = h2 + 2 r + 8 x (x = the thread's register)."""
-    out = []
+    """Head-dim channel of each score contraction index kappa = h2 + 2 r + 8 x (x = the thread's register);
+    thread r reads the 4 WK bytes of its row from byte 4 WK r on (WK = words_k(codec, D))."""
+    out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
         if codec in (Q4, Q4A):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
-            out.append(_nibble_channel(16 * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
+            out.append(_nibble_channel(rb * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
             q, wi = x & 1, x >> 1
-            out.append(32 * r + 4 * wi + q + 2 * h2)
+            out.append(rb * r + 4 * wi + q + 2 * h2)
         else:  # F8: register x = q + 2 wi holds bytes (2 q, 2 q + 1) of word wi
             q, wi = x & 1, x >> 1
-            out.append(32 * r + 4 * wi + 2 * q + h2)
+            out.append(rb * r + 4 * wi + 2 * q + h2)
     return out
 
 
 def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
-    """Head-dim channel of each output column n = g + 8 nt."""
-    out = []
+    """Head-dim channel of each output column n = g + 8 nt; thread g reads the 4 WV bytes of a row from byte
+    4 WV g on (WV = words_v(codec, D))."""
+    out, gb = [], 4 * words_v(codec, D)
     for n in range(D):
         g, nt = n & 7, n >> 3
-        if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's 8 bytes
+        if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
-            out.append(_nibble_channel(8 * g + 4 * we + k, h, pack, G))
-        else:  # nt = k + 4 we: byte k of word we of the thread's 16 bytes
+            out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
+        else:  # nt = k + 4 we: byte k of word we of the thread's bytes
             k, we = nt & 3, nt >> 2
-            out.append(16 * g + 4 * we + k)
+            out.append(gb * g + 4 * we + k)
     return out
 
 
@@ -218,7 +232,8 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
-           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr):
+           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
+           D: ttgl.constexpr):
     """Raw K code words [NW, WK, r, TW] (int32), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec
     has none) of tokens t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused
     rows of the last page; the kernel scores them -inf). Zeros share the scales' strides."""
@@ -234,8 +249,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
-        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, 128 // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
-        rs = rs * 32 // G  # the group of the thread's 32 channels
+        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
+        rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
         if CODEC == C_Q4A or CODEC == C_I8A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
@@ -244,7 +259,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
 
 @gluon.jit
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
-           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr):
+           G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
+           NW: ttgl.constexpr, D: ttgl.constexpr):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), and their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0)."""
@@ -272,16 +288,16 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     else:  # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of the thread's bytes (g // 2)
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
-        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, 128 // G, P, TW, TW // 2, 2, L2, NW)  # first token of a pair
+        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + 2 * tc[None, :]  # [NW, c] first token of the pair
-        off = srow[:, None, :] + (sg * 16 // G)[None, :, None]  # the group of the thread's 16 channels
+        off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
         sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
-        sb = ttgl.load(VS + off + 128 // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+        sb = ttgl.load(VS + off + D // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
         if CODEC == C_Q4A or CODEC == C_I8A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
-            mb = ttgl.load(VZ + off + 128 // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+            mb = ttgl.load(VZ + off + D // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
     return wa, wb, sa, sb, ma, mb
 
 
@@ -292,8 +308,9 @@ def _j2(a, b):
 
 
 @gluon.jit
-def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr):
-    """K^T fragment [NW, 128, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
+def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
+            D: ttgl.constexpr):
+    """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros."""
     s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A:
@@ -320,7 +337,7 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
                                             is_pure=True, pack=1)
         j = ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))  # [NW, wi, r, TW, h2, q]
         j = ttgl.permute(j, [0, 1, 5, 2, 4, 3])  # [NW, wi, q, r, h2, TW]
-    return ttgl.convert_layout(ttgl.reshape(j, [NW, 128, TW]), B, assert_trivial=True)
+    return ttgl.convert_layout(ttgl.reshape(j, [NW, D, TW]), B, assert_trivial=True)
 
 
 @gluon.jit
@@ -359,8 +376,8 @@ def _v_f8(wa, wb, ASM: ttgl.constexpr):
 
 @gluon.jit
 def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
-            TW: ttgl.constexpr):
-    """V fragment [NW, TW, 128] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
+            TW: ttgl.constexpr, D: ttgl.constexpr):
+    """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
     sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
     sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A:
@@ -390,4 +407,4 @@ def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW
             j = ttgl.join(ttgl.join(_v_f8(wa, wb, AVF0), _v_f8(wa, wb, AVF1)),
                           ttgl.join(_v_f8(wa, wb, AVF2), _v_f8(wa, wb, AVF3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 6, 5, 2])  # [NW, we, g, c, t0, k0, k1] -> [NW, c, t0, we, k1, k0, g]
-    return ttgl.convert_layout(ttgl.reshape(j, [NW, TW, 128]), B, assert_trivial=True)
+    return ttgl.convert_layout(ttgl.reshape(j, [NW, TW, D]), B, assert_trivial=True)

@@ -36,15 +36,17 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml"]
 
 
-@pytest.mark.parametrize("codec,pack,G", [(c, p, G) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq") for G in gc.GROUPS]
-                         + [(gc.I8, "ggml", 32), (gc.I8A, "seq", 64), (gc.F8, "seq", 32)])
-def test_channel_orders_are_permutations(codec, pack, G):
-    k, v = gc.k_channel_order(codec, pack, G), gc.v_channel_order(codec, pack, G)
-    assert sorted(k) == list(range(128)) and sorted(v) == list(range(128))
-    # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group 32 r // G
-    assert all(k[kap] // G == 32 * ((kap >> 1) & 3) // G for kap in range(128))
-    # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group 16 g // G
-    assert all(v[n] // G == 16 * (n & 7) // G for n in range(128))
+@pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
+                                             for G in gc.GROUPS for D in gc.HEAD_DIMS if D // 4 <= G <= D]
+                         + [(gc.I8, "ggml", 32, D) for D in (64, 128)] + [(gc.I8A, "seq", 64, 256)]
+                         + [(gc.F8, "seq", D, D) for D in gc.HEAD_DIMS])  # no groups: G = D
+def test_channel_orders_are_permutations(codec, pack, G, D):
+    k, v = gc.k_channel_order(codec, pack, G, D), gc.v_channel_order(codec, pack, G, D)
+    assert sorted(k) == list(range(D)) and sorted(v) == list(range(D))
+    # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group (D / 4) r // G
+    assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
+    # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group (D / 8) g // G
+    assert all(v[n] // G == D // 8 * (n & 7) // G for n in range(D))
 
 
 def test_codec_of():
@@ -57,13 +59,14 @@ def test_codec_of():
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
 
 
-@pytest.mark.parametrize("scheme", ["q4_0", "q8_0", "fp8_e4m3"])
-def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
+@pytest.mark.parametrize("scheme,D", [("q4_0", 128), ("q8_0", 128), ("fp8_e4m3", 128), ("q4_0", 64),
+                                      ("int4:g64:sym", 256)])
+def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60",
+                        "--head-dim", str(D)], capture_output=True, text=True, env=env, timeout=300)
     if "ptxas" in p.stderr and "No such file" in p.stderr:
         pytest.skip("this Triton wheel has no ptxas")
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:") or "smem ops:" in ln]
@@ -72,8 +75,8 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme):
     assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
     ops = dict(re.findall(r"([A-Z][A-Z0-9_]*):(\d+)", head.split("loop_instrs=")[1]))
     assert int(re.search(r"loop_instrs=(\d+)", head).group(1)) > 100
-    # mma.m16n8k16 per 16 tokens per warp: 2 x 8 for the scores, 8 for V^T P^T (8 head columns: GQA 4)
-    assert int(ops.get("HMMA", 0)) == 24, head
+    # mma.m16n8k16 per 16 tokens per warp: 2 x D / 16 for the scores, D / 16 for V^T P^T (8 head columns: GQA 4)
+    assert int(ops.get("HMMA", 0)) == 3 * D // 16, head
     assert smem.split("smem ops:")[1].strip() == "", f"shared-memory instructions in the main loop: {smem}"
 
 
@@ -91,7 +94,8 @@ def test_gluon_config_rejects_other_schemes():
 
 def test_unsupported_names_each_limit():
     s = kvlab.scheme("q4_0")
-    assert "head_dim must be 128" in gluon.unsupported(s.k, s.v, 64, 16, 4, "cpu")
+    assert "head_dim must be one of (64, 128, 256)" in gluon.unsupported(s.k, s.v, 96, 16, 4, "cpu")
+    assert "span two groups" in gluon.unsupported(s.k, s.v, 256, 16, 4, "cpu")  # 64 key channels, groups of 32
     assert "page size must be a multiple of 16" in gluon.unsupported(s.k, s.v, 128, 8, 4, "cpu")
     assert "GQA group must be <= 16" in gluon.unsupported(s.k, s.v, 128, 16, 32, "cpu")
     assert "CUDA GPU" in gluon.unsupported(s.k, s.v, 128, 16, 4, "cpu")
@@ -281,14 +285,14 @@ def _kv(q, sch, args, kw, P):
                         kw["v_tensor_scale"], q.shape[0])
 
 
-def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None):
+def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None, D=128):
     """A paged cache poisoned past each sequence's end, bf16 queries and the float32 reference:
     -> (scheme, positional args, keyword args, q, ref)."""
     sch = kvlab.scheme(name)
-    cache = make_paged(lens, Hk, 128, P, sch.k, sch.v, seed=seed, device=device, fp_lens=fp_lens)
+    cache = make_paged(lens, Hk, D, P, sch.k, sch.v, seed=seed, device=device, fp_lens=fp_lens)
     _poison_past_end(cache, lens, P)
     args, kw = call_args(cache)
-    q = torch.randn(len(lens), Hq, 128, generator=torch.Generator().manual_seed(q_seed)).to(device, torch.bfloat16)
+    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(q_seed)).to(device, torch.bfloat16)
     ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
     return sch, args, kw, q, ref
 
@@ -338,6 +342,33 @@ def test_emulated_untransposed_accumulator(name, Hq, monkeypatch):
     assert err < TOL, f"relative error {err:.2e}"
 
 
+# other head dims: (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp, D, fp_lens)
+EMU_D_CASES = [
+    ("q4_0", [1, 17, 63, 200], 9, 3, 16, 3, 4, 16, 64, None),      # SmolLM2's heads
+    ("q8_0", [0, 130], 9, 3, 32, 2, 2, 32, 64, [7, 0]),
+    ("fp8_e4m3", [150, 97], 8, 2, 48, 2, 2, 32, 64, None),
+    ("q4_1", [40, 130], 8, 4, 16, 1, 4, 16, 64, [0, 12]),
+    ("k=q8_0,v=q4_0", [5, 77], 16, 2, 16, 2, 4, 32, 64, None),
+    ("int4:g64:sym", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),    # Gemma-style head_dim 256
+    ("k=fp8_e4m3,v=int8:g64:asym", [17, 100], 8, 4, 32, 3, 2, 16, 256, [3, 0]),
+]
+
+
+@EMU
+@pytest.mark.parametrize("c", EMU_D_CASES, ids=[f"{c[0]}-D{c[8]}-Hq{c[2]}-Hk{c[3]}-tw{c[7]}" for c in EMU_D_CASES])
+def test_emulated_kernel_matches_reference_at_other_head_dims(c, monkeypatch):
+    from devtools.gluon_emu import emulate
+    name, lens, Hq, Hk, P, S_, NW, TW, D, fp_lens = c
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=13, q_seed=4, fp_lens=fp_lens, D=D)
+    out = torch.full_like(q, float("nan"))
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW,
+                                                                             num_splits=S_), out=out)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------
 # (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
 CASES = [
@@ -375,6 +406,20 @@ def test_gluon_matches_reference(c):
     empty = [i for i, L in enumerate(lens) if L == 0 and not (fp_lens and fp_lens[i])]
     if empty:
         assert (got[empty] == 0).all()
+
+
+@GPU
+@pytest.mark.parametrize("c", EMU_D_CASES, ids=[f"{c[0]}-D{c[8]}-Hq{c[2]}-Hk{c[3]}-tw{c[7]}" for c in EMU_D_CASES])
+def test_gluon_matches_reference_at_other_head_dims(c):
+    name, lens, Hq, Hk, P, S_, NW, TW, D, fp_lens = c
+    lens = [L * 13 for L in lens]  # longer on the GPU: many tiles per split
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=7, q_seed=3, device="cuda", fp_lens=fp_lens, D=D)
+    out = torch.full_like(q, float("nan"))
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=S_, out=out,
+                 config={"kernel": "gluon", "num_warps": NW, "tokens_per_warp": TW})
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
 
 
 @GPU
