@@ -38,6 +38,30 @@ def _write(path: Path, cols, rows) -> None:
         w.writerows(rows)
 
 
+def _profile(model, pool, seq_ids, path: Path, max_tokens: int) -> None:
+    """GPU time per kernel over 5 more decode steps of the sequences in `pool` (slots = their rows), each one
+    graph replay, as CUPTI sees the graph's kernels: where a step's time goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kvlab.generate import Batcher
+    b = Batcher(model, pool, slots=len(seq_ids), max_tokens=max_tokens + 64, keep=True)
+    b._capture()
+    slots = {pool._seq(s).row: s for s in seq_ids}
+    for _ in range(2):
+        b.step.plan(slots)
+        b._decode_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            b.step.plan(slots)
+            b._decode_step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+    path.write_text(table)
+    print(f"profile {path.name}:\n" + "\n".join(table.splitlines()[:16]), flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -49,6 +73,8 @@ def main(argv=None):
     ap.add_argument("--compile-batches", default="64")
     ap.add_argument("--eager-rows", default="bf16,q4_0")
     ap.add_argument("--serve", type=int, default=96)
+    ap.add_argument("--profile", default="bf16,q4_0",
+                    help="schemes whose graph+compile rows also get a kernel profile of 5 replayed steps")
     a = ap.parse_args(argv)
     import torch
 
@@ -94,6 +120,8 @@ def main(argv=None):
             for s in list(pool.seq_ids):
                 pool.free(s)
             r = generate(model, pool, ids[None].repeat(B, 1), a.new, chunk=2048, graphs=mode != "eager")
+            if mode == "graph+compile" and name in a.profile.split(","):
+                _profile(model, pool, r["seq_ids"], out / f"profile_{name}_B{B}.txt", c.max_position_embeddings)
             hits = sum(str(key) in tok.decode(t.tolist()) for t in r["tokens"])
             row = {"scheme": name, "model": "SmolLM2-135M-Instruct", "batch": B, "context": ids.numel() + a.new,
                    "new_tokens": a.new, "kv_budget_gib": a.budget_gib,

