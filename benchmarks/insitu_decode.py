@@ -3,7 +3,7 @@ prefixes, to find why a decode step inside generation ran slower than the benchm
 
     python benchmarks/insitu_decode.py [--schemes bf16,q8_0,q4_0] [--batch 64] [--context 8192]
 
-Prefixes: `pool` (a 16 GiB KVPool for 30 layers, every sequence appended in 2,048-token chunks as the chunked
+Prefixes: `pool+fp0` (as `pool`, with the pool's full-precision buffers passed, empty here), `pool` (a 16 GiB KVPool for 30 layers, every sequence appended in 2,048-token chunks as the chunked
 prefill does, its block table as `pool.block_table` builds it), `pool_views` (the same table held in views
 at DecodeStep's offsets of one int32 buffer), `synthetic` (autotune.synthetic_cache: pages in random order,
 random codes). Each timed by CUDA-graph replay (triton.testing.do_bench_cudagraph, median), for the default
@@ -64,11 +64,15 @@ def main(argv=None):
                     "pool_views": (lc.k_pages, lc.v_pages, ip, ind, last),
                     "synthetic": (syn["k_pages"], syn["v_pages"], syn["kv_indptr"], syn["kv_indices"],
                                   syn["kv_last_page_len"])}
+        fp0 = dict(k_fp=pool.k_fp[0][:B], v_fp=pool.v_fp[0][:B], fp_len=torch.zeros(B, dtype=torch.int32,
+                                                                                    device="cuda"))
+        prefixes["pool+fp0"] = prefixes["pool"]  # with the pool's (empty) full-precision buffers, as generation
         for pname, args in prefixes.items():
             cells = []
             for cname, cfg in configs.items():
                 try:
-                    fn = decode(q, *args, sch.k, sch.v, 16, config=cfg, plan=True)
+                    kw = fp0 if pname == "pool+fp0" else {}
+                    fn = decode(q, *args, sch.k, sch.v, 16, config=cfg, plan=True, **kw)
                     cells.append(f"{triton.testing.do_bench_cudagraph(fn, rep=50, return_mode='median'):11.4f}")
                 except Exception as e:  # noqa: BLE001 - a config that does not run this scheme
                     cells.append(f"{type(e).__name__[:11]:>11s}")
