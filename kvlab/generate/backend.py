@@ -54,6 +54,8 @@ class PagedBackend:
                 p.page_size)
         kw = dict(k_fp=fp.k, v_fp=fp.v, fp_len=fp.length, k_tensor_scale=lc.k_tensor_scale,
                   v_tensor_scale=lc.v_tensor_scale, backend=self.kernels)
+        if not p.policy.capacity:  # no full-precision tokens ever: no fp operands (see DecodeStep.attention_args)
+            kw.update(k_fp=None, v_fp=None, fp_len=None)
         return args, kw
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:
