@@ -132,12 +132,14 @@ def _default(op: str, B: int, Hk: int, device):
 
 def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: int = 5, save: bool = True,
          verbose: bool = False, candidates: list | None = None, search_splits: bool = True,
-         quick: bool = False) -> tuple:
+         quick: bool = False, graph: bool = True) -> tuple:
     """Best config for `op` ("decode", "extend" or "store") with `scheme` (name, text or KVScheme) at `shape`
     {"batch", "heads_q", "heads_kv", "head_dim", "page_size", "context" (timing only, not the key)}.
 
-    decode: times the Triton space (and the Gluon one where verified), then splits around the best, with
-    triton.testing.do_bench medians. store: the store kernel's candidates on a `context`-token write (K's
+    decode: times the Triton space (and the Gluon one where verified), then splits around the best, by
+    CUDA-graph replay as an engine runs a decode step (triton.testing.do_bench_cudagraph medians; graph=False:
+    eager do_bench, which counts the launch and at small batches picks configs that lose under replay,
+    sweeps/results/h200/README.md). store: the store kernel's candidates on a `context`-token write (K's
     spec), CUDA-graph replayed. The winner goes to the tuned-config store (a quick search never replaces a
     faster entry). extend keeps its default (no search yet). Returns (config, ms); on the CPU / under
     TRITON_INTERPRET=1 returns (default config, None) without timing."""
@@ -167,12 +169,12 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
 
     cands = candidates or triton_space(B, Hk, sch.k, sch.v, device, quick=quick) + gluon_space(
         sch, B, Hq, Hk, D, P, device)
-    res = _bench(launcher, cands, rep, warmup, verbose)
+    res = _bench(launcher, cands, rep, warmup, verbose, graph=graph)
     if not res:
         raise RuntimeError(f"no decode config ran for {sch} at {shape}")
     best_ms, best = min(res, key=lambda r: r[0])
     if search_splits:
-        res2 = _bench(launcher, split_space(best, B, Hk, device), rep, warmup, verbose)
+        res2 = _bench(launcher, split_space(best, B, Hk, device), rep, warmup, verbose, graph=graph)
         if res2 and min(r[0] for r in res2) < best_ms:
             best_ms, best = min(res2, key=lambda r: r[0])
     key = attention_key("decode", sch.k, sch.v, B, Hq, Hk, D, P)
