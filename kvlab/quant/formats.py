@@ -15,7 +15,16 @@ NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.
        0.7229568362236023, 1.0)
 # IQ4_NL (llama.cpp kvalues_iq4nl): a non-linear int8 grid, scaled by an fp16 d.
 IQ4NL = (-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0)
-CODEBOOKS = {"fp4_e2m1": E2M1, "nf4": NF4, "iq4nl": IQ4NL}
+# Lloyd-Max quantizers of N(0, 1) (Max 1960): the levels of least mean squared error for a Gaussian, in units of
+# its standard deviation, ascending (`rule=rms` scales them by the group's RMS). After a random rotation the
+# coordinates of a head vector are close to Gaussian whatever the data, so the grid needs no calibration
+# (TurboQuant's codebook, without its 1-bit residual). Values: the fixed point of Lloyd's iteration
+# (tests/quant/test_lloyd_max.py recomputes it with scipy), 8 significant digits.
+LM2 = (-1.5104176, -0.45278003, 0.45278003, 1.5104176)
+LM3 = (-2.1519457, -1.3439093, -0.75600528, -0.24509418, 0.24509418, 0.75600528, 1.3439093, 2.1519457)
+LM4 = (-2.7325896, -2.0690172, -1.6180464, -1.2562312, -0.94234046, -0.65675912, -0.3880483, -0.12839503,
+       0.12839503, 0.3880483, 0.65675912, 0.94234046, 1.2562312, 1.6180464, 2.0690172, 2.7325896)
+CODEBOOKS = {"fp4_e2m1": E2M1, "nf4": NF4, "iq4nl": IQ4NL, "lm2": LM2, "lm3": LM3, "lm4": LM4}
 
 FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -25,8 +34,15 @@ FLOAT_STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def codebook(fmt: str, device=None) -> torch.Tensor:
-    """[16] float32 values of a 4-bit codebook format."""
+    """[2^bits] float32 values of a codebook format."""
     return torch.tensor(CODEBOOKS[fmt], dtype=torch.float32, device=device)
+
+
+def codebook16(fmt: str) -> tuple[float, ...]:
+    """A codebook as the kernels' 16-entry table: smaller codebooks padded with copies of their last value
+    (a nearest-value search that keeps the first index on ties never picks a pad; codes index the real part)."""
+    cb = CODEBOOKS[fmt]
+    return tuple(cb) + (cb[-1],) * (16 - len(cb))
 
 
 def codebook_absmax(fmt: str) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import KVQuantSpec, as_spec
-from .formats import (ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, finite_amax, fp8_cast,
+from .formats import (CODEBOOKS, ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, finite_amax, fp8_cast,
                       fp8_value, roundf_away, scale_value, store_scale)
 from .packing import pack, unpack
 from .qtensor import QTensor
@@ -62,6 +62,8 @@ def _reduce(xg: torch.Tensor, how: str, spec: KVQuantSpec) -> torch.Tensor:
         r = flat.amax(-1, keepdim=True)
     elif how == "min":
         r = flat.amin(-1, keepdim=True)
+    elif how == "rms":  # in float64, rounded once: the Triton store sums in float64 too, in another order
+        r = flat.double().pow(2).mean(-1, keepdim=True).sqrt().float()
     else:  # "ext": the signed element of largest magnitude (first one on ties, as numpy's argmax)
         r = flat.gather(-1, flat.abs().argmax(-1, keepdim=True))
     if how in ("max", "min"):  # GGML's loop keeps the first element equal to the extreme: the sign of a zero
@@ -146,6 +148,8 @@ def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
     cb = codebook(spec.fmt, xg.device)  # [16]
     if spec.rule == "signed":
         s_raw = _reduce(xg, "ext", spec) * ratio / cb.min()
+    elif spec.rule == "rms":  # Lloyd-Max levels are in RMS units
+        s_raw = _reduce(xg, "rms", spec) * ratio
     elif spec.scale_dtype == "e8m0":
         s_raw = _div(_reduce(xg, "amax", spec) * ratio, 2 ** ELEM_EMAX.get(spec.fmt, 0))
     else:
@@ -246,7 +250,7 @@ def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 <
     if tensor:
         best = best.sum()
     rest = MSE_RATIOS[1:]
-    per_ratio = xg.numel() * (16 if spec.fmt in ("fp4_e2m1", "nf4", "iq4nl") else 4)
+    per_ratio = xg.numel() * (16 if spec.fmt in CODEBOOKS else 4)
     chunk = max(1, min(len(rest), budget // max(1, per_ratio)))
     for i in range(0, len(rest), chunk):
         r = torch.tensor(rest[i:i + chunk], dtype=torch.float32, device=xg.device).view(-1, *[1] * xg.dim())

@@ -2,12 +2,12 @@
 
 Grammar (tokens joined by ':'; order free except the format comes first):
 
-    FORMAT        int2..int8 | fp8_e4m3 (fp8) | fp8_e5m2 | fp4_e2m1 (fp4) | nf4 | iq4nl | bf16 | fp16
+    FORMAT        int2..int8 | fp8_e4m3 (fp8) | fp8_e5m2 | fp4_e2m1 (fp4) | nf4 | iq4nl | lm2 | lm3 | lm4 | bf16 | fp16
     g<N>          group size (8..256); implies axis tok unless an axis token is given
     tok|chan|head|tensor   axis
     sym|asym      symmetric or asymmetric (int only)
     s=<dtype>     scale dtype: f16 bf16 f32 e8m0 e4m3
-    rule=<r>      absmax | signed | mse | unit | full
+    rule=<r>      absmax | signed | mse | unit | full | rms (the group's RMS: Lloyd-Max lm2..lm4, their default)
     recip         GGML arithmetic (codes from the fp32 reciprocal of the unrounded scale)
     rnd=<r>       even | away | up
     rot=<r>       none | had

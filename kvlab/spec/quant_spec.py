@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .text import format_spec
-from .vocab import (AXES, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, PACKINGS, ROTATIONS, ROUNDINGS, SCALE_BYTES,
+from .vocab import (AXES, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, LLOYD_MAX, PACKINGS, ROTATIONS, ROUNDINGS,
+                    SCALE_BYTES,
                     SCALE_DTYPES, SCALE_RULES, SPEC_VERSION, bit_planes)
 
 
@@ -36,7 +37,7 @@ def _allowed(name: str, value, allowed) -> None:
 class KVQuantSpec:
     """Layout of one quantized cache tensor. Build one with `kvlab.spec.parse_spec` or presets.
 
-    fmt:         "int" | "fp8_e4m3" | "fp8_e5m2" | "fp4_e2m1" | "nf4" | "iq4nl" | "bf16" | "fp16"
+    fmt:         "int" | "fp8_e4m3" | "fp8_e5m2" | "fp4_e2m1" | "nf4" | "iq4nl" | "lm2" | "lm3" | "lm4" | "bf16" | "fp16"
     bits:        code width (2..8 for int; fixed for the others)
     group:       elements per scale group (8..256, must divide head_dim for tok); 0 for head/tensor
     axis:        "tok" | "chan" | "head" | "tensor"
@@ -121,6 +122,10 @@ class KVQuantSpec:
                              "(fp8: ties to even; fp4/codebooks: ties to the smaller magnitude, as GGML)")
         if self.recip and self.fmt != "int":
             raise ValueError("recip (GGML reciprocal arithmetic) applies to int formats only")
+        if (self.rule == "rms") != (self.fmt in LLOYD_MAX):
+            raise ValueError(f"scale rule 'rms' (scale = the group's RMS) goes with the Lloyd-Max codebooks "
+                             f"{', '.join(LLOYD_MAX)}, whose levels are in RMS units, and they take it; got {self.fmt} "
+                             f"with rule {self.rule}")
         if self.rule == "full" and not (self.fmt == "int" and self.sym):
             raise ValueError("scale rule 'full' (|x|max / 2^(b-1), FreeToken q4_0) needs a symmetric int format")
         if self.twos and not (self.fmt == "int" and self.sym and self.bits < 8):

@@ -23,11 +23,11 @@ def format_defaults(fmt: str, axis: str | None = None) -> dict:
     fp8 = fmt.startswith("fp8")
     if axis is None:
         axis = "tensor" if (dense or fp8) else "tok"
-    group = {"nf4": 64}.get(fmt, 32) if axis in ("tok", "chan") else 0
+    group = {"nf4": 64, "lm2": 64, "lm3": 64, "lm4": 64}.get(fmt, 32) if axis in ("tok", "chan") else 0
     return {
         "fmt": fmt, "bits": FORMAT_BITS.get(fmt, 4), "axis": axis, "group": group, "sym": True,
         "scale_dtype": "e8m0" if fmt == "fp4_e2m1" else ("f32" if axis == "tensor" else "f16"),
-        "rule": "unit" if (dense or (fp8 and axis == "tensor")) else "absmax",
+        "rule": "unit" if (dense or (fp8 and axis == "tensor")) else ("rms" if fmt.startswith("lm") else "absmax"),
         "recip": False, "rounding": "even", "rotation": "none", "pack": "seq",
         "tensor_scale": False, "pre_rope": False, "twos": False,
     }

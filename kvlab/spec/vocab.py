@@ -2,10 +2,13 @@
 bit-plane split of sub-byte codes. Pure Python; every other spec module reads its names from here."""
 from __future__ import annotations
 
-FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "bf16", "fp16")
+FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "lm2", "lm3", "lm4", "bf16", "fp16")
+# Lloyd-Max codebooks for N(0, 1) (levels in units of the group RMS, `rule=rms`): the data-free grid for
+# coordinates made Gaussian by a random rotation (TurboQuant without its 1-bit residual).
+LLOYD_MAX = ("lm2", "lm3", "lm4")
 AXES = ("tok", "chan", "head", "tensor")
 SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
-SCALE_RULES = ("absmax", "signed", "mse", "unit", "full")
+SCALE_RULES = ("absmax", "signed", "mse", "unit", "full", "rms")
 ROUNDINGS = ("even", "away", "up")
 ROTATIONS = ("none", "had")
 PACKINGS = ("seq", "ggml")
@@ -13,7 +16,8 @@ GROUP_MIN, GROUP_MAX = 8, 256
 
 SCALE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "e8m0": 1, "e4m3": 1}
 # Fixed bit width of the non-int formats.
-FORMAT_BITS = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp4_e2m1": 4, "nf4": 4, "iq4nl": 4, "bf16": 16, "fp16": 16}
+FORMAT_BITS = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp4_e2m1": 4, "nf4": 4, "iq4nl": 4, "lm2": 2, "lm3": 3, "lm4": 4,
+               "bf16": 16, "fp16": 16}
 SPEC_VERSION = 1
 
 

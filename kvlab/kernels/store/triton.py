@@ -32,15 +32,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook_absmax
+from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook16, codebook_absmax
 from ...quant.packing import plane_order
 from ..configs import StoreConfig
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 
-FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "bf16": 4, "fp16": 5}
+FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
+           "bf16": 4, "fp16": 5}
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
-RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2, "full": 0}  # full: absmax statistics, divisor 2^(b-1)
+RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2, "full": 0, "rms": 3}  # full: absmax statistics, divisor 2^(b-1)
 RND_IDS = {"even": 0, "away": 1, "up": 2}
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW"]
@@ -105,7 +106,14 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
     """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a non-finite element (NaN,
     +-inf) makes its group's scale NaN, as the oracle does."""
     has_nan = tl.max((x != x).to(tl.int32), axis=2, keep_dims=True) > 0  # tl.max skips NaN: found apart
-    if SYM:
+    if RULE == 3:  # rms (Lloyd-Max codebooks): sqrt(mean x^2), summed in float64 and rounded once (the oracle's)
+        xd = tl.where(m, x, 0.0).to(tl.float64)
+        n = tl.maximum(tl.sum(m.to(tl.float64), axis=2, keep_dims=True), 1.0)
+        stat = tl.sqrt(tl.sum(xd * xd, axis=2, keep_dims=True) / n).to(tl.float32)
+        has_nan = has_nan | (tl.max(tl.where(m, tl.abs(x), 0.0), axis=2, keep_dims=True) == float("inf"))
+        stat = tl.where(has_nan, float("nan"), stat)
+        mn = stat
+    elif SYM:
         a = tl.where(m, tl.abs(x), 0.0)
         stat = tl.max(a, axis=2, keep_dims=True)
         has_nan = has_nan | (stat == float("inf"))  # an inf: the max |x| is inf
@@ -423,6 +431,8 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         sdiv = 2 ** ELEM_EMAX[fmt] if spec.scale_dtype == "e8m0" else FP8_MAX[fmt]
     elif spec.rule == "signed":
         sdiv = min(CODEBOOKS[fmt])
+    elif spec.rule == "rms":  # Lloyd-Max levels are in RMS units
+        sdiv = 1.0
     else:
         sdiv = 2 ** ELEM_EMAX.get(fmt, 0) if spec.scale_dtype == "e8m0" else codebook_absmax(fmt)
     planes = [(w, sh, spec.pack == "ggml" and w in (2, 4)) for sh, w in plane_order(spec)] + [(0, 0, False)] * 2
@@ -438,7 +448,8 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     # int codes from GGML's reciprocal and codebooks; IEEE-division ints and unscaled fp8 keep the general
     # tile (the timings: benchmarks/NOTES_store.md)
     no_div = (fmt == "int" and spec.recip) or p["FMT"] == 3
-    p["FLAT"] = (flat and no_div and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b and b in (2, 4, 8)
+    p["FLAT"] = (flat and no_div and spec.rule != "rms" and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b
+                 and b in (2, 4, 8)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
 
@@ -475,7 +486,8 @@ def _autotuned():
 def _codebook(fmt: str, device) -> torch.Tensor:
     key = (fmt, str(device))
     if key not in _CODEBOOKS:
-        _CODEBOOKS[key] = torch.tensor(CODEBOOKS.get(fmt, (0.0,) * 16), dtype=torch.float32, device=device)
+        _CODEBOOKS[key] = torch.tensor(codebook16(fmt) if fmt in CODEBOOKS else (0.0,) * 16, dtype=torch.float32,
+                                       device=device)
     return _CODEBOOKS[key]
 
 

@@ -52,7 +52,7 @@ def code_values(c, LUT, KIND: tl.constexpr):
     elif KIND == 4:  # e2m1 -> fp16 bits (sign at 15, exp+mantissa at 9..11), times 2^14 (exact, subnormals too)
         h = (((c & 8) << 12) | ((c & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
         x = h.to(tl.float32) * 16384.0
-    else:  # 16-entry codebook (nf4, iq4nl): an L1-resident table
+    else:  # codebook (nf4, iq4nl, lm2..lm4; 16-entry table): an L1-resident table
         x = tl.load(LUT + c)
     return x
 

@@ -8,7 +8,7 @@ import math
 import torch
 import triton
 
-from ...quant.formats import codebook
+from ...quant.formats import CODEBOOKS, codebook16
 from ..env import can_launch, interpreting
 from .attention import merge_kernel
 from .layout import tile_config
@@ -22,7 +22,8 @@ LOG2E = 1.4426950408889634  # the kernels run softmax in base 2: scores are scal
 @functools.lru_cache(maxsize=256)
 def _tile(spec, D: int, word_max: int, asm: bool, device: str, rowfirst: bool = False):
     cfg, perm = tile_config(spec, D, word_max, asm, rowfirst)
-    lut = codebook(spec.fmt, device) if spec.fmt in ("nf4", "iq4nl") else None
+    lut = (torch.tensor(codebook16(spec.fmt), dtype=torch.float32, device=device)
+           if spec.fmt in CODEBOOKS and spec.fmt != "fp4_e2m1" else None)
     return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut
 
 

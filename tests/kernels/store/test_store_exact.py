@@ -89,3 +89,13 @@ def test_only_given_slots_written():
     written[slots] = True
     assert (per_slot[~written] == POISON).all()
     assert not (per_slot[written] == POISON).all(1).any()
+
+
+LLOYD_MAX = [s.k for s in kvlab.grid("lm{2,3,4}:g{32,64}")] + [spec_of(t) for t in (
+    "lm4:head", "lm3:g32:rot=had", "lm2:g16:chan", "lm4:g32:s=bf16", "lm3:g64:chan")]
+
+
+@pytest.mark.parametrize("spec", LLOYD_MAX, ids=[f"T33-H2-D64-{spec_id(s)}" for s in LLOYD_MAX])
+def test_lloyd_max_bit_exact(spec):
+    """Lloyd-Max codebooks scaled by the group RMS (summed in float64 by both sides): codes and scales equal."""
+    _check(spec, T=33 if spec.axis != "chan" else 64, seed=zlib.crc32(str(spec).encode()) % 1000)
