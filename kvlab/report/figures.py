@@ -12,7 +12,8 @@ import math
 import pandas as pd
 
 FAMILY_ORDER = ("float", "fp8", "int, token groups", "int + fp window", "KIVI (channel keys)", "Hadamard-rotated",
-                "pre-RoPE keys", "fp4 (mx / nv)", "codebook (nf4 / iq4nl)", "engine profile", "other")
+                "pre-RoPE keys", "fp4 (mx / nv)", "codebook (nf4 / iq4nl)", "engine profile", "other",
+                "Lloyd-Max codebook")  # appended: the families before it keep their colors
 
 
 def family(text: str) -> str:
@@ -28,6 +29,8 @@ def family(text: str) -> str:
     if k.is_float_storage and v.is_float_storage:
         return "float"
     fmts = {k.fmt, v.fmt}
+    if fmts & {"lm2", "lm3", "lm4"}:
+        return "Lloyd-Max codebook"
     if k.axis == "chan":
         return "KIVI (channel keys)"
     if "had" in (k.rotation, v.rotation):
