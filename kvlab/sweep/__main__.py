@@ -3,6 +3,7 @@
     python -m kvlab.sweep [CONFIG.yaml] [--out DIR] [--resume] [--executor local|ray] [--address ADDR]
                           [--device auto|cpu|cuda] [--stages roundtrip,model] [--limit N] [--fresh]
     python -m kvlab.sweep report DIR
+    python -m kvlab.sweep search --budget BITS [--candidates SPEC,SPEC,...]   (kvlab.sweep.search_cli)
 
 With no CONFIG, runs the embedded default sweep (kvlab/sweep/default.yaml): every preset plus grids,
 round trips on synthetic and real K/V, attention deltas and decode-faithful PPL/KL on SmolLM2;
@@ -116,6 +117,9 @@ def run(argv=None) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "search":
+        from .search_cli import main as search_main
+        return search_main(argv[1:])
     if argv and argv[0] == "report":
         if len(argv) != 2:
             print("usage: python -m kvlab.sweep report DIR", file=sys.stderr)

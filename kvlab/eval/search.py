@@ -1,0 +1,105 @@
+"""Scheme search under a bit budget: measured per-layer sensitivities, then the cheapest allocation.
+
+    res = search(model, tokenizer, ["lm2:rot=had", "lm3:rot=had", "lm4:rot=had"], budget=3.5)
+    res["scheme"]        # one DSL line: the most used candidate as base, the other layers as L<i>= overrides
+
+1. Sensitivity (on calibration text): for every layer l and candidate c, KL(full || model with layer l's cache
+   in c and every other layer in full precision), through the decode-faithful backend (`score_segments`).
+2. Allocation: one candidate per layer minimising the summed sensitivities (KL adds up across layers to first
+   order) subject to the mean effective bits per element over layers <= budget: an exact multiple-choice
+   knapsack by dynamic programming over bit units of 1/64 bit.
+3. The chosen scheme is then evaluated like any other (`evaluate_scheme`), on held-out text.
+
+Candidates apply to K and V of a layer alike (the scheme DSL's `L<i>=` overrides); a base scheme's K/V
+split stays available as a candidate of its own (e.g. `k=lm4:rot=had,v=lm3:rot=had` is not a single spec and
+so cannot be a per-layer override: pass it as `base`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import KVScheme, as_scheme, as_spec
+from .perplexity import score_segments, segments, text_tokens
+
+UNIT = 64  # bit units per bit in the allocation
+
+
+def _float_scheme() -> KVScheme:
+    return as_scheme("bf16")
+
+
+def _spec_bits(spec, head_dim: int) -> float:
+    return spec.bits_per_element_at(head_dim)
+
+
+@torch.no_grad()
+def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], progress=None) -> list[list[float]]:
+    """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16."""
+    n = model.config.n_layers
+    specs = [as_spec(c) for c in candidates]
+    out = []
+    for layer in range(n):
+        row = []
+        for spec in specs:
+            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, overrides=((layer, spec),))
+            rows = score_segments(model, segs, sch)
+            row.append(sum(r["kl"] for r in rows) / len(rows))
+            if progress is not None:
+                progress()
+        out.append(row)
+    return out
+
+
+def allocate(sens: list[list[float]], bits: list[float], budget: float) -> list[int]:
+    """Candidate index per layer minimising sum(sens[l][c_l]) with mean(bits[c_l]) <= budget (exact DP over bit
+    units of 1/UNIT). ValueError when even the cheapest candidate everywhere exceeds the budget."""
+    n, units = len(sens), [round(b * UNIT) for b in bits]
+    cap = math.floor(budget * UNIT * n + 1e-9)
+    if min(units) * n > cap:
+        raise ValueError(f"budget {budget} bits/element is below the cheapest candidate ({min(bits):.3f})")
+    INF = float("inf")
+    best = {0: (0.0, [])}  # used units -> (cost, choices)
+    for layer in range(n):
+        nxt: dict = {}
+        for used, (cost, ch) in best.items():
+            for c, u in enumerate(units):
+                t = used + u
+                if t > cap:
+                    continue
+                v = cost + sens[layer][c]
+                if v < nxt.get(t, (INF,))[0]:
+                    nxt[t] = (v, ch + [c])
+        best = nxt
+    return min(best.values(), key=lambda r: r[0])[1]
+
+
+def scheme_of(choice: list[int], candidates: list[str]) -> KVScheme:
+    """The DSL scheme of a per-layer choice: the most used candidate as base, the others as `L<i>=` overrides."""
+    base = max(set(choice), key=lambda c: (choice.count(c), -c))
+    spec = as_spec(candidates[base])
+    over = tuple((layer, as_spec(candidates[c])) for layer, c in enumerate(choice) if c != base)
+    return KVScheme(k=spec, v=spec, overrides=over)
+
+
+@torch.no_grad()
+def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
+           calib_tokens: int = 1024, calib_segments: int = 1, progress=None) -> dict:
+    """Sensitivities on `calib_text`, then the allocation under `budget` effective bits per element (mean over
+    layers). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
+    "bits_per_element", "sens": [[KL]], "candidates", "calib_text", "calib_tokens", "calib_segments"}."""
+    if not candidates:
+        raise ValueError("give at least one candidate spec")
+    D = model.config.head_dim
+    for c in candidates:
+        as_spec(c).check_head_dim(D)
+    segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
+    sens = layer_sensitivity(model, segs, candidates, progress)
+    bits = [_spec_bits(as_spec(c), D) for c in candidates]
+    choice = allocate(sens, bits, budget)
+    sch = scheme_of(choice, candidates)
+    return {"scheme": str(sch), "choice": [candidates[c] for c in choice],
+            "predicted_kl": sum(sens[layer][c] for layer, c in enumerate(choice)),
+            "bits_per_element": sum(bits[c] for c in choice) / len(choice), "sens": sens, "candidates": candidates,
+            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments}

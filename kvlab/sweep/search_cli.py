@@ -1,0 +1,74 @@
+"""`python -m kvlab.sweep search`: the scheme that loses least under a bit budget, found and then evaluated.
+
+    python -m kvlab.sweep search --budget 3.5 [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
+                                 [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
+                                 [--segments 4] [--model smollm2] [--device cpu|cuda] [--out DIR]
+
+Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
+one candidate per layer under the budget (effective bits per element, mean over layers), prints the chosen
+scheme as one DSL line, then evaluates it on the held-out text like `python -m kvlab.eval` (PPL delta with sd
+over segments, KL, effective bits). With --out, writes DIR/sensitivity.csv (layer x candidate KL) and
+DIR/search.json (the choice, both texts, the held-out scores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_CANDIDATES = "lm2:rot=had,lm3:rot=had,lm4:rot=had"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvlab.sweep search", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget", type=float, required=True, help="mean effective bits per element over layers")
+    p.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="comma-separated specs (K and V of a layer)")
+    p.add_argument("--calib-text", default="license", choices=["license", "pydoc"])
+    p.add_argument("--calib-tokens", type=int, default=1024)
+    p.add_argument("--text", default="pydoc", choices=["pydoc", "license"], help="held-out evaluation text")
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--segments", type=int, default=4)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--out", default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    import torch
+    from tqdm import tqdm
+
+    from ..eval.perplexity import evaluate_scheme
+    from ..eval.search import search
+    from ..model import load_model
+    cands = [c.strip() for c in a.candidates.split(",") if c.strip()]
+    try:
+        if a.text == a.calib_text:
+            raise ValueError(f"--text and --calib-text are both {a.text}: evaluate on text the search did not see")
+        model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
+        bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
+        res = search(model, tok, cands, a.budget, calib_text=a.calib_text, calib_tokens=a.calib_tokens,
+                     progress=bar.update)
+        bar.close()
+        print(f"chosen under {a.budget} bits/element ({res['bits_per_element']:.3f}): {res['scheme']}")
+        print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {res['predicted_kl']:.4f}")
+        ev = evaluate_scheme(model, tok, res["scheme"], text=a.text, n_tokens=a.tokens, n_segments=a.segments,
+                             calib_text=a.calib_text)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"python -m kvlab.sweep search: error: {e}", file=sys.stderr)
+        return 2
+    print(f"held out ({a.text}, {a.segments} x {a.tokens} tokens): PPL {ev['ppl_delta_pct']:+.2f}% "
+          f"+- {ev['ppl_delta_pct_sd']:.2f}, KL {ev['kl']:.4f}, {ev['eff_bits_per_element']:.3f} effective bits")
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "sensitivity.csv", "w") as f:
+            f.write("layer," + ",".join(cands) + "\n")
+            for layer, row in enumerate(res["sens"]):
+                f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
+        (out / "search.json").write_text(json.dumps({**{k: v for k, v in res.items() if k != "sens"},
+                                                     "budget": a.budget, "model": a.model, "eval": ev}, indent=1))
+    return 0
