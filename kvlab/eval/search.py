@@ -83,6 +83,15 @@ def scheme_of(choice: list[int], candidates: list[str]) -> KVScheme:
     return KVScheme(k=spec, v=spec, overrides=over)
 
 
+def choose(res: dict, budget: float, head_dim: int) -> dict:
+    """`search`'s result re-allocated under another budget from the same sensitivities."""
+    bits = [_spec_bits(as_spec(c), head_dim) for c in res["candidates"]]
+    choice = allocate(res["sens"], bits, budget)
+    return {**res, "scheme": str(scheme_of(choice, res["candidates"])), "choice": [res["candidates"][c] for c in choice],
+            "predicted_kl": sum(res["sens"][layer][c] for layer, c in enumerate(choice)),
+            "bits_per_element": sum(bits[c] for c in choice) / len(choice)}
+
+
 @torch.no_grad()
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
            calib_tokens: int = 1024, calib_segments: int = 1, progress=None) -> dict:

@@ -1,14 +1,15 @@
 """`python -m kvlab.sweep search`: the scheme that loses least under a bit budget, found and then evaluated.
 
-    python -m kvlab.sweep search --budget 3.5 [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
+    python -m kvlab.sweep search --budget 3.5[,2.5,...] [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
                                  [--segments 4] [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
-one candidate per layer under the budget (effective bits per element, mean over layers), prints the chosen
-scheme as one DSL line, then evaluates it on the held-out text like `python -m kvlab.eval` (PPL delta with sd
-over segments, KL, effective bits). With --out, writes DIR/sensitivity.csv (layer x candidate KL) and
-DIR/search.json (the choice, both texts, the held-out scores).
+one candidate per layer under each budget (effective bits per element, mean over layers; several budgets
+share one sensitivity table), prints the chosen scheme as one DSL line, then evaluates it on the held-out text
+like `python -m kvlab.eval` (PPL delta with sd over segments, KL, effective bits). With --out, writes
+DIR/sensitivity.csv (layer x candidate KL) and DIR/search.json (per budget: the choice, both texts, the
+held-out scores).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ DEFAULT_CANDIDATES = "lm2:rot=had,lm3:rot=had,lm4:rot=had"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvlab.sweep search", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budget", type=float, required=True, help="mean effective bits per element over layers")
+    p.add_argument("--budget", required=True, help="mean effective bits per element over layers (comma-separated: "
+                   "several budgets over one sensitivity table)")
     p.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="comma-separated specs (K and V of a layer)")
     p.add_argument("--calib-text", default="license", choices=["license", "pydoc"])
     p.add_argument("--calib-tokens", type=int, default=1024)
@@ -42,26 +44,33 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from ..eval.perplexity import evaluate_scheme
-    from ..eval.search import search
+    from ..eval.search import choose, search
     from ..model import load_model
     cands = [c.strip() for c in a.candidates.split(",") if c.strip()]
+    runs = []
     try:
+        budgets = [float(b) for b in a.budget.split(",")]
         if a.text == a.calib_text:
             raise ValueError(f"--text and --calib-text are both {a.text}: evaluate on text the search did not see")
         model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
-        res = search(model, tok, cands, a.budget, calib_text=a.calib_text, calib_tokens=a.calib_tokens,
+        res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
                      progress=bar.update)
         bar.close()
-        print(f"chosen under {a.budget} bits/element ({res['bits_per_element']:.3f}): {res['scheme']}")
-        print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {res['predicted_kl']:.4f}")
-        ev = evaluate_scheme(model, tok, res["scheme"], text=a.text, n_tokens=a.tokens, n_segments=a.segments,
-                             calib_text=a.calib_text)
+        for budget in budgets:
+            r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)
+            print(f"chosen under {budget} bits/element ({r['bits_per_element']:.3f}): {r['scheme']}")
+            print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {r['predicted_kl']:.4f}")
+            ev = evaluate_scheme(model, tok, r["scheme"], text=a.text, n_tokens=a.tokens, n_segments=a.segments,
+                                 calib_text=a.calib_text)
+            print(f"held out ({a.text}, {a.segments} x {a.tokens} tokens): PPL {ev['ppl_delta_pct']:+.2f}% "
+                  f"+- {ev['ppl_delta_pct_sd']:.2f}, KL {ev['kl']:.4f}, {ev['eff_bits_per_element']:.3f} effective "
+                  "bits", flush=True)
+            runs.append({**{k: v for k, v in r.items() if k != "sens"}, "budget": budget, "model": a.model,
+                         "eval": ev})
     except (ValueError, FileNotFoundError) as e:
         print(f"python -m kvlab.sweep search: error: {e}", file=sys.stderr)
         return 2
-    print(f"held out ({a.text}, {a.segments} x {a.tokens} tokens): PPL {ev['ppl_delta_pct']:+.2f}% "
-          f"+- {ev['ppl_delta_pct_sd']:.2f}, KL {ev['kl']:.4f}, {ev['eff_bits_per_element']:.3f} effective bits")
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -69,6 +78,5 @@ def main(argv=None) -> int:
             f.write("layer," + ",".join(cands) + "\n")
             for layer, row in enumerate(res["sens"]):
                 f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
-        (out / "search.json").write_text(json.dumps({**{k: v for k, v in res.items() if k != "sens"},
-                                                     "budget": a.budget, "model": a.model, "eval": ev}, indent=1))
+        (out / "search.json").write_text(json.dumps(runs, indent=1))
     return 0
