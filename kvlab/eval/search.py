@@ -35,15 +35,17 @@ def _spec_bits(spec, head_dim: int) -> float:
 
 
 @torch.no_grad()
-def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], progress=None) -> list[list[float]]:
-    """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16."""
+def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], progress=None,
+                      sink: int = 0) -> list[list[float]]:
+    """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16 (the first
+    `sink` tokens of every layer full precision, as the searched scheme will keep them)."""
     n = model.config.n_layers
     specs = [as_spec(c) for c in candidates]
     out = []
     for layer in range(n):
         row = []
         for spec in specs:
-            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, overrides=((layer, spec),))
+            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, sink=sink, overrides=((layer, spec),))
             rows = score_segments(model, segs, sch)
             row.append(sum(r["kl"] for r in rows) / len(rows))
             if progress is not None:
@@ -75,28 +77,30 @@ def allocate(sens: list[list[float]], bits: list[float], budget: float) -> list[
     return min(best.values(), key=lambda r: r[0])[1]
 
 
-def scheme_of(choice: list[int], candidates: list[str]) -> KVScheme:
-    """The DSL scheme of a per-layer choice: the most used candidate as base, the others as `L<i>=` overrides."""
+def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVScheme:
+    """The DSL scheme of a per-layer choice: the most used candidate as base, the others as `L<i>=` overrides
+    (and `sink` full-precision first tokens)."""
     base = max(set(choice), key=lambda c: (choice.count(c), -c))
     spec = as_spec(candidates[base])
     over = tuple((layer, as_spec(candidates[c])) for layer, c in enumerate(choice) if c != base)
-    return KVScheme(k=spec, v=spec, overrides=over)
+    return KVScheme(k=spec, v=spec, sink=sink, overrides=over)
 
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
     """`search`'s result re-allocated under another budget from the same sensitivities."""
     bits = [_spec_bits(as_spec(c), head_dim) for c in res["candidates"]]
     choice = allocate(res["sens"], bits, budget)
-    return {**res, "scheme": str(scheme_of(choice, res["candidates"])), "choice": [res["candidates"][c] for c in choice],
+    return {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
+            "choice": [res["candidates"][c] for c in choice],
             "predicted_kl": sum(res["sens"][layer][c] for layer, c in enumerate(choice)),
             "bits_per_element": sum(bits[c] for c in choice) / len(choice)}
 
 
 @torch.no_grad()
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
-           calib_tokens: int = 1024, calib_segments: int = 1, progress=None) -> dict:
+           calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` effective bits per element (mean over
-    layers). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
+    layers; `sink` first tokens kept full precision in every layer). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
     "bits_per_element", "sens": [[KL]], "candidates", "calib_text", "calib_tokens", "calib_segments"}."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
@@ -104,11 +108,11 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
     for c in candidates:
         as_spec(c).check_head_dim(D)
     segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
-    sens = layer_sensitivity(model, segs, candidates, progress)
+    sens = layer_sensitivity(model, segs, candidates, progress, sink)
     bits = [_spec_bits(as_spec(c), D) for c in candidates]
     choice = allocate(sens, bits, budget)
-    sch = scheme_of(choice, candidates)
+    sch = scheme_of(choice, candidates, sink)
     return {"scheme": str(sch), "choice": [candidates[c] for c in choice],
             "predicted_kl": sum(sens[layer][c] for layer, c in enumerate(choice)),
             "bits_per_element": sum(bits[c] for c in choice) / len(choice), "sens": sens, "candidates": candidates,
-            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments}
+            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments, "sink": sink}

@@ -2,7 +2,7 @@
 
     python -m kvlab.sweep search --budget 3.5[,2.5,...] [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
-                                 [--segments 4] [--model smollm2] [--device cpu|cuda] [--out DIR]
+                                 [--segments 4] [--sink N] [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
 one candidate per layer under each budget (effective bits per element, mean over layers; several budgets
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default="pydoc", choices=["pydoc", "license"], help="held-out evaluation text")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--segments", type=int, default=4)
+    p.add_argument("--sink", type=int, default=0, help="first tokens kept full precision in every layer")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
         model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
         res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
-                     progress=bar.update)
+                     progress=bar.update, sink=a.sink)
         bar.close()
         for budget in budgets:
             r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)

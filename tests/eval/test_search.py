@@ -51,6 +51,8 @@ def test_scheme_of_is_one_line_that_round_trips():
     assert kvlab.scheme(text) == sch
     assert sch.for_layer(1, 4)[0] == kvlab.scheme("lm4:rot=had").k and sch.for_layer(2, 4)[1] == sch.k
     assert "L1=" in text and text.count("L") == 1
+    with_sink = scheme_of([0, 1, 0, 0], cands, sink=4)
+    assert with_sink.sink == 4 and kvlab.scheme(str(with_sink)) == with_sink
 
 
 @torch.no_grad()
