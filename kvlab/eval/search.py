@@ -10,9 +10,8 @@
    knapsack by dynamic programming over bit units of 1/64 bit.
 3. The chosen scheme is then evaluated like any other (`evaluate_scheme`), on held-out text.
 
-Candidates apply to K and V of a layer alike (the scheme DSL's `L<i>=` overrides); a base scheme's K/V
-split stays available as a candidate of its own (e.g. `k=lm4:rot=had,v=lm3:rot=had` is not a single spec and
-so cannot be a per-layer override: pass it as `base`).
+A candidate is one spec for a layer's K and V, or a pair `KSPEC|VSPEC` (the scheme DSL's `L<i>=KSPEC|VSPEC`):
+channel-axis keys with token-axis values, more bits for keys than values, and so on.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import math
 
 import torch
 
-from ..spec import KVScheme, as_scheme, as_spec
+from ..spec import KVScheme, as_scheme, as_spec  # noqa: F401 (as_scheme: _float_scheme)
 from .perplexity import score_segments, segments, text_tokens
 
 UNIT = 64  # bit units per bit in the allocation
@@ -30,8 +29,15 @@ def _float_scheme() -> KVScheme:
     return as_scheme("bf16")
 
 
-def _spec_bits(spec, head_dim: int) -> float:
-    return spec.bits_per_element_at(head_dim)
+def pair(candidate: str) -> tuple:
+    """(K spec, V spec) of a candidate: `SPEC` (both) or `KSPEC|VSPEC`."""
+    ks, bar, vs = candidate.partition("|")
+    return as_spec(ks), as_spec(vs if bar else ks)
+
+
+def _spec_bits(candidate: str, head_dim: int) -> float:
+    ks, vs = pair(candidate)
+    return (ks.bits_per_element_at(head_dim) + vs.bits_per_element_at(head_dim)) / 2
 
 
 @torch.no_grad()
@@ -40,12 +46,12 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
     """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16 (the first
     `sink` tokens of every layer full precision, as the searched scheme will keep them)."""
     n = model.config.n_layers
-    specs = [as_spec(c) for c in candidates]
+    specs = [pair(c) for c in candidates]
     out = []
     for layer in range(n):
         row = []
         for spec in specs:
-            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, sink=sink, overrides=((layer, spec),))
+            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, sink=sink, overrides=((layer, *spec),))
             rows = score_segments(model, segs, sch)
             row.append(sum(r["kl"] for r in rows) / len(rows))
             if progress is not None:
@@ -81,14 +87,14 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVSche
     """The DSL scheme of a per-layer choice: the most used candidate as base, the others as `L<i>=` overrides
     (and `sink` full-precision first tokens)."""
     base = max(set(choice), key=lambda c: (choice.count(c), -c))
-    spec = as_spec(candidates[base])
-    over = tuple((layer, as_spec(candidates[c])) for layer, c in enumerate(choice) if c != base)
-    return KVScheme(k=spec, v=spec, sink=sink, overrides=over)
+    ks, vs = pair(candidates[base])
+    over = tuple((layer, *pair(candidates[c])) for layer, c in enumerate(choice) if c != base)
+    return KVScheme(k=ks, v=vs, sink=sink, overrides=over)
 
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
     """`search`'s result re-allocated under another budget from the same sensitivities."""
-    bits = [_spec_bits(as_spec(c), head_dim) for c in res["candidates"]]
+    bits = [_spec_bits(c, head_dim) for c in res["candidates"]]
     choice = allocate(res["sens"], bits, budget)
     return {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
             "choice": [res["candidates"][c] for c in choice],
@@ -106,10 +112,11 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
         raise ValueError("give at least one candidate spec")
     D = model.config.head_dim
     for c in candidates:
-        as_spec(c).check_head_dim(D)
+        for s in pair(c):
+            s.check_head_dim(D)
     segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
     sens = layer_sensitivity(model, segs, candidates, progress, sink)
-    bits = [_spec_bits(as_spec(c), D) for c in candidates]
+    bits = [_spec_bits(c, D) for c in candidates]
     choice = allocate(sens, bits, budget)
     sch = scheme_of(choice, candidates, sink)
     return {"scheme": str(sch), "choice": [candidates[c] for c in choice],

@@ -97,7 +97,10 @@ def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, d
 
 def spec_roles(sch: KVScheme) -> dict[str, KVQuantSpec]:
     """{"k": K spec, "v": V spec, "L<i>": each per-layer override spec (used for K and V of that layer)}."""
-    return {"k": sch.k, "v": sch.v, **{f"L{layer}": spec for layer, spec in sch.overrides}}
+    roles = {"k": sch.k, "v": sch.v}
+    for layer, ks, vs in sch.overrides:
+        roles.update({f"L{layer}": ks} if ks == vs else {f"L{layer}.k": ks, f"L{layer}.v": vs})
+    return roles
 
 
 def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 64, seed: int = 0,

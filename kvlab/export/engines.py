@@ -235,16 +235,17 @@ def plan(engine: str | Engine, sch: KVScheme, n_layers: int | None = None) -> Pl
 
 def _plan_overrides(p: Plan, n_layers: int | None) -> None:
     eng, sch = p.engine, p.scheme
-    dense = {str(s) for _, s in sch.overrides}
+    dense = {str(s) for _, ks, vs in sch.overrides for s in (ks, vs)}
     if not eng.skip_layers or not (dense <= {"bf16", "fp16"} and len(dense) == 1):
-        p.reasons.append("per-layer overrides (" + ", ".join(f"L{l}={s}" for l, s in sch.overrides) + ")"
+        p.reasons.append("per-layer overrides (" + ", ".join(
+            f"L{l}={ks}" if ks == vs else f"L{l}={ks}|{vs}" for l, ks, vs in sch.overrides) + ")"
                          + (": vLLM can only skip layers back to the model dtype (all bf16 or all fp16)"
                             if eng.skip_layers else ""))
         return
-    if any(l < 0 for l, _ in sch.overrides) and n_layers is None:
+    if any(l < 0 for l, *_ in sch.overrides) and n_layers is None:
         raise ValueError("per-layer overrides counted from the end (L-1=...) need the model's layer count: "
                          "pass --model")
-    p.skip_layers = tuple(sorted(l % n_layers if n_layers else l for l, _ in sch.overrides))
+    p.skip_layers = tuple(sorted(l % n_layers if n_layers else l for l, *_ in sch.overrides))
 
 
 def candidates(engine: str | Engine) -> list[tuple[str, KVScheme, EngineDType, EngineDType]]:

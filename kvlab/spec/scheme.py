@@ -7,6 +7,7 @@ Text form (items joined by ','):
     window=N              the N most recent tokens stay full precision
     sink=N                the first N tokens (attention sinks) stay full precision
     L<i>=SPEC             layer i (negative counts from the end) uses SPEC for K and V
+    L<i>=KSPEC|VSPEC      layer i uses KSPEC for K and VSPEC for V
 
 Example: `k=int4:g32:chan:asym,v=int4:g32:asym,window=128,L0=bf16,L-1=bf16`.
 
@@ -32,7 +33,8 @@ class KVScheme:
     v: KVQuantSpec
     window: int = 0
     sink: int = 0
-    overrides: tuple = field(default=())  # ((layer, KVQuantSpec), ...) sorted; layer < 0 counts from the end
+    overrides: tuple = field(default=())  # ((layer, K spec, V spec), ...) sorted; layer < 0 counts from the end
+    # ((layer, spec), ...) is accepted too (one spec for K and V) and stored as (layer, spec, spec)
     name: str | None = field(default=None, compare=False)
     engine: EngineProfile | None = None  # an engine profile: what the engine does around the bytes
 
@@ -43,12 +45,18 @@ class KVScheme:
             raise ValueError(f"sink={self.sink!r} must be an int >= 0 (first tokens kept full precision)")
         if self.v.pre_rope:
             raise ValueError("prerope applies to keys only; write it on the k= spec")
-        for layer, spec in self.overrides:
+        norm = []
+        for item in self.overrides:
+            if not isinstance(item, tuple) or len(item) not in (2, 3):
+                raise ValueError(f"a layer override is (layer, spec) or (layer, K spec, V spec), got {item!r}")
+            layer, ks, vs = (item[0], item[1], item[1]) if len(item) == 2 else item
             if not isinstance(layer, int):
                 raise ValueError(f"layer override index {layer!r} must be an int")
-            if spec.pre_rope:
+            if ks.pre_rope or vs.pre_rope:
                 raise ValueError("prerope cannot be set through a layer override")
-        layers = [l for l, _ in self.overrides]
+            norm.append((layer, ks, vs))
+        object.__setattr__(self, "overrides", tuple(norm))
+        layers = [l for l, *_ in self.overrides]
         if len(set(layers)) != len(layers):
             raise ValueError(f"layer overrides repeat a layer: {layers}")
         object.__setattr__(self, "overrides", tuple(sorted(self.overrides, key=lambda t: (t[0] < 0, t[0]))))
@@ -56,9 +64,9 @@ class KVScheme:
     # ---- queries ------------------------------------------------------------------------
     def for_layer(self, layer: int, n_layers: int) -> tuple[KVQuantSpec, KVQuantSpec]:
         """(K spec, V spec) used at `layer` of a model with `n_layers` layers."""
-        for l, spec in self.overrides:
+        for l, ks, vs in self.overrides:
             if l % n_layers == layer % n_layers and -n_layers <= l < n_layers:
-                return spec, spec
+                return ks, vs
         return self.k, self.v
 
     @property
@@ -93,13 +101,14 @@ class KVScheme:
             items.append(f"window={self.window}")
         if self.sink:
             items.append(f"sink={self.sink}")
-        items += [f"L{l}={s}" for l, s in self.overrides]
+        items += [f"L{l}={ks}" if ks == vs else f"L{l}={ks}|{vs}" for l, ks, vs in self.overrides]
         return ",".join(items)
 
     def to_dict(self) -> dict:
         return {"version": SPEC_VERSION, "text": str(self), "name": self.name, "k": self.k.to_dict(),
                 "v": self.v.to_dict(), "window": self.window, "sink": self.sink,
-                "overrides": [[l, s.to_dict()] for l, s in self.overrides],
+                "overrides": [[l, ks.to_dict()] if ks == vs else [l, ks.to_dict(), vs.to_dict()]
+                              for l, ks, vs in self.overrides],
                 **({"engine": self.engine.name} if self.engine else {})}
 
     @classmethod
@@ -111,7 +120,8 @@ class KVScheme:
         try:
             return cls(k=KVQuantSpec.from_dict(d["k"]), v=KVQuantSpec.from_dict(d["v"]), window=d.get("window", 0),
                        sink=d.get("sink", 0), name=d.get("name"),
-                       overrides=tuple((int(l), KVQuantSpec.from_dict(s)) for l, s in d.get("overrides", [])))
+                       overrides=tuple((int(o[0]), *(KVQuantSpec.from_dict(s) for s in o[1:]))
+                                       for o in d.get("overrides", [])))
         except KeyError as e:
             raise ValueError(f"scheme dict lacks key {e}; needs at least 'k' and 'v'") from None
 
@@ -127,14 +137,14 @@ def parse_scheme(text: str) -> KVScheme:
     name = text if (text in SCHEME_PRESETS or text in SPEC_PRESETS) else None
     k = v = None
     window = sink = 0
-    overrides: dict[int, KVQuantSpec] = {}
+    overrides: dict[int, tuple] = {}
     for item in text.split(","):
         item = item.strip()
         key, eq, val = item.partition("=")
         if item in SCHEME_PRESETS:
             base = parse_scheme(SCHEME_PRESETS[item])
             k, v, window, sink = base.k, base.v, base.window, base.sink
-            overrides.update(dict(base.overrides))
+            overrides.update({l: (ks, vs) for l, ks, vs in base.overrides})
         elif not eq or ":" in key:
             k = v = parse_spec(item)
         elif key == "k":
@@ -146,10 +156,12 @@ def parse_scheme(text: str) -> KVScheme:
                 raise ValueError(f"{key}={val!r} must be a non-negative integer number of tokens")
             window, sink = (int(val), sink) if key == "window" else (window, int(val))
         elif re.fullmatch(r"L-?\d+", key):
-            overrides[int(key[1:])] = parse_spec(val)
+            ks, bar, vs = val.partition("|")
+            overrides[int(key[1:])] = (parse_spec(ks), parse_spec(vs) if bar else parse_spec(ks))
         else:
             raise ValueError(f"unknown scheme item {item!r}; allowed: SPEC, k=SPEC, v=SPEC, window=N, sink=N, "
-                             f"L<i>=SPEC, or a preset ({', '.join(sorted(SCHEME_PRESETS))})")
+                             f"L<i>=SPEC, L<i>=KSPEC|VSPEC, or a preset ({', '.join(sorted(SCHEME_PRESETS))})")
     if k is None or v is None:
         raise ValueError(f"scheme {text!r} gives {'no K' if k is None else 'no V'} spec; write k=...,v=... or one spec for both")
-    return KVScheme(k=k, v=v, window=window, sink=sink, overrides=tuple(overrides.items()), name=name)
+    return KVScheme(k=k, v=v, window=window, sink=sink, overrides=tuple((l, *kv) for l, kv in overrides.items()),
+                    name=name)

@@ -51,6 +51,11 @@ def test_scheme_of_is_one_line_that_round_trips():
     assert kvlab.scheme(text) == sch
     assert sch.for_layer(1, 4)[0] == kvlab.scheme("lm4:rot=had").k and sch.for_layer(2, 4)[1] == sch.k
     assert "L1=" in text and text.count("L") == 1
+    pairs = scheme_of([1, 0, 1], ["lm3:rot=had", "int3:g32:chan:asym|int3:g32:asym"])
+    assert pairs.k.axis == "chan" and pairs.v.axis == "tok" and pairs.for_layer(1, 3)[0].fmt == "lm3"
+    assert kvlab.scheme(str(pairs)) == pairs and "|" not in str(pairs)
+    mixed = scheme_of([0, 1, 0], ["lm3:rot=had", "int3:g32:chan:asym|int3:g32:asym"])
+    assert "L1=int3:g32:chan:asym|int3:g32:asym" in str(mixed) and kvlab.scheme(str(mixed)) == mixed
     with_sink = scheme_of([0, 1, 0, 0], cands, sink=4)
     assert with_sink.sink == 4 and kvlab.scheme(str(with_sink)) == with_sink
 

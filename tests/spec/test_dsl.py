@@ -39,6 +39,18 @@ def test_overrides_and_for_layer():
     assert s.bits_per_element(128, context=2048, n_layers=30) > eff
 
 
+def test_layer_overrides_with_separate_k_and_v():
+    s = kvlab.scheme("lm3:rot=had,L1=int4:g32:chan:asym|int4:g32:asym,L2=q8_0")
+    assert s.for_layer(1, 30)[0].axis == "chan" and s.for_layer(1, 30)[1].axis == "tok"
+    assert s.for_layer(2, 30)[0] == s.for_layer(2, 30)[1] and s.for_layer(3, 30) == (s.k, s.v)
+    assert "L1=int4:g32:chan:asym|int4:g32:asym" in str(s) and kvlab.scheme(str(s)) == s
+    assert KVScheme.from_dict(s.to_dict()) == s
+    with pytest.raises(ValueError, match="prerope cannot be set through a layer override"):
+        kvlab.scheme("q4_0,L0=q4_0|int4:g32:prerope")
+    with pytest.raises(ValueError, match="a layer override is"):
+        KVScheme(k=s.k, v=s.v, overrides=((0,),))
+
+
 def test_grid_mapping():
     g = grid({"k": "int{2,4}:g32:chan:asym", "v": ["int4:g32", "q8_0"], "window": [0, 128]})
     assert len(g) == 8 and all(isinstance(x, KVScheme) for x in g)
