@@ -35,9 +35,11 @@ def pair(candidate: str) -> tuple:
     return as_spec(ks), as_spec(vs if bar else ks)
 
 
-def _spec_bits(candidate: str, head_dim: int) -> float:
+def _spec_bits(candidate: str, head_dim: int, context: int | None = None, sink: int = 0) -> float:
+    """A layer's bits per element in `candidate`: nominal, or with `context` effective (sinks and a channel-axis
+    key's unfinished group kept full precision, amortized over `context` tokens, as `evaluate_scheme` counts)."""
     ks, vs = pair(candidate)
-    return (ks.bits_per_element_at(head_dim) + vs.bits_per_element_at(head_dim)) / 2
+    return KVScheme(k=ks, v=vs, sink=sink).bits_per_element(head_dim, context=context)
 
 
 @torch.no_grad()
@@ -93,8 +95,8 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVSche
 
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
-    """`search`'s result re-allocated under another budget from the same sensitivities."""
-    bits = [_spec_bits(c, head_dim) for c in res["candidates"]]
+    """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting)."""
+    bits = [_spec_bits(c, head_dim, res.get("context"), res.get("sink", 0)) for c in res["candidates"]]
     choice = allocate(res["sens"], bits, budget)
     return {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
             "choice": [res["candidates"][c] for c in choice],
@@ -104,9 +106,11 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
 
 @torch.no_grad()
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
-           calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0) -> dict:
+           calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0,
+           context: int | None = None, sens: list | None = None) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` effective bits per element (mean over
-    layers; `sink` first tokens kept full precision in every layer). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
+    layers: nominal, or effective at `context` tokens; `sink` first tokens kept full precision in every layer;
+    `sens`: a sensitivity table measured before, reused). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
     "bits_per_element", "sens": [[KL]], "candidates", "calib_text", "calib_tokens", "calib_segments"}."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
@@ -114,12 +118,16 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
     for c in candidates:
         for s in pair(c):
             s.check_head_dim(D)
-    segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
-    sens = layer_sensitivity(model, segs, candidates, progress, sink)
-    bits = [_spec_bits(c, D) for c in candidates]
+    if sens is None:
+        segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
+        sens = layer_sensitivity(model, segs, candidates, progress, sink)
+    elif len(sens) != model.config.n_layers or any(len(r) != len(candidates) for r in sens):
+        raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")
+    bits = [_spec_bits(c, D, context, sink) for c in candidates]
     choice = allocate(sens, bits, budget)
     sch = scheme_of(choice, candidates, sink)
     return {"scheme": str(sch), "choice": [candidates[c] for c in choice],
             "predicted_kl": sum(sens[layer][c] for layer, c in enumerate(choice)),
             "bits_per_element": sum(bits[c] for c in choice) / len(choice), "sens": sens, "candidates": candidates,
-            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments, "sink": sink}
+            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments, "sink": sink,
+            "context": context}

@@ -2,7 +2,8 @@
 
     python -m kvlab.sweep search --budget 3.5[,2.5,...] [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
-                                 [--segments 4] [--sink N] [--model smollm2] [--device cpu|cuda] [--out DIR]
+                                 [--segments 4] [--sink N] [--nominal-bits] [--sensitivity CSV]
+                                 [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
 one candidate per layer under each budget (effective bits per element, mean over layers; several budgets
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--sink", type=int, default=0, help="first tokens kept full precision in every layer")
+    p.add_argument("--sensitivity", default=None, help="reuse a sensitivity.csv of an earlier run (same candidates)")
+    p.add_argument("--nominal-bits", action="store_true", help="budget in nominal bits (default: effective bits at "
+                   "--tokens, full-precision tokens counted, as the evaluation reports them)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
@@ -55,8 +59,15 @@ def main(argv=None) -> int:
             raise ValueError(f"--text and --calib-text are both {a.text}: evaluate on text the search did not see")
         model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
+        sens = None
+        if a.sensitivity:
+            with open(a.sensitivity) as f:
+                head, *lines = f.read().split("\n")
+            if head.split(",")[1:] != cands:
+                raise ValueError(f"{a.sensitivity} holds candidates {head.split(',')[1:]}, not {cands}")
+            sens = [[float(v) for v in ln.split(",")[1:]] for ln in lines if ln.strip()]
         res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
-                     progress=bar.update, sink=a.sink)
+                     progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens)
         bar.close()
         for budget in budgets:
             r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)
