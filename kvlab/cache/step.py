@@ -111,10 +111,7 @@ class DecodeStep:
         f["q_col"][:], f["q_new"][:], f["q_slot"][:] = 0, 0, -1
         f["mv_src"][:], f["mv_dst"][:] = W - 1, W - 1
         f["w_col"][:], f["w_has"][:], f["fp_len"][:], f["positions"][:], f["kv_last_page_len"][:] = W - 1, 0, 0, 0, 0
-        counts = np.zeros(B, dtype=np.int64)
-        for b, s in list(self.slot_seqs.items()):  # idle slots keep no pages in the table
-            if b not in slot_seqs:
-                del self.slot_seqs[b]
+        counts = np.zeros(B, dtype=np.int64)  # idle slots keep no pages in the table
         for b, s, st, n, p, new_pages in work:
             st.pages.extend(pool._free.pop() for _ in range(new_pages))
             nq = len(p.quant_rows)
@@ -140,7 +137,7 @@ class DecodeStep:
                 self._known[b] = len(st.pages)
             counts[b] = -(-hi // P)
             f["kv_last_page_len"][b] = hi - (counts[b] - 1) * P if counts[b] else 0
-            self.slot_seqs[b] = s
+        self.slot_seqs = {b: s for b, s, *_ in work}
         o = self._offsets
         indptr = a[o[len(_FIELDS) + len(_ROWS)]:o[len(_FIELDS) + len(_ROWS) + 1]]
         indptr[0] = 0

@@ -19,14 +19,10 @@ import math
 
 import torch
 
-from ..spec import KVScheme, as_scheme, as_spec  # noqa: F401 (as_scheme: _float_scheme)
+from ..spec import KVScheme, as_scheme, as_spec
 from .perplexity import score_segments, segments, text_tokens
 
 UNIT = 64  # bit units per bit in the allocation
-
-
-def _float_scheme() -> KVScheme:
-    return as_scheme("bf16")
 
 
 def pair(candidate: str) -> tuple:
@@ -49,11 +45,12 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
     `sink` tokens of every layer full precision, as the searched scheme will keep them)."""
     n = model.config.n_layers
     specs = [pair(c) for c in candidates]
+    fp = as_scheme("bf16")
     out = []
     for layer in range(n):
         row = []
         for spec in specs:
-            sch = KVScheme(k=_float_scheme().k, v=_float_scheme().v, sink=sink, overrides=((layer, *spec),))
+            sch = KVScheme(k=fp.k, v=fp.v, sink=sink, overrides=((layer, *spec),))
             rows = score_segments(model, segs, sch)
             row.append(sum(r["kl"] for r in rows) / len(rows))
             if progress is not None:
@@ -108,10 +105,11 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
            calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0,
            context: int | None = None, sens: list | None = None) -> dict:
-    """Sensitivities on `calib_text`, then the allocation under `budget` effective bits per element (mean over
-    layers: nominal, or effective at `context` tokens; `sink` first tokens kept full precision in every layer;
-    `sens`: a sensitivity table measured before, reused). Returns {"scheme": text, "choice": [candidate per layer], "predicted_kl": summed sensitivities,
-    "bits_per_element", "sens": [[KL]], "candidates", "calib_text", "calib_tokens", "calib_segments"}."""
+    """Sensitivities on `calib_text`, then the allocation under `budget` bits per element (mean over layers:
+    nominal, or effective at `context` tokens; `sink` first tokens kept full precision in every layer; `sens`: a
+    sensitivity table measured before, reused). Returns {"scheme": text, "choice": [candidate per layer],
+    "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates", "calib_text",
+    "calib_tokens", "calib_segments", "sink", "context"} (`choose` re-allocates it under another budget)."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
     D = model.config.head_dim
@@ -123,11 +121,6 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
         sens = layer_sensitivity(model, segs, candidates, progress, sink)
     elif len(sens) != model.config.n_layers or any(len(r) != len(candidates) for r in sens):
         raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")
-    bits = [_spec_bits(c, D, context, sink) for c in candidates]
-    choice = allocate(sens, bits, budget)
-    sch = scheme_of(choice, candidates, sink)
-    return {"scheme": str(sch), "choice": [candidates[c] for c in choice],
-            "predicted_kl": sum(sens[layer][c] for layer, c in enumerate(choice)),
-            "bits_per_element": sum(bits[c] for c in choice) / len(choice), "sens": sens, "candidates": candidates,
-            "calib_text": calib_text, "calib_tokens": calib_tokens, "calib_segments": calib_segments, "sink": sink,
-            "context": context}
+    base = {"sens": sens, "candidates": candidates, "calib_text": calib_text, "calib_tokens": calib_tokens,
+            "calib_segments": calib_segments, "sink": sink, "context": context}
+    return choose(base, budget, D)

@@ -19,6 +19,13 @@ from ..kernels.decode import decode
 from ..kernels.extend import extend
 
 
+def _refuse_prerope(scheme) -> None:
+    for name, spec in (("K", scheme.k), ("V", scheme.v)):
+        if spec.pre_rope:
+            raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
+                             "after dequantizing (issue 16): generate with a post-RoPE scheme")
+
+
 class PagedBackend:
     """AttentionBackend over `pool` for the sequences `seq_ids` (one batch row each, in order).
 
@@ -26,10 +33,7 @@ class PagedBackend:
     "reference" (the torch float32 backends of the same ops)."""
 
     def __init__(self, pool, seq_ids, kernels: str = "triton") -> None:
-        for name, spec in (("K", pool.scheme.k), ("V", pool.scheme.v)):
-            if spec.pre_rope:
-                raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
-                                 "after dequantizing (issue 16): generate with a post-RoPE scheme")
+        _refuse_prerope(pool.scheme)
         self.pool, self.seq_ids, self.kernels = pool, list(seq_ids), kernels
         self._table = (None, None)  # (per-sequence (pages, quantized tokens), CSR block table) of the last layer
 
@@ -82,10 +86,7 @@ class StepBackend:
     buffers. Idle slots read nothing and return 0. kernels: as `PagedBackend`."""
 
     def __init__(self, step, kernels: str = "triton") -> None:
-        for name, spec in (("K", step.pool.scheme.k), ("V", step.pool.scheme.v)):
-            if spec.pre_rope:
-                raise ValueError(f"{name} spec {spec} stores keys before RoPE; the paged kernels do not apply RoPE "
-                                 "after dequantizing (issue 16): generate with a post-RoPE scheme")
+        _refuse_prerope(step.pool.scheme)
         self.step, self.kernels = step, kernels
 
     def attend(self, layer: int, q: Tensor, k_pre: Tensor, k: Tensor, v: Tensor, positions: Tensor, model) -> Tensor:

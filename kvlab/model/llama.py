@@ -121,9 +121,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:  # [..., dim]
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return _rms(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -233,11 +231,7 @@ class LlamaModel(nn.Module):
         max_position: a known bound on positions (no device sync); cos_sin: `_rope(positions)`
         computed once for several tensors."""
         cos, sin = cos_sin or self._rope(positions.to(self.embed_tokens.weight.device), max_position)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, D], or [B, T, D] for per-sequence positions
-        if cos.dim() == 3:
-            cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return _rope_apply(x, cos, sin)
 
     def compile_decode(self, **kw) -> "LlamaModel":
         """Run the dense parts of each layer (norms, projections, RoPE, MLP) of one-token forwards through
@@ -327,16 +321,17 @@ class LlamaModel(nn.Module):
 
 
 def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """RMSNorm as `RMSNorm.forward`, on plain tensors."""
+    """RMSNorm on plain tensors: w * x / rms(x), in float32 and cast back (as HF LlamaRMSNorm)."""
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """`LlamaModel.apply_rope` with cos, sin given ([T, D] or [B, T, D] float32)."""
+    """x [B, H, T, D] rotated by cos, sin ([T, D], or [B, T, D] for per-sequence positions; float32, cast to
+    x's dtype as HF does)."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 

@@ -42,7 +42,7 @@ def test_bad_profiles_name_the_type(text, match):
         kvlab.scheme(text)
 
 
-def test_gguf_order_is_the_converters_row_permutation():
+def test_gguf_order_is_the_converters_row_permutation(tiny_llama):
     """The K channel order the profile assumes is exactly what the GGUF loader undoes (kvlab.model's
     gguf_permute, the converter's permute): row g of the permuted matrix is HF row gguf_order[g]."""
     from kvlab.model.gguf_loader import gguf_permute
@@ -52,7 +52,7 @@ def test_gguf_order_is_the_converters_row_permutation():
     assert (got == np.array(gguf_order(D))[None]).all()
     assert sorted(gguf_order(D)) == list(range(D))
     import dataclasses
-    c = _tiny_model().config
+    c = tiny_llama(heads=2, kv_heads=1, max_pos=128).config
     for arch, want in (("llama", True), ("mistral", True), ("qwen2", False)):
         assert dataclasses.replace(c, arch=arch).gguf_qk_permuted == want
 
@@ -67,15 +67,6 @@ def test_space_keeps_scores_and_values(name):
     assert torch.allclose(sp.keys(q) @ sp.keys(k).transpose(-1, -2), q @ k.transpose(-1, -2), atol=1e-4)
     assert torch.allclose(sp.output(sp.values(v)), v, atol=1e-5)
     assert not torch.equal(sp.queries(q), sp.keys(q))  # the query is rounded (q8_0 or fp16)
-
-
-def _tiny_model():
-    from kvlab.model import LlamaModel, config_from_hf
-    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 96,
-           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-           "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
-    torch.manual_seed(0)
-    return LlamaModel(config_from_hf(cfg)).eval()
 
 
 def _by_hand(model, tokens, name):
@@ -101,8 +92,8 @@ def _by_hand(model, tokens, name):
 
 
 @torch.no_grad()
-def test_profile_attention_equals_the_engine_arithmetic_by_hand():
-    model = _tiny_model()
+def test_profile_attention_equals_the_engine_arithmetic_by_hand(tiny_llama):
+    model = tiny_llama(heads=2, kv_heads=1, max_pos=128)
     tokens = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(1))
     name = "llama.cpp:q4_0"
     got = model(tokens, backend=DecodeFaithfulBackend(name, model.config.n_layers))
@@ -157,18 +148,18 @@ def test_bad_engine_options_name_what_is_allowed(text, match):
 
 @torch.no_grad()
 @pytest.mark.parametrize("name", [n for n in all_profiles() if not n.startswith("llama.cpp")])
-def test_every_profile_scores_the_tiny_model(name):
-    model = _tiny_model()
+def test_every_profile_scores_the_tiny_model(name, tiny_llama):
+    model = tiny_llama(heads=2, kv_heads=1, max_pos=128)
     tokens = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
     got = model(tokens, backend=DecodeFaithfulBackend(name, model.config.n_layers))
     assert torch.isfinite(got).all()
 
 
 @torch.no_grad()
-def test_turboquant_boundary_layers_stay_bf16():
+def test_turboquant_boundary_layers_stay_bf16(tiny_llama):
     """vLLM keeps turboquant's first and last two layers (at most half) at the model dtype: a 2-layer model
     has none quantized."""
-    model = _tiny_model()
+    model = tiny_llama(heads=2, kv_heads=1, max_pos=128)
     tokens = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(2))
     tq = model(tokens, backend=DecodeFaithfulBackend("vllm:turboquant_3bit_nc", model.config.n_layers))
     bf = model(tokens, backend=DecodeFaithfulBackend("bf16", model.config.n_layers))
@@ -176,12 +167,12 @@ def test_turboquant_boundary_layers_stay_bf16():
 
 
 @torch.no_grad()
-def test_vllm_int4_profile_equals_its_arithmetic_by_hand():
+def test_vllm_int4_profile_equals_its_arithmetic_by_hand(tiny_llama):
     """vllm:int4_per_token_head written out: random-sign Hadamard of q, k, v (rounded to bf16), the codec on
     k and v, plain causal attention, the output rotated back."""
     from kvlab.eval.engine_space import rht_signs
     from kvlab.model.llama import DenseCausalBackend
-    model = _tiny_model()
+    model = tiny_llama(heads=2, kv_heads=1, max_pos=128)
     D = model.config.head_dim
     R = torch.tensor(rht_signs(D))[:, None] * kvlab.quant.hadamard(D)
     bf = (lambda t: t.to(torch.bfloat16).float())  # noqa: E731

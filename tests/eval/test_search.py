@@ -61,13 +61,8 @@ def test_scheme_of_is_one_line_that_round_trips():
 
 
 @torch.no_grad()
-def test_sensitivities_are_measured_kl():
-    from kvlab.model import LlamaModel, config_from_hf
-    cfg = {"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 96,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-           "max_position_embeddings": 256, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
-    torch.manual_seed(0)
-    model = LlamaModel(config_from_hf(cfg)).eval()
+def test_sensitivities_are_measured_kl(tiny_llama):
+    model = tiny_llama()
     segs = [torch.randint(0, 64, (48,), generator=torch.Generator().manual_seed(1))]
     sens = layer_sensitivity(model, segs, ["bf16", "lm2:rot=had", "lm4:rot=had"])
     assert len(sens) == 2 and all(len(r) == 3 for r in sens)
