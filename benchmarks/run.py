@@ -3,7 +3,7 @@
     python benchmarks/run.py --out sweeps/results/h200/runs/NAME [--cases decode,store] [--schemes q4_0,q8_0]
                              [--tuned sweeps/results/h200/tuned_configs.json] [--budget 420]
 
-Every case times what a user gets: the public ops with default dispatch (`decode`, `store`), planned and
+Every case times what a user gets: the public ops with default dispatch (`decode`, `store`, `extend`), planned and
 replayed from a CUDA graph as an engine runs a decode step, beside peers in the same process (cuDNN and
 flash SDPA on dense bf16 K/V). Decode rows come three times: `dispatch=tuned` (the tuned-config file given
 with --tuned), `dispatch=default` (no tuned file and no environment variable: a new user, who gets the configs
@@ -46,6 +46,15 @@ SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=
 DECODE_COLUMNS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms",
                   "kv_bytes", "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms",
                   "graph_ms", "roofline_frac_graph", "ratio_graph_vs_cudnn", "gate_rel_err", "config", "error"]
+EXTEND_SHAPES = {"p8k_b1": dict(batch=1, prefix=8192, chunk=1024, heads_q=32, heads_kv=8, head_dim=128),
+                 "p32k_b1": dict(batch=1, prefix=32768, chunk=1024, heads_q=32, heads_kv=8, head_dim=128),
+                 "p8k_b8": dict(batch=8, prefix=8192, chunk=1024, heads_q=32, heads_kv=8, head_dim=128),
+                 "p32k_b8": dict(batch=8, prefix=32768, chunk=1024, heads_q=32, heads_kv=8, head_dim=128),
+                 "smollm2_p8k": dict(batch=1, prefix=8192, chunk=1024, heads_q=9, heads_kv=3, head_dim=64),
+                 "d256_p8k": dict(batch=1, prefix=8192, chunk=1024, heads_q=8, heads_kv=4, head_dim=256)}
+EXTEND_COLUMNS = ["scheme", "backend", "batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim", "page_size",
+                  "median_ms", "cudnn_bf16_ms", "flash_bf16_ms", "ratio_vs_cudnn", "tflops", "gate_rel_err", "config",
+                  "error"]
 STORE_COLUMNS = ["scheme", "tokens", "graph_ms", "eager_ms", "bytes", "graph_gbps", "fraction_of_copy", "backend",
                  "config", "error"]
 GATE_TOL = 2e-2  # bf16 / fp16 tensor-core dots against the float32 reference
@@ -230,7 +239,163 @@ def case_store(out: Path, h: dict, names, args) -> None:
     f.close()
 
 
-CASES = {"decode": case_decode, "store": case_store}
+def extend_peers(shape) -> tuple[float | None, float | None, str]:
+    """Median ms of cuDNN and flash SDPA prefill on dense bf16 GQA K/V: the chunk's queries [B, Hq, C, D] over
+    prefix + chunk keys [B, Hk, L + C, D], non-causal (1.5% more scores than the causal chunk at a 32K prefix, 6% at
+    8K: the peer does slightly more work than extend)."""
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+    q = torch.randn(B, Hq, C, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, L + C, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    res, err = [], ""
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            fn()
+            res.append(triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median"))
+        except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported
+            res.append(None)
+            err += f"{backend.name}: {type(e).__name__}: {str(e)[:120]}; "
+    del q, k, v
+    return res[0], res[1], err
+
+
+def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
+    """Max relative error of extend (default dispatch, or the fused kernel) against the float32 reference on an
+    odd-shaped, ragged batch whose first two sequences take the dense prefix under backend="auto"."""
+    from kvlab.kernels.extend import extend
+    from paged_cases import call_args, make_paged
+    P = page_size(sch)
+    chan = sch.k.axis == "chan" or sch.v.axis == "chan"
+    lens, cl = ([992, 4096, 32], [64, 40, 3]) if chan else ([1000, 4097, 17], [64, 40, 3])
+    c = make_paged(lens, Hk, D, P, sch.k, sch.v, fp_lens=[3, 0, 20] if (sch.window or sch.sink or chan) else None,
+                   device="cuda")
+    args, kw = call_args(c)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, kn, vn = (torch.randn(sum(cl), h, D, device="cuda", generator=g, dtype=torch.bfloat16) for h in (Hq, Hk, Hk))
+    qo = torch.tensor([0, 64, 104, 107], dtype=torch.int32, device="cuda")
+    ref = extend(q.float(), kn.float(), vn.float(), qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend=backend,
+                 out=torch.full_like(q, float("nan"))).float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+def extend_cell(sch, shape: dict, backend: str, config=None) -> float:
+    """Median ms of one extend call through the public API (eager: prefill is not graph-captured)."""
+    import triton
+
+    from kvlab.eval.speed import fp_tokens_of
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.extend import extend
+    B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+    P = page_size(sch)
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
+    W = fp_tokens_of(sch)
+    fp = dict(k_fp=None, v_fp=None, fp_len=None)
+    if W:
+        fp["k_fp"] = torch.randn(B, Hk, W, D, device="cuda", dtype=torch.bfloat16)
+        fp["v_fp"] = torch.randn_like(fp["k_fp"])
+        fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device="cuda")
+    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def fn():
+        return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
+                      c["kv_last_page_len"], sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"],
+                      v_tensor_scale=c["v_ts"], max_qo_len=C, backend=backend, config=config, out=out)
+    fn()
+    torch.cuda.synchronize()
+    first = triton.testing.do_bench(fn, warmup=1, rep=20, return_mode="median")
+    rep = min(400.0, max(40.0, 15 * first))  # at least ~15 calls, at most 0.4 s per cell
+    return triton.testing.do_bench(fn, warmup=2, rep=rep, return_mode="median")
+
+
+def extend_fresh(sch, shape: dict, n: int = 6) -> float:
+    """Mean wall ms of `n` default-dispatch extend calls, each on a prefix length not seen before (L - 16 i), as a
+    prefill's chunks are: includes what the dense attention pays per new shape (cuDNN builds a plan per shape)."""
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.extend import extend
+    B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+    P = page_size(sch)
+    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    tot = 0.0
+    for i in range(1, n + 1):
+        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L - 32 * i - 7 * (sch.k.axis != "chan"), "cuda", seed=i)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+               sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], max_qo_len=C)
+        torch.cuda.synchronize()
+        tot += time.perf_counter() - t
+    return tot / n * 1e3
+
+
+FUSED_SWEEP = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+               for bm, bn, w, st in ((64, 32, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3),
+                                     (64, 64, 4, 3), (128, 128, 8, 2), (256, 64, 8, 2))]
+
+
+def case_extend(out: Path, h: dict, names, args) -> None:
+    import kvlab
+    from kvlab.kernels import tuned
+    emit, f = _writer(out / "extend.csv", EXTEND_COLUMNS)
+    tuned.set_cache_path(os.devnull)  # what a new user gets
+    t0 = time.time()
+    for sname in args.extend_shapes.split(","):
+        shape = EXTEND_SHAPES[sname]
+        cudnn, flash, perr = extend_peers(shape)
+        B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+        flops = 4.0 * B * C * Hq * D * (L + C / 2)
+        for name in names:
+            sch = kvlab.scheme(SCHEMES[name])
+            base = dict(scheme=name, page_size=page_size(sch), cudnn_bf16_ms=cudnn, flash_bf16_ms=flash, error=perr,
+                        **shape)
+            backends = ["auto", "triton"] + (["auto_flash"] if name in ("bf16", "q4_0", "kivi4") else [])
+            if sname == args.extend_sweep_shape and name in args.extend_sweep.split(","):
+                backends += [json.dumps(c) for c in FUSED_SWEEP]
+            for backend in backends:
+                cfg = None
+                if backend.startswith("{"):
+                    cfg, backend = json.loads(backend), "triton"
+                row = {**base, "backend": backend, "config": json.dumps(cfg) if cfg else ""}
+                if time.time() - t0 > args.extend_budget:
+                    emit({**row, "error": perr + "skipped: time budget"})
+                    continue
+                if backend == "auto_flash":  # the dense prefix through flash instead of cuDNN
+                    os.environ["KVLAB_DENSE_ATTN"] = "flash"
+                    backend = "auto"
+                try:
+                    if row["backend"] == "auto" and sname == args.extend_shapes.split(",")[0] and name in args.fresh.split(","):
+                        row2 = dict(row, backend="auto_fresh")
+                        row2["median_ms"] = extend_fresh(sch, shape)
+                        emit(row2)
+                    if cfg is None and sname == args.extend_shapes.split(",")[0]:
+                        row["gate_rel_err"] = extend_gate(sch, Hq, Hk, D, backend)
+                        if not row["gate_rel_err"] <= GATE_TOL:
+                            emit({**row, "error": perr + f"gate failed: rel err {row['gate_rel_err']:.3g}; not timed"})
+                            continue
+                    ms = extend_cell(sch, shape, backend, cfg)
+                    row.update(median_ms=ms, ratio_vs_cudnn=ms / cudnn if cudnn else None, tflops=flops / ms / 1e9)
+                except Exception as e:  # noqa: BLE001 - one failing cell must not end the run
+                    row["error"] = perr + f"{type(e).__name__}: {str(e)[:300]}"
+                os.environ.pop("KVLAB_DENSE_ATTN", None)
+                emit(row)
+                torch.cuda.empty_cache()
+    tuned.set_cache_path(None)
+    f.close()
+
+
+CASES = {"decode": case_decode, "store": case_store, "extend": case_extend}
 
 
 def main(argv=None) -> Path:
@@ -242,12 +407,20 @@ def main(argv=None) -> Path:
     ap.add_argument("--tuned", default=str(ROOT / "sweeps/results/h200/tuned_configs.json"),
                     help="tuned-config file for the dispatch=tuned rows ('' to skip them)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds of decode timing before cells are skipped")
+    ap.add_argument("--extend-shapes", default="p8k_b1,p32k_b1,p8k_b8,p32k_b8,smollm2_p8k,d256_p8k",
+                    help=f"extend shapes, of {','.join(EXTEND_SHAPES)} (the first also runs the correctness gate)")
+    ap.add_argument("--extend-sweep", default="bf16,q4_0,fp8_e4m3,kivi4",
+                    help="schemes whose fused-kernel configs are swept (FUSED_SWEEP) at --extend-sweep-shape")
+    ap.add_argument("--extend-sweep-shape", default="p32k_b1")
+    ap.add_argument("--fresh", default="bf16,q4_0", help="schemes timed on prefixes of new lengths (auto_fresh rows)")
+    ap.add_argument("--extend-budget", type=float, default=420.0, help="seconds of extend timing before cells are skipped")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [n for n in args.schemes.split(",") if n]
     unknown = (sorted(set(names) - set(SCHEMES)) + sorted(set(args.cases.split(",")) - set(CASES))
-               + sorted(set(args.shapes.split(",")) - set(SHAPES)))
+               + sorted(set(args.shapes.split(",")) - set(SHAPES))
+               + sorted(set(args.extend_shapes.split(",")) - set(EXTEND_SHAPES)))
     if unknown:
         raise SystemExit(f"unknown schemes / cases / shapes {unknown}; allowed: {sorted(SCHEMES)} / {sorted(CASES)} / "
                          f"{sorted(SHAPES)}")

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk in tokens")
+    p.add_argument("--max-position", type=int, default=None,
+                   help="allow prompts past the model's trained context (RoPE extrapolates: for timing long prompts, "
+                        "e.g. a 32K-token prefill on SmolLM2, not for quality; the pydoc text repeats to fill it)")
     p.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--kernels", default="triton", choices=["triton", "reference"])
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -102,10 +105,12 @@ def main(argv=None) -> int:
         elif a.prompt:
             ids = torch.tensor(tok.encode(a.prompt).ids, dtype=torch.long)
         else:
-            ids = text_tokens(tok, "pydoc")[: a.prompt_len]
-        if ids.numel() + a.new_tokens > c.max_position_embeddings:
-            raise ValueError(f"{ids.numel()} prompt + {a.new_tokens} new tokens exceed the model's context of "
-                             f"{c.max_position_embeddings}")
+            ids = text_tokens(tok, "pydoc")
+            ids = ids.repeat(-(-a.prompt_len // ids.numel()))[: a.prompt_len]
+        ctx = a.max_position or c.max_position_embeddings
+        if ids.numel() + a.new_tokens > ctx:
+            raise ValueError(f"{ids.numel()} prompt + {a.new_tokens} new tokens exceed the model's context of {ctx}"
+                             + ("" if a.max_position else " (--max-position times longer prompts)"))
         P = page_size_for(sch)
         pool = KVPool.from_memory(a.budget_gib, sch, c.n_layers, c.n_kv_heads, c.head_dim, P, max_seqs=a.batch,
                                   device=a.device, store=_store(a.kernels))
@@ -114,7 +119,8 @@ def main(argv=None) -> int:
         if need_pages > pool.n_pages:
             raise ValueError(f"{a.budget_gib} GiB holds {pool.n_pages} pages of {P} tokens ({cap} tokens with the "
                              f"fp buffers); {a.batch} x {ids.numel() + a.new_tokens} tokens need {need_pages}")
-        r = generate(model, pool, ids[None].repeat(a.batch, 1), a.new_tokens, a.chunk, a.kernels, graphs=a.graphs)
+        r = generate(model, pool, ids[None].repeat(a.batch, 1), a.new_tokens, a.chunk, a.kernels, graphs=a.graphs,
+                     max_position=a.max_position)
     except (ValueError, FileNotFoundError) as e:
         print(f"python -m kvlab.generate: error: {e}", file=sys.stderr)
         return 2

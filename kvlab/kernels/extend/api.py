@@ -2,22 +2,31 @@
 
 The chunk's own keys/values arrive in full precision (`k_new`/`v_new`); the prefix comes from the
 quantized pages (`PageLayout`) plus the full-precision buffer, exactly as in `decode`. Backends:
-`reference.py` (torch) and `triton.py`; this module alone chooses, through the backend's `why_not`.
+`reference.py` (torch), `triton.py` (the fused kernel: dequantize in the inner loop) and `dense.py` (the
+prefix dequantized once into a workspace and attended by cuDNN / flash with its log-sum-exp, the chunk's causal
+part continued in the Triton kernel); this module alone chooses, through each backend's `why_not`.
+backend="auto" takes the dense prefix on a GPU for sequences whose chunk has at least DENSE_MIN_ROWS
+(query, head) rows over a prefix of at least DENSE_MIN_PREFIX tokens, where it pays; the fused kernel otherwise.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from ..checks import FLOAT_DTYPES, INDEX_DTYPES, check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import ExtendConfig, config_from_dict
+from ..env import on_gpu
 from ..tuned import attention_key, lookup
 
-BACKENDS = ("triton", "reference")
+BACKENDS = ("auto", "triton", "dense", "reference")
+DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
+DENSE_MIN_PREFIX = 512  # prefix tokens below which the workspace pass and host planning cost more than they save
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
            k_spec, v_spec, page_size: int, *, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None,
-           v_tensor_scale=None, sm_scale=None, backend: str = "triton", max_qo_len: int | None = None,
+           v_tensor_scale=None, sm_scale=None, backend: str = "auto", max_qo_len: int | None = None,
            config=None, out=None):
     """Chunked-prefill attention.
 
@@ -25,7 +34,9 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     k_new, v_new: [C, Hk, D] the chunk's keys/values in full precision (not yet in the cache)
     qo_indptr:    [B+1] int32/64 offsets of each sequence's chunk in q / k_new / v_new
     k_pages ... page_size, k_fp, v_fp, fp_len, k/v_tensor_scale, sm_scale: the prefix, as in `decode`
-    max_qo_len:   longest chunk (optional; saves a device->host read of qo_indptr)
+    max_qo_len:   longest chunk (optional; saves a device->host read of qo_indptr on the fused path)
+    backend:      "auto" (default), "triton" (fused kernel only), "dense" (dense prefix for every sequence with a
+                  prefix; needs a GPU, or TRITON_INTERPRET=1 on the CPU) or "reference" (float32 torch)
     config:       an `ExtendConfig` or its dict (default: the tuned store's entry, else ExtendConfig())
     Returns [C, Hq, D] in q.dtype. Query i of a chunk sees the whole prefix and chunk keys 0..i.
     """
@@ -48,11 +59,31 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     if backend == "reference":
         from . import reference
         return reference.run(q, k_new, v_new, qo_indptr, kv, sm_scale)
-    from . import triton
+    from . import dense, triton
     if config is not None:
         cfg = config_from_dict("extend", config)
     else:
         cfg = lookup(attention_key("extend", kv.k_spec, kv.v_spec, B, Hq, Hk, D, page_size)) or ExtendConfig()
     why = triton.why_not(q, kv, cfg)
     need(why is None, why)
-    return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out)
+    prefix = None
+    if backend == "dense":
+        why = dense.why_not(q, kv)
+        need(why is None, why)
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1)
+    elif backend == "auto" and on_gpu() and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk,
+                                                                                          max_qo_len):
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX)
+    return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix)
+
+
+def _worth_dense(kv, qo_indptr, group: int, max_qo_len) -> bool:
+    """Cheap host-side test before any device read: some chunk can reach DENSE_MIN_ROWS rows and the block table
+    can hold DENSE_MIN_PREFIX tokens."""
+    if max_qo_len is not None and max_qo_len * group < DENSE_MIN_ROWS:
+        return False
+    return kv.kv_indices.shape[0] * kv.page_size >= DENSE_MIN_PREFIX
+
+
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, q, k_fp, v_fp):
+    return dense.prefix_state(q, kv, qo_indptr, sm_scale, k_fp, v_fp, min_rows=min_rows, min_prefix=min_prefix)

@@ -1,0 +1,195 @@
+"""Dense-prefix extend: the quantized prefix is dequantized once per sequence into a bf16 / fp16
+workspace and attended by the GPU's dense attention (cuDNN, else flash), which returns the
+softmax's log-sum-exp; the chunk's own causal part then continues from that state in the Triton
+extend kernel (`triton.run(..., prefix=...)`), so the two parts merge exactly.
+
+Why: prefill is compute-bound, and a dense tensor-core kernel (cuDNN runs wgmma + TMA on Hopper)
+reads a 32K-token prefix in the time its math takes, while dequantizing in the inner loop of an
+attention kernel competes with that math for issue slots. Dequantizing is a memory-bound pass:
+for a 32K x 8 x 128 prefix it writes 134 MB, about 0.04 ms on an H200, against ~0.9 ms of
+attention. vLLM's MLA chunked prefill takes the same route (gather + dequantize the cached prefix
+into a workspace, then flash attention varlen, merged by LSE).
+
+Every scheme family works: the workspace is written by the shared dequant tiles the decode and
+extend kernels use (`tiles.attention.kv_tiles`). A prefix longer than `MAX_PIECE` tokens is
+attended in pieces merged by their log-sum-exps, so the workspace stays bounded.
+
+Backend contract (called by `api.py` only): `why_not(q, kv)`, `prefix_state(q, kv, qo_indptr, sm_scale, k_fp, v_fp,
+min_rows)` -> (done [B] int32, o0 [C, Hq, D], lse0 [C, Hq]) or None.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..env import interpreting
+from ..paged import PagedKV
+from ..tiles.attention import kv_tiles
+from ..tiles.operands import page_operands
+
+MAX_PIECE = 65536  # prefix tokens per workspace piece (2 x Hk x MAX_PIECE x D x 2 bytes: 268 MB at Hk 8, D 128)
+BLOCK_T = 64       # tokens per program of the dequant pass
+_ATTN: dict = {}   # (order, device type, D, dtype) -> the dense attention that ran there ("cudnn" / "flash")
+ATTN_ORDER = "cudnn,flash"  # tried in this order; KVLAB_DENSE_ATTN overrides (e.g. "flash" for benchmarks)
+
+
+@triton.jit
+def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IDX, L,
+                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, so0, so1,
+                    KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+                    HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
+    """Tokens t0..t0+BT of one sequence's pages (ids at IDX), KV head hk -> OK / OV [Hk, L, D] (natural
+    channel order, the workspace dtype, per-tensor scales applied)."""
+    t0 = tl.program_id(0) * BT
+    hk = tl.program_id(1)
+    d = tl.arange(0, D)
+    kperm = tl.load(KPERM + d)
+    vperm = tl.load(VPERM + d)
+    kt, v = kv_tiles(OK, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
+                     ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BT, D, 0, 0)  # [D, BT], [BT, D]
+    k = tl.trans(kt).to(tl.float32)
+    v = v.to(tl.float32)
+    if HAS_KTS:
+        k = k * tl.load(KTS)
+    if HAS_VTS:
+        v = v * tl.load(VTS)
+    t = t0 + tl.arange(0, BT)
+    tm = (t < L)[:, None]
+    tl.store(OK + hk * so0 + t[:, None] * so1 + kperm[None, :], k.to(OK.dtype.element_ty), mask=tm)
+    tl.store(OV + hk * so0 + t[:, None] * so1 + vperm[None, :], v.to(OV.dtype.element_ty), mask=tm)
+
+
+def why_not(q: torch.Tensor, kv: PagedKV) -> str | None:
+    """None when the dense-prefix path can run q [C, Hq, D] over `kv` (a CUDA GPU outside the interpreter and a
+    16-bit query, or the CPU under the interpreter, where torch's CPU flash attention stands in); else why not."""
+    if q.is_cuda and interpreting():
+        return "the dense-prefix path does not run CUDA tensors under the Triton interpreter"
+    if not q.is_cuda and not interpreting():
+        return "the dense-prefix path needs a CUDA GPU (or TRITON_INTERPRET=1 on the CPU)"
+    if q.dtype not in (torch.bfloat16, torch.float16) and not (interpreting() and not q.is_cuda):
+        return f"the dense-prefix path attends in the query's 16-bit dtype; got {q.dtype}"
+    if q.shape[-1] > 256:
+        return f"head_dim {q.shape[-1]} > 256: the dense attention kernels stop at 256"
+    return None
+
+
+def page_inputs(kv: PagedKV, D: int, device) -> tuple[dict, dict]:
+    """The dequant pass's operands of K and V (as the attention kernels take them)."""
+    return (page_operands(kv.k_pages, kv.k_spec, D, False, device, kv.k_tensor_scale),
+            page_operands(kv.v_pages, kv.v_spec, D, False, device, kv.v_tensor_scale))
+
+
+def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: list, D: int, dtype, device) -> tuple:
+    """Tokens t0..t0+n of sequence b's quantized pages -> (K, V) [Hk, n, D] in `dtype` (t0 a multiple of the
+    page). ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list."""
+    K, V = ops
+    Hk = kv.n_kv_heads
+    ok = torch.empty(Hk, n, D, dtype=dtype, device=device)
+    ov = torch.empty_like(ok)
+    if n:
+        idx = kv.kv_indices[indptr[b] + t0 // kv.page_size:]
+        BT = max([BLOCK_T] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
+        # (the first argument of kv_tiles is the query, read only for its dtype on row-first tiles: unused here)
+        _dequant_kernel[(triton.cdiv(n, BT), Hk)](
+            ok, ov, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
+            ok if K["ts"] is None else K["ts"], ok if V["ts"] is None else V["ts"], idx, n,
+            *K["cs"], *K["ss"], *V["cs"], *V["ss"], ok.stride(0), ok.stride(1),
+            KCFG=K["cfg"], VCFG=V["cfg"], P=kv.page_size, BT=BT, D=D, HAS_KTS=K["ts"] is not None,
+            HAS_VTS=V["ts"] is not None, num_warps=4)
+    return ok, ov
+
+
+def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
+    """Non-causal attention with its log-sum-exp: q [H, M, D], k / v [H, N, D] (same H) ->
+    (out [H, M, D] in q.dtype, lse [H, M] float32, natural log). The first of KVLAB_DENSE_ATTN / ATTN_ORDER that
+    runs ("cudnn", "flash"); on the CPU, torch's CPU flash attention."""
+    H, M, D = q.shape
+    q4, k4, v4 = q[None], k[None], v[None]
+    if not q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, False, scale=sm_scale)[:2]
+        return out[0], lse.reshape(H, M)
+    order = tuple(os.environ.get("KVLAB_DENSE_ATTN", ATTN_ORDER).split(","))
+    key = (order, q.device.type, D, q.dtype)
+    for name in ((_ATTN[key],) if key in _ATTN else order):
+        try:
+            if name == "cudnn":
+                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, False, False,
+                                                                          scale=sm_scale)
+            else:
+                res = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, False, False, scale=sm_scale)
+        except RuntimeError:
+            if key in _ATTN:
+                raise
+            continue
+        out, lse = res[0], res[1]
+        if out.shape != q4.shape or lse.numel() < H * M:
+            if key in _ATTN:
+                raise RuntimeError(f"{name} attention returned out {tuple(out.shape)}, lse {tuple(lse.shape)}")
+            continue
+        _ATTN[key] = name
+        return out[0], lse.reshape(H, -1)[:, :M].float()
+    raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
+
+
+def _merge(o, lse, o2, lse2):
+    """Two partial attentions over disjoint keys -> one (out fp32, lse); NaN stays NaN."""
+    m = torch.maximum(lse, lse2)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(lse - m), torch.exp(lse2 - m)
+    tot = w1 + w2
+    out = (o.float() * w1[..., None] + o2.float() * w2[..., None]) / tot[..., None]
+    return out, m + torch.log(tot)
+
+
+def prefix_state(q, kv: PagedKV, qo_indptr, sm_scale: float, k_fp=None, v_fp=None, min_rows: int = 128,
+                 min_prefix: int = 512):
+    """Attend each sequence's chunk queries to its whole prefix (quantized pages + full-precision buffer) with the
+    dense attention, for the sequences whose chunk has at least `min_rows` (query, head) rows per KV head and whose
+    prefix holds at least `min_prefix` tokens.
+
+    q [C, Hq, D] (already rotated for Hadamard K specs); k_fp / v_fp [B, Hk, W, D] (rotated alike) or None.
+    Returns (done [B] int32: 1 where the prefix was attended here, o0 [C, Hq, D] q.dtype, lse0 [C, Hq] float32
+    natural log; rows of other sequences are left unset), or None when no sequence qualifies."""
+    C, Hq, D = q.shape
+    Hk = kv.n_kv_heads
+    G = Hq // Hk
+    ops = page_inputs(kv, D, q.device)
+    qo = qo_indptr.tolist()
+    indptr = kv.kv_indptr.tolist()
+    last = kv.kv_last_page_len.tolist()
+    fpl = kv.fp_len.tolist() if k_fp is not None else None
+    B = len(qo) - 1
+    done = [0] * B
+    o0 = torch.empty(C, Hq, D, dtype=q.dtype, device=q.device)
+    lse0 = torch.empty(C, Hq, dtype=torch.float32, device=q.device)
+    P = kv.page_size
+    for b in range(B):
+        a, e = qo[b], qo[b + 1]
+        n_pages = indptr[b + 1] - indptr[b]
+        L = (n_pages - 1) * P + last[b] if n_pages else 0
+        F = fpl[b] if fpl is not None else 0
+        if e == a or (e - a) * G < min_rows or L + F < max(min_prefix, 1):
+            continue
+        qs = q[a:e].reshape(e - a, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * (e - a), D)  # [Hk, G*C_b, D]
+        o = lse = None
+        starts = list(range(0, L, MAX_PIECE))
+        for t0 in starts:
+            n = min(MAX_PIECE, L - t0)
+            k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, q.dtype, q.device)
+            if t0 == starts[-1] and F:  # the full-precision buffer rides with the last piece
+                k = torch.cat([k, k_fp[b, :, :F].to(q.dtype)], 1)
+                v = torch.cat([v, v_fp[b, :, :F].to(q.dtype)], 1)
+            op, lp = attend_dense(qs, k, v, sm_scale)
+            o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
+        if not starts:  # only full-precision tokens
+            o, lse = attend_dense(qs, k_fp[b, :, :F].to(q.dtype).contiguous(), v_fp[b, :, :F].to(q.dtype).contiguous(),
+                                  sm_scale)
+        o0[a:e] = o.reshape(Hk, G, e - a, D).permute(2, 0, 1, 3).reshape(e - a, Hq, D).to(q.dtype)
+        lse0[a:e] = lse.reshape(Hk, G, e - a).permute(2, 0, 1).reshape(e - a, Hq)
+        done[b] = 1
+    if not any(done):
+        return None
+    return torch.tensor(done, dtype=torch.int32, device=q.device), o0, lse0

@@ -1,0 +1,147 @@
+"""Dense-prefix extend (`extend/dense.py`): the prefix dequantized into a workspace and attended densely with its
+log-sum-exp, the chunk's causal part continued in the Triton kernel == the float32 reference.
+
+On the CPU the dequant pass runs under the Triton interpreter and torch's CPU flash attention stands in for
+cuDNN; on a GPU this runs cuDNN (or flash) itself."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.kernels.checks import check_prefix
+from kvlab.kernels.configs import ExtendConfig
+from kvlab.kernels.extend import dense, extend
+from kvlab.kernels.extend import triton as ext_triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decode"))
+from paged_cases import call_args, make_paged  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 2e-2 if DEV == "cuda" else 1e-4
+DT = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+# (prefix lens, chunk lens, Hq, Hk, D, P, scheme, fp_lens): every family, windows, rotations, ragged chunks
+CASES = [
+    ([17, 40], [5, 3], 8, 2, 64, 16, "q4_0", None),
+    ([0, 63], [17, 1], 8, 2, 64, 16, "q8_0", [2, 0]),
+    ([33, 1], [4, 9], 4, 4, 64, 1, "int4_had", [1, 3]),
+    ([64, 32], [7, 20], 8, 2, 64, 32, "kivi4", [5, 31]),
+    ([20], [70], 16, 2, 64, 16, "nvfp4", None),
+    ([17, 9], [3, 6], 8, 1, 128, 64, "bf16", [3, 0]),
+    ([100], [33], 8, 2, 128, 16, "int3:g32:asym", None),
+    ([40, 9], [6, 11], 8, 2, 64, 16, "k=lm3:g32:rot=had,v=lm4", [0, 2]),
+    ([50, 70], [9, 4], 8, 2, 64, 16, "fp8_e4m3", None),
+    ([33], [12], 4, 2, 64, 16, "mxfp4", [4]),
+]
+
+
+def _id(c):
+    lens, cl, Hq, Hk, D, P, s, fp = c
+    return f"L{lens}-C{cl}-Hq{Hq}-Hk{Hk}-D{D}-P{P}-{s}" + ("-fp" if fp else "")
+
+
+def _setup(c, seed=0):
+    lens, cl, Hq, Hk, D, P, name, fp = c
+    sch = kvlab.scheme(name)
+    cache = make_paged(lens, Hk, D, P, sch.k, sch.v, fp_lens=fp, seed=seed + 7, device=DEV)
+    g = torch.Generator().manual_seed(seed + 3)
+    q, kn, vn = (torch.randn(sum(cl), h, D, generator=g).to(DEV, DT) for h in (Hq, Hk, Hk))
+    qo = torch.tensor([0] + torch.tensor(cl).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    args, kw = call_args(cache)
+    return sch, P, q, kn, vn, qo, args, kw
+
+
+def _err(got, ref):
+    return (got.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+
+
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_dense_prefix_matches_reference(c):
+    sch, P, q, kn, vn, qo, args, kw = _setup(c)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense",
+                 out=torch.full_like(q, float("nan")), config={"block_m": 16, "block_n": 16})
+    assert not torch.isnan(got).any(), "unwritten or NaN output elements"
+    assert _err(got, ref) < TOL
+
+
+def test_mixed_batch_some_sequences_dense_some_fused():
+    """Sequences below the row threshold keep the fused path inside the same launch; both halves are right."""
+    c = ([40, 300, 17], [2, 40, 30], 8, 2, 64, 16, "q4_0", [3, 0, 5])
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=1)
+    kv = check_prefix(q, *args, sch.k, sch.v, P, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw.get("k_tensor_scale"),
+                      kw.get("v_tensor_scale"), 3)
+    calls = []
+
+    def prefix(qq, kf, vf):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.prefix_state(qq, kv, qo, 64 ** -0.5, kf, vf, min_rows=100, min_prefix=1)
+        calls.append(st[0].tolist())
+        return st
+
+    got = ext_triton.run(q, kn, vn, qo, kv, 64 ** -0.5, ExtendConfig(block_m=16, block_n=16), prefix=prefix)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    assert calls == [[0, 1, 1]]
+    assert _err(got, ref) < TOL
+
+
+def test_prefix_pieces_merge_by_lse(monkeypatch):
+    """A prefix longer than MAX_PIECE is attended in pieces merged by their log-sum-exps."""
+    monkeypatch.setattr(dense, "MAX_PIECE", 32)
+    c = ([150, 64], [6, 33], 8, 2, 64, 16, "q8_0", [5, 2])
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=2)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense")
+    assert _err(got, ref) < TOL
+
+
+def test_dequantize_prefix_equals_oracle():
+    """The workspace pass writes the oracle's dequantized values (natural channel order, in the pages' rotated
+    space for Hadamard specs)."""
+    from kvlab.kernels.paged import sequence_kv
+    from kvlab.quant.rotation import hadamard
+    for name, P in (("q4_0", 16), ("kivi4", 32), ("nvfp4", 16), ("int4_had", 16)):
+        sch = kvlab.scheme(name)
+        cache = make_paged([64, 96], 2, 64, P, sch.k, sch.v, seed=5, device=DEV)
+        args, kw = call_args(cache)
+        q = torch.zeros(1, 4, 64, device=DEV)
+        kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, kw.get("k_tensor_scale"),
+                          kw.get("v_tensor_scale"), 2)
+        ops = dense.page_inputs(kv, 64, DEV)
+        indptr = kv.kv_indptr.tolist()
+        for b, L in ((0, 64), (1, 96)):
+            k, v = dense.dequantize_prefix(kv, ops, b, 0, L, indptr, 64, torch.float32, DEV)
+            rk, rv = sequence_kv(kv, b, 64)
+            if sch.k.rotation == "had":  # the oracle un-rotates; the pages (and the workspace) hold x H
+                H = hadamard(64, DEV)
+                rk, rv = rk @ H, rv @ H
+            torch.testing.assert_close(k, rk, rtol=1e-6, atol=1e-6, msg=f"{name} K")
+            torch.testing.assert_close(v, rv, rtol=1e-6, atol=1e-6, msg=f"{name} V")
+
+
+def test_nan_group_in_prefix_poisons_only_its_sequence():
+    """A non-finite cached group makes its sequence's rows NaN (as the reference), never finite garbage, and leaves
+    the other sequence exact."""
+    c = ([40, 33], [5, 6], 8, 2, 64, 16, "q4_0", None)
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=4)
+    kp = args[0]
+    page0 = int(args[3][0])  # first page of sequence 0
+    kp["scales"][page0].view(-1)[0] = float("nan")
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense")
+    assert torch.isnan(ref[:5]).any() and torch.isnan(got[:5]).any()
+    assert torch.equal(torch.isnan(got[:5]), torch.isnan(ref[:5]))
+    assert _err(got[5:], ref[5:]) < TOL
+
+
+def test_dense_refuses_without_gpu_or_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    c = CASES[0]
+    sch, P, q, kn, vn, qo, args, kw = _setup(c)
+    if DEV == "cuda":
+        pytest.skip("a GPU is present")
+    kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, None, None, 2)
+    assert "CUDA GPU" in dense.why_not(q, kv)
