@@ -1,7 +1,8 @@
 """Dense-prefix extend: the quantized prefix is dequantized once per sequence into a bf16 / fp16
 workspace and attended by the GPU's dense attention (cuDNN, else flash), which returns the
-softmax's log-sum-exp; the chunk's own causal part then continues from that state in the Triton
-extend kernel (`triton.run(..., prefix=...)`), so the two parts merge exactly.
+softmax's log-sum-exp; the chunk's own causal part is a second dense call, and the two merge
+exactly by their log-sum-exps. Sequences too short for this stay with the fused Triton kernel in
+the same extend call (`triton.run(..., prefix=...)` skips the sequences done here).
 
 Why: prefill is compute-bound, and a dense tensor-core kernel (cuDNN runs wgmma + TMA on Hopper)
 reads a 32K-token prefix in the time its math takes, while dequantizing in the inner loop of an
@@ -14,8 +15,8 @@ Every scheme family works: the workspace is written by the shared dequant tiles 
 extend kernels use (`tiles.attention.kv_tiles`). A prefix longer than `MAX_PIECE` tokens is
 attended in pieces merged by their log-sum-exps, so the workspace stays bounded.
 
-Backend contract (called by `api.py` only): `why_not(q, kv)`, `prefix_state(q, kv, qo_indptr, sm_scale, k_fp, v_fp,
-min_rows)` -> (done [B] int32, o0 [C, Hq, D], lse0 [C, Hq]) or None.
+Backend contract (called by `api.py` only): `why_not(q, kv)`, `attend_sequences(q, k_new, v_new, qo_indptr, kv,
+sm_scale, out, k_fp, v_fp, min_rows, min_prefix)` -> (done [B] int32, all done) or None.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
                     kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, so0, so1,
                     KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                     HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
-    """Tokens t0..t0+BT of one sequence's pages (ids at IDX), KV head hk -> OK / OV [Hk, L, D] (natural
-    channel order, the workspace dtype, per-tensor scales applied)."""
+    """Tokens t0..t0+BT of one sequence's pages (ids at IDX), KV head hk -> OK / OV [Hk, L, D] in the tiles' column
+    order (column j holds channel perm[j]: the stores stay contiguous 16-byte rows), the workspace dtype, per-tensor
+    scales applied."""
     t0 = tl.program_id(0) * BT
     hk = tl.program_id(1)
     d = tl.arange(0, D)
@@ -58,8 +60,8 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
         v = v * tl.load(VTS)
     t = t0 + tl.arange(0, BT)
     tm = (t < L)[:, None]
-    tl.store(OK + hk * so0 + t[:, None] * so1 + kperm[None, :], k.to(OK.dtype.element_ty), mask=tm)
-    tl.store(OV + hk * so0 + t[:, None] * so1 + vperm[None, :], v.to(OV.dtype.element_ty), mask=tm)
+    tl.store(OK + hk * so0 + t[:, None] * so1 + d[None, :], k.to(OK.dtype.element_ty), mask=tm)
+    tl.store(OV + hk * so0 + t[:, None] * so1 + d[None, :], v.to(OV.dtype.element_ty), mask=tm)
 
 
 def why_not(q: torch.Tensor, kv: PagedKV) -> str | None:
@@ -84,7 +86,8 @@ def page_inputs(kv: PagedKV, D: int, device) -> tuple[dict, dict]:
 
 def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: list, D: int, dtype, device) -> tuple:
     """Tokens t0..t0+n of sequence b's quantized pages -> (K, V) [Hk, n, D] in `dtype` (t0 a multiple of the
-    page). ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list."""
+    page), columns in the tiles' order: column j holds channel ops[0]["perm"][j] (K), ops[1]["perm"][j] (V).
+    ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list."""
     K, V = ops
     Hk = kv.n_kv_heads
     ok = torch.empty(Hk, n, D, dtype=dtype, device=device)
@@ -102,24 +105,24 @@ def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: 
     return ok, ov
 
 
-def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
-    """Non-causal attention with its log-sum-exp: q [H, M, D], k / v [H, N, D] (same H) ->
+def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, causal: bool = False) -> tuple:
+    """Attention with its log-sum-exp (causal: top-left aligned, for M == N): q [H, M, D], k / v [H, N, D] (same H) ->
     (out [H, M, D] in q.dtype, lse [H, M] float32, natural log). The first of KVLAB_DENSE_ATTN / ATTN_ORDER that
     runs ("cudnn", "flash"); on the CPU, torch's CPU flash attention."""
     H, M, D = q.shape
     q4, k4, v4 = q[None], k[None], v[None]
     if not q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, False, scale=sm_scale)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=sm_scale)[:2]
         return out[0], lse.reshape(H, M)
     order = tuple(os.environ.get("KVLAB_DENSE_ATTN", ATTN_ORDER).split(","))
     key = (order, q.device.type, D, q.dtype)
     for name in ((_ATTN[key],) if key in _ATTN else order):
         try:
             if name == "cudnn":
-                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, False, False,
+                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, causal, False,
                                                                           scale=sm_scale)
             else:
-                res = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, False, False, scale=sm_scale)
+                res = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False, scale=sm_scale)
         except RuntimeError:
             if key in _ATTN:
                 raise
@@ -144,52 +147,77 @@ def _merge(o, lse, o2, lse2):
     return out, m + torch.log(tot)
 
 
-def prefix_state(q, kv: PagedKV, qo_indptr, sm_scale: float, k_fp=None, v_fp=None, min_rows: int = 128,
-                 min_prefix: int = 512):
-    """Attend each sequence's chunk queries to its whole prefix (quantized pages + full-precision buffer) with the
-    dense attention, for the sequences whose chunk has at least `min_rows` (query, head) rows per KV head and whose
-    prefix holds at least `min_prefix` tokens.
+def _host_lists(qo_indptr, kv: PagedKV, with_fp: bool) -> tuple:
+    """qo_indptr, kv_indptr, kv_last_page_len (and fp_len) as Python lists through one device-to-host copy."""
+    parts = [qo_indptr, kv.kv_indptr, kv.kv_last_page_len] + ([kv.fp_len] if with_fp else [])
+    flat = torch.cat([t.to(torch.int64) for t in parts]).tolist()
+    out, i = [], 0
+    for t in parts:
+        out.append(flat[i:i + t.shape[0]])
+        i += t.shape[0]
+    return tuple(out) if with_fp else (*out, None)
 
-    q [C, Hq, D] (already rotated for Hadamard K specs); k_fp / v_fp [B, Hk, W, D] (rotated alike) or None.
-    Returns (done [B] int32: 1 where the prefix was attended here, o0 [C, Hq, D] q.dtype, lse0 [C, Hq] float32
-    natural log; rows of other sequences are left unset), or None when no sequence qualifies."""
+
+def attend_sequences(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, out, k_fp=None, v_fp=None,
+                     min_rows: int = 128, min_prefix: int = 512):
+    """The whole extend of every sequence whose chunk has at least `min_rows` (query, head) rows per KV head and
+    whose prefix holds at least `min_prefix` tokens, written into `out` [C, Hq, D]:
+
+        prefix part   the chunk's queries (the G heads of a KV head stacked as rows) over the dequantized pages and
+                      the full-precision buffer, non-causal, dense attention with its log-sum-exp;
+        chunk part    the chunk's queries over its own keys, causal (square: top-left = bottom-right);
+        merge         by the two log-sum-exps.
+
+    q / k_new / v_new / k_fp / v_fp: rotated already for Hadamard specs (`rotate_inputs`), any float dtype (the
+    attention runs in out's 16-bit dtype, or q's on the CPU). Returns (done [B] int32 on q's device, 1 where the
+    sequence's rows are written here and the fused kernel skips it; True when every sequence is done), or None when
+    no sequence qualifies."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
-    ops = page_inputs(kv, D, q.device)
-    qo = qo_indptr.tolist()
-    indptr = kv.kv_indptr.tolist()
-    last = kv.kv_last_page_len.tolist()
-    fpl = kv.fp_len.tolist() if k_fp is not None else None
-    B = len(qo) - 1
-    done = [0] * B
-    o0 = torch.empty(C, Hq, D, dtype=q.dtype, device=q.device)
-    lse0 = torch.empty(C, Hq, dtype=torch.float32, device=q.device)
+    qo, indptr, last, fpl = _host_lists(qo_indptr, kv, k_fp is not None)
     P = kv.page_size
+    B = len(qo) - 1
+    todo = []
     for b in range(B):
         a, e = qo[b], qo[b + 1]
         n_pages = indptr[b + 1] - indptr[b]
         L = (n_pages - 1) * P + last[b] if n_pages else 0
         F = fpl[b] if fpl is not None else 0
-        if e == a or (e - a) * G < min_rows or L + F < max(min_prefix, 1):
-            continue
-        qs = q[a:e].reshape(e - a, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * (e - a), D)  # [Hk, G*C_b, D]
+        if e > a and (e - a) * G >= min_rows and L + F >= max(min_prefix, 1):
+            todo.append((b, a, e, L, F))
+    if not todo:
+        return None
+    adt = out.dtype if out.dtype in (torch.bfloat16, torch.float16) or not q.is_cuda else torch.bfloat16
+    ops = page_inputs(kv, D, q.device)
+    kperm, vperm = ops[0]["perm"].long(), ops[1]["perm"].long()
+    vinv = torch.argsort(vperm)
+    for b, a, e, L, F in todo:
+        Cb = e - a
+        qb = q[a:e].to(adt)
+        qs = qb[..., kperm].reshape(Cb, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * Cb, D)  # [Hk, G*C_b, D]
         o = lse = None
         starts = list(range(0, L, MAX_PIECE))
         for t0 in starts:
             n = min(MAX_PIECE, L - t0)
-            k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, q.dtype, q.device)
+            k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
             if t0 == starts[-1] and F:  # the full-precision buffer rides with the last piece
-                k = torch.cat([k, k_fp[b, :, :F].to(q.dtype)], 1)
-                v = torch.cat([v, v_fp[b, :, :F].to(q.dtype)], 1)
+                k = torch.cat([k, k_fp[b, :, :F, kperm].to(adt)], 1)
+                v = torch.cat([v, v_fp[b, :, :F, vperm].to(adt)], 1)
             op, lp = attend_dense(qs, k, v, sm_scale)
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
         if not starts:  # only full-precision tokens
-            o, lse = attend_dense(qs, k_fp[b, :, :F].to(q.dtype).contiguous(), v_fp[b, :, :F].to(q.dtype).contiguous(),
-                                  sm_scale)
-        o0[a:e] = o.reshape(Hk, G, e - a, D).permute(2, 0, 1, 3).reshape(e - a, Hq, D).to(q.dtype)
-        lse0[a:e] = lse.reshape(Hk, G, e - a).permute(2, 0, 1).reshape(e - a, Hq)
-        done[b] = 1
-    if not any(done):
-        return None
-    return torch.tensor(done, dtype=torch.int32, device=q.device), o0, lse0
+            o, lse = attend_dense(qs, k_fp[b, :, :F, kperm].to(adt).contiguous(),
+                                  v_fp[b, :, :F, vperm].to(adt).contiguous(), sm_scale)
+        o = o.reshape(Hk, G, Cb, D).permute(2, 0, 1, 3).reshape(Cb, Hq, D)[..., vinv]  # natural channels
+        lse = lse.reshape(Hk, G, Cb).permute(2, 0, 1).reshape(Cb, Hq)
+        qh = qb.transpose(0, 1).contiguous()                                          # [Hq, C_b, D]
+        kh = k_new[a:e].to(adt).repeat_interleave(G, 1).transpose(0, 1).contiguous()  # [Hq, C_b, D]
+        vh = v_new[a:e].to(adt).repeat_interleave(G, 1).transpose(0, 1).contiguous()
+        o2, lse2 = attend_dense(qh, kh, vh, sm_scale, causal=True)
+        o, _ = _merge(o, lse, o2.transpose(0, 1), lse2.transpose(0, 1))
+        out[a:e] = o.to(out.dtype)
+    done = [0] * B
+    for t in todo:
+        done[t[0]] = 1
+    return torch.tensor(done, dtype=torch.int32).to(q.device), all(done)

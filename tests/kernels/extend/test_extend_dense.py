@@ -77,14 +77,14 @@ def test_mixed_batch_some_sequences_dense_some_fused():
                       kw.get("v_tensor_scale"), 3)
     calls = []
 
-    def prefix(qq, kf, vf):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
-        st = dense.prefix_state(qq, kv, qo, 64 ** -0.5, kf, vf, min_rows=100, min_prefix=1)
-        calls.append(st[0].tolist())
+    def prefix(qq, kk, vv, kf, vf, out):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.attend_sequences(qq, kk, vv, qo, kv, 64 ** -0.5, out, kf, vf, min_rows=100, min_prefix=1)
+        calls.append((st[0].tolist(), st[1]))
         return st
 
     got = ext_triton.run(q, kn, vn, qo, kv, 64 ** -0.5, ExtendConfig(block_m=16, block_n=16), prefix=prefix)
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    assert calls == [[0, 1, 1]]
+    assert calls == [([0, 1, 1], False)]
     assert _err(got, ref) < TOL
 
 
@@ -99,7 +99,7 @@ def test_prefix_pieces_merge_by_lse(monkeypatch):
 
 
 def test_dequantize_prefix_equals_oracle():
-    """The workspace pass writes the oracle's dequantized values (natural channel order, in the pages' rotated
+    """The workspace pass writes the oracle's dequantized values (in the tiles' column order, in the pages' rotated
     space for Hadamard specs)."""
     from kvlab.kernels.paged import sequence_kv
     from kvlab.quant.rotation import hadamard
@@ -115,9 +115,11 @@ def test_dequantize_prefix_equals_oracle():
         for b, L in ((0, 64), (1, 96)):
             k, v = dense.dequantize_prefix(kv, ops, b, 0, L, indptr, 64, torch.float32, DEV)
             rk, rv = sequence_kv(kv, b, 64)
+            rk, rv = rk[..., ops[0]["perm"].long()], rv[..., ops[1]["perm"].long()]  # the tiles' column order
             if sch.k.rotation == "had":  # the oracle un-rotates; the pages (and the workspace) hold x H
                 H = hadamard(64, DEV)
-                rk, rv = rk @ H, rv @ H
+                rk, rv = sequence_kv(kv, b, 64)
+                rk, rv = (rk @ H)[..., ops[0]["perm"].long()], (rv @ H)[..., ops[1]["perm"].long()]
             torch.testing.assert_close(k, rk, rtol=1e-6, atol=1e-6, msg=f"{name} K")
             torch.testing.assert_close(v, rv, rtol=1e-6, atol=1e-6, msg=f"{name} V")
 

@@ -1,0 +1,70 @@
+"""Where an extend call's time goes: torch.profiler over the default dispatch (dense prefix) and the fused kernel.
+
+    python benchmarks/profile_extend.py [--out DIR]
+
+Prints, per case, the wall time per call, and the CUDA and CPU self times of the top ops (key_averages).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    import kvlab
+    from run import EXTEND_SHAPES, SCHEMES, page_size
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.extend import extend
+    from torch.profiler import ProfilerActivity, profile
+    lines = []
+    for sname, name, backend in (("p32k_b1", "bf16", "auto"), ("p32k_b1", "q4_0", "auto"), ("smollm2_p8k", "q4_0", "auto"),
+                                 ("p32k_b1", "q4_0", "triton")):
+        shape = EXTEND_SHAPES[sname]
+        sch = kvlab.scheme(SCHEMES[name])
+        B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+        P = page_size(sch)
+        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
+        q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+        kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+
+        def fn():
+            return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
+                          c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                          max_qo_len=C, backend=backend)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / 10 * 1e3
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        from kvlab.kernels.extend import dense
+        head = f"== {sname} {name} {backend}: wall {wall:.3f} ms/call; dense attention used: {dense._ATTN}"
+        tab = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
+        tab2 = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=60)
+        lines += [head, tab, tab2]
+        print(head, tab, tab2, sep="\n", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "profile_extend.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
