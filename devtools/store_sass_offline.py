@@ -1,10 +1,15 @@
 """Offline sm_90 compile of the store kernel (no GPU): registers, spills and the SASS instruction mix.
 
-    python -m devtools.store_sass_offline q8_0 q4_0 bf16 [--block-rows 32]
+    python -m devtools.store_sass_offline q8_0 q4_0 bf16 kivi4 int4:g32:asym:rot=had [--block-rows 32] [--general] [--hot]
 
 Reuses the decode tool's stub driver (devtools/sm90_offline.py): launches become compiles.
-The store kernel has no main loop, so the counts are per thread for BLOCK_R rows x D / (32 x 4 warps)
-elements: instructions per element = total / (BLOCK_R * D / 128).
+The store kernel has no main loop, so the counts are per thread for one program's tile
+(BLOCK_R token rows x D elements, or for axis chan BLOCK_R channels x G tokens) over 32 x 4 warps:
+`per element` = total / (tile elements / 128). The input is bf16 as the benchmark writes it; rotated
+specs get the float32 rotated tokens (`prerotate`), as the store passes them. Channel-axis specs get
+pages of whole token groups. The counts are static (every instruction of the program once); rare exact
+fallbacks (`RARE_PATHS` in the kernel: IEEE division, the full codebook search) are in them, and `--hot`
+drops them to count what nearly every tile runs.
 """
 from __future__ import annotations
 
@@ -20,13 +25,17 @@ def main() -> None:
     ap.add_argument("schemes", nargs="+")
     ap.add_argument("--block-rows", type=int, default=32)
     ap.add_argument("--general", action="store_true", help="the general tile path, not the group-row one")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--hot", action="store_true", help="without the rare exact fallbacks (RARE_PATHS): the path "
+                    "nearly every tile takes; wrong codes, for counting only")
     a = ap.parse_args()
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     from kvlab.cache.layout import PageLayout
-    from kvlab.kernels.store import triton as st
+    from kvlab.cache.paging import prerotate
     from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import triton as st
     from kvlab.spec import scheme
 
     from .sm90_offline import _StubDriver, resources, sass
@@ -40,24 +49,33 @@ def main() -> None:
     JITFunction.run = run
     st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
     st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
+    if a.hot:
+        import triton.language as tl
+        st.RARE_PATHS = tl.constexpr(False)
     D = 128
     for name in a.schemes:
         spec = scheme(name).k
-        T, Hk, P = 64, 8, 16
-        pages = PageLayout(spec, D, P, Hk).allocate(T // P, "cpu")
+        G = spec.group_size(D) if not spec.is_float_storage else D
+        T, Hk = 64, 8
+        P = max(16, G) if spec.axis == "chan" else 16
+        x, spec_r = prerotate(torch.randn(T, Hk, D, dtype=torch.bfloat16), spec)
+        pages = PageLayout(spec_r, D, P, Hk).allocate(T // P, "cpu")
         kw = {"tensor_scale": torch.ones(1)} if spec.tensor_scale else {}
+        if spec.static_scale:
+            kw["scale"] = torch.ones(1)
         kernels.clear()
-        st.run(torch.randn(T, Hk, D, dtype=torch.bfloat16), pages, torch.arange(T), spec, P, flat=not a.general,
-               config=StoreConfig(block_r=a.block_rows), **kw)
+        st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,
+               config=StoreConfig(block_r=a.block_rows, num_warps=a.warps), **kw)
+        tile = a.block_rows * (G if spec.axis == "chan" else D)
         for k in kernels:
             ops = collections.Counter()
             for ln in sass(k).splitlines():
                 m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
                 if m:
                     ops[m.group(1) + ((m.group(2) or "") if m.group(1) in ("LDG", "STG") else "")] += 1
-            total, per_el = sum(ops.values()), a.block_rows * D / 128
+            total, per_el = sum(ops.values()), tile / (32 * a.warps)
             print(f"{name:12s} {resources(k).split(' CONSTANT')[0]} instrs/thread={total} "
-                  f"per element={total / per_el:.1f}  " + " ".join(f"{o}:{c}" for o, c in ops.most_common(12)))
+                  f"per element={total / per_el:.1f}  " + " ".join(f"{o}:{c}" for o, c in ops.most_common(14)))
 
 
 if __name__ == "__main__":

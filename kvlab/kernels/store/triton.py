@@ -8,7 +8,7 @@ scheme is a spec change. Program (r, h, grp) takes BLOCK_R rows of head h:
 * rows are channels (axis chan, KIVI keys): program grp owns tokens grp*G .. grp*G+G-1 (one
   channel group, consecutive slots from a multiple of G); one row = G tokens of one channel.
 
-Single-plane token-row specs with reciprocal int codes or codebooks take the group-row path
+Single-plane token-row specs with int codes or codebooks take the group-row path
 instead (constexpr FLAT, `_store_rows`): [BLOCK_R * NG groups, bytes] tiles, one per element of a
 byte, read once, so statistics, codes and packed bytes share one layout.
 
@@ -43,8 +43,14 @@ FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4
 SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
 RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2, "full": 0, "rms": 3}  # full: absmax statistics, divisor 2^(b-1)
 RND_IDS = {"even": 0, "away": 1, "up": 2}
-CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8))]
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW"]
+# (128, *): a whole head_dim of channels for axis chan (32 tokens a row: smaller tiles were mostly per-program
+# overhead, 242 vs 79 instructions an element offline); `_prune` drops them for D=128 token rows
+CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8),
+                                                               (128, 4), (128, 8))]
+# the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
+# `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
+RARE_PATHS = tl.constexpr(True)
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "E2M1"]
 
 
 @triton.jit
@@ -140,19 +146,25 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-           HW: tl.constexpr):
-    """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8)."""
+           HW: tl.constexpr, E2M1: tl.constexpr):
+    """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
+    E2M1: the codebook is fp4 e2m1 in GGML order (a bracket instead of the 16-entry search)."""
     if FMT == 0:
         if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
             nz = s_raw == 0
             den = tl.where(nz, 1.0, s_raw)
             inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))
             v = x * inv if SYM else (x - m_raw) * inv
-        else:  # divide by the scale as stored
+        else:  # divide by the scale as stored: x * (1 / s) where that provably rounds to the same code
             num = x if SYM else x - m_val
             nz = s_val == 0
-            num, den = tl.broadcast(num, tl.where(nz, 1.0, s_val))
-            v = tl.where(nz, 0.0, tl.math.div_rn(num, den))
+            den = tl.where(nz, 1.0, s_val)  # [.., 1] per group
+            inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))  # one division a group
+            v = num * inv
+            if RARE_PATHS:
+                if tl.max(_near_half(v, inv, OFF).to(tl.int32)) > 0:  # rare (~1e-5 an element): IEEE division
+                    num_b, den_b = tl.broadcast(num, den)
+                    v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
         v = tl.where(v != v, 0.0, v)
         if RND == 2:  # GGML: trunc(v + off + 0.5), clamped: the clamp at 0 and the int conversion's truncation
             r = v + (OFF + 0.5)  # of the non-negative result give exactly that (trunc(r) <= 0 iff r < 1)
@@ -184,15 +196,72 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             _, u = narrow_float(y, 3, -6, 8, 8, 0x7F)
         else:
             _, u = narrow_float(y, 2, -14, 15, 8, 0x7F)
-    else:  # 16-entry codebook: nearest value, first index on ties, NaN counts as smallest (torch.argmin)
-        best = tl.abs(s_eff * tl.load(cb_ptr) - x)
-        u = tl.zeros(best.shape, tl.int32)
-        for j in tl.static_range(1, 16):
-            e = tl.abs(s_eff * tl.load(cb_ptr + j) - x)
-            better = (e < best) | ((e != e) & (best == best))
-            u = tl.where(better, j, u)
-            best = tl.where(better, e, best)
+    elif E2M1:  # fp4 e2m1 (GGML index order): bracket |x| between two scaled magnitudes, as the search picks
+        u = _e2m1_codes(x, s_eff, cb_ptr)
+        if RARE_PATHS:
+            if tl.max(_e2m1_odd(x, s_eff, cb_ptr).to(tl.int32)) > 0:  # rare: an odd scale or |x| far past 6 s
+                u = _cb_search(x, s_eff, cb_ptr)
+    else:
+        u = _cb_search(x, s_eff, cb_ptr)
     return u
+
+
+@triton.jit
+def _near_half(v, inv, OFF: tl.constexpr):
+    """1 where rounding q = x * (1 / s) (v, float32) may give another code than rounding the IEEE quotient x / s:
+    q lies within (|q| + OFF + 2) * 2^-21 of a half-integer (|q - x / s| < |q| * 2^-22; GGML's `up` rounding adds
+    OFF + 0.5 first, one more rounding of (|q| + OFF + 1.5) * 2^-24), or the group's reciprocal is inexact
+    (1 / s past 2^100 or subnormal-close below 2^-100). Shapes: v [..], inv [.., 1] per group."""
+    d = tl.abs((v - tl.floor(v)) - 0.5)  # distance to the nearest half-integer (exact for |v| < 2^23)
+    tol = (tl.abs(v) + (OFF + 2.0)) * 4.76837158203125e-07  # 2^-21; NaN v: not near (codes 0 either way)
+    odd = (inv > 1.2676506002282294e30) | ((inv < 7.888609052210118e-31) & (inv > 0.0))  # 2^100, 2^-100
+    return (d <= tol) | odd
+
+
+@triton.jit
+def _cb_search(x, s_eff, cb_ptr):
+    """Index of the nearest s * cb[j] over the 16-entry codebook: first index on ties, NaN counts as smallest
+    (torch.argmin), errors |s * cb[j] - x| in float32 as the oracle."""
+    best = tl.abs(s_eff * tl.load(cb_ptr) - x)
+    u = tl.zeros(best.shape, tl.int32)
+    for j in tl.static_range(1, 16):
+        e = tl.abs(s_eff * tl.load(cb_ptr + j) - x)
+        better = (e < best) | ((e != e) & (best == best))
+        u = tl.where(better, j, u)
+        best = tl.where(better, e, best)
+    return u
+
+
+@triton.jit
+def _e2m1_codes(x, s, cb_ptr):
+    """fp4 e2m1 codes (GGML order: 0..7 = +0, .5, 1, 1.5, 2, 3, 4, 6; 8 + m their negatives) equal to the
+    16-entry search of `_cb_search` for groups with 2^-100 <= s <= 2^100 and |x| <= 12 s (`_e2m1_odd` is 0):
+    a_m = s * cb[m] rise strictly, so |x| lies in [a_m, a_m+1) and only those two errors (float32, as the
+    search computes them) can be the smallest; a tie keeps the smaller magnitude, as the first index does;
+    the opposite sign and farther values are at least s / 2 worse, far above float32 rounding at |x| <= 12 s;
+    +0 beats -0 (index 0 before 8). x [..], s [.., 1] per group."""
+    ax = tl.abs(x)
+    mag = tl.zeros(x.shape, tl.int32)
+    lo = ax * 0.0  # a_0 = s * 0
+    a = s * tl.load(cb_ptr + 1)
+    hi = a + ax * 0.0  # broadcast: a_1
+    for m in tl.static_range(1, 8):
+        a_next = s * tl.load(cb_ptr + m + 1 - m // 7)  # m = 7: a_7 again, a tie that keeps a_7
+        ge = ax >= a
+        mag = tl.where(ge, m, mag)
+        lo = tl.where(ge, a, lo)
+        hi = tl.where(ge, a_next, hi)
+        a = a_next
+    mag = mag + (tl.abs(hi - ax) < tl.abs(lo - ax)).to(tl.int32)
+    return tl.where((x < 0) & (mag > 0), mag + 8, mag)
+
+
+@triton.jit
+def _e2m1_odd(x, s, cb_ptr):
+    """1 where `_e2m1_codes` may differ from the full search: the group scale outside [2^-100, 2^100] (zero, NaN,
+    inf, subnormal products), or |x| > 2 * 6 s (a scale saturated below the group's range)."""
+    ok = (s >= 7.888609052210118e-31) & (s <= 1.2676506002282294e30)
+    return ~ok | (tl.abs(x) > s * tl.load(cb_ptr + 7) * 2.0)
 
 
 @triton.jit
@@ -200,7 +269,8 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
            W: tl.constexpr, SH: tl.constexpr, PO: tl.constexpr, STRIDED: tl.constexpr,
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
-           OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr):
+           OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr,
+           E2M1: tl.constexpr):
     """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -211,7 +281,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
     x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
-               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW)
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
     j3 = tl.arange(0, NBP)[None, None, :]
     tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
@@ -259,7 +329,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
-                ST: tl.constexpr, HW: tl.constexpr, BLOCK_R: tl.constexpr):
+                ST: tl.constexpr, HW: tl.constexpr, E2M1: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -336,12 +406,12 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW)
+    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1)
     if K >= 2:
-        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << W)
+        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << W)
     if K == 4:
-        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << 4)
-        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW) << 6)
+        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << 4)
+        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << 6)
     tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
 
 
@@ -355,14 +425,14 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
-                  HW: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HW: tl.constexpr, E2M1: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
-                    W0, ST0, HW, BLOCK_R)
+                    W0, ST0, HW, E2M1, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -400,15 +470,15 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, gok, SYM, STATIC, RULE,
                                           SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
-               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW)
+               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW, E2M1)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XORC, G * BITS // 8, HW)
+                   XORC, G * BITS // 8, HW, E2M1)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XORC, G * BITS // 8, HW)
+                   QMAX, XORC, G * BITS // 8, HW, E2M1)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -420,7 +490,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False)
+                    FLAT=False, E2M1=False)
     fmt, b = spec.fmt, spec.bits
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
@@ -441,13 +511,14 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              STATIC=spec.static_scale, SYM=spec.sym, RULE=RULE_IDS[spec.rule],
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
-             QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0)
+             QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
+             E2M1=fmt == "fp4_e2m1" and spec.rule != "rms")
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
-    # one plane holding whole codes, token rows: the group-row path (`_store_rows`), where it measured faster:
-    # int codes from GGML's reciprocal and codebooks; IEEE-division ints and unscaled fp8 keep the general
-    # tile (the timings: benchmarks/NOTES_store.md)
-    no_div = (fmt == "int" and spec.recip) or p["FMT"] == 3
+    # one plane holding whole codes, token rows: the group-row path (`_store_rows`): int codes (GGML's reciprocal,
+    # or IEEE division done as a multiply with a rare exact fallback) and codebooks; fp8 keeps the general tile
+    # (the timings and offline counts: benchmarks/NOTES_store.md)
+    no_div = fmt == "int" or p["FMT"] == 3
     p["FLAT"] = (flat and no_div and spec.rule != "rms" and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b
                  and b in (2, 4, 8)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts

@@ -3,6 +3,7 @@ groups, decode-sized and prefill-sized batches, skipped slots. Triton == referen
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import pytest
 import torch
@@ -141,7 +142,9 @@ def test_minus_one_slots_skip(name):
 
 
 FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=signed:recip", "int8:g64:sym:recip",
-              "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl"]
+              "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl", "int4:g32:asym", "int2:g32:asym",
+              "int4:g32:asym:rot=had", "int8:g32:sym:rnd=away", "int2:g16:sym:rnd=up", "freetoken:q4_0",
+              "fp4_e2m1:g32:s=f16", "fp4_e2m1:g16:s=e4m3:ts:rot=had"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
@@ -169,12 +172,13 @@ def test_group_row_path(name, dtype, monkeypatch):
 
 
 def test_group_row_path_selection():
-    """FLAT only for single-plane token rows of reciprocal-int or codebook specs (where it measured faster)."""
+    """FLAT for single-plane token rows of int (reciprocal, or IEEE division now a multiply by the group's
+    reciprocal with a rare exact fallback) and codebook specs; not for fp8, bit planes, float storage, chan."""
     from kvlab.kernels.store.triton import kernel_params
     flat = {n: kernel_params(spec_of(n), 128)["FLAT"] for n in ["q4_0", "q8_0", "fp8_e4m3", "mxfp4", "int4:g32:asym",
                                                              "freetoken:q4_0", "int3:g32:asym", "bf16", "int4:g32:chan:asym"]}
-    assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": False, "mxfp4": True, "int4:g32:asym": False,
-                    "freetoken:q4_0": False, "int3:g32:asym": False, "bf16": False, "int4:g32:chan:asym": False}
+    assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": False, "mxfp4": True, "int4:g32:asym": True,
+                    "freetoken:q4_0": True, "int3:g32:asym": False, "bf16": False, "int4:g32:chan:asym": False}
 
 
 SIGNED_ZERO_SPECS = ["q4_1", "q4_0", "q8_0", "iq4nl", "int2:g16:sym:rule=signed:recip", "int2:g32:asym:recip",
@@ -207,3 +211,63 @@ def test_signed_zeros_and_overflowing_reciprocals(name, dtype):
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
     tri, _ = run_store(x, slots, lay, n_pages, spec, "triton")
     _nan_aware_equal(ref, tri, f"{name} {dtype}", spec)
+
+
+def _near_half_groups(n: int, G: int, bits: int, seed: int) -> torch.Tensor:
+    """[n, G] float32 groups whose quotients x / s fall within a few ulps of half-integers: element 0 is 0 and
+    element 1 is QMAX * s0 (an fp16 scale, so the stored asym scale is s0 and the zero 0), the rest
+    nextafter-steps around (k + 0.5) * s0, where x * (1 / s) and the IEEE x / s round to different codes."""
+    g = torch.Generator().manual_seed(seed)
+    qmax = 2 ** bits - 1
+    s0 = (torch.rand(n, 1, generator=g) * 4 + 0.01).half().float()
+    k = torch.randint(0, qmax, (n, G), generator=g).float() + 0.5
+    x = k * s0
+    for _ in range(3):
+        step = torch.randint(-1, 2, (n, G), generator=g).float()
+        x = torch.where(step > 0, torch.nextafter(x, torch.full_like(x, 1e30)),
+                        torch.where(step < 0, torch.nextafter(x, torch.full_like(x, -1e30)), x))
+    x[:, 0], x[:, 1] = 0.0, qmax * s0[:, 0]
+    return x
+
+
+@pytest.mark.parametrize("name", ["int4:g32:asym", "int4:g32:asym:rnd=away", "int4:g32:asym:rnd=up", "int2:g32:asym",
+                                  "int8:g32:asym", "kivi4", "int4:g32:asym:s=f32"],
+                         ids=lambda n: spec_id(n))
+def test_division_by_reciprocal_exact(name):
+    """IEEE-division int specs code x * (1 / s) and fall back to the division for tiles with a quotient near a
+    rounding boundary: quotients a few ulps off half-integers (where the two differ) give the oracle's codes."""
+    spec = spec_of(name)
+    G, D = spec.group, 64
+    chan = spec.axis == "chan"
+    grp = _near_half_groups(D if chan else 2 * D // G * 2, G, spec.bits, zlib.crc32(name.encode()) % 1000)
+    s0 = grp[:, 1:2] / (2 ** spec.bits - 1)
+    assert (torch.round(grp * (1 / s0)) != torch.round(grp / s0)).any(), "the input must separate the two"
+    x = grp.T.reshape(G, 1, D) if chan else grp.reshape(-1, 1, D)
+    T, P = x.shape[0], 32
+    lay, n_pages = PageLayout(spec, D, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    ref, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "reference")
+    tri, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "triton")
+    assert_same_pages(ref, tri, name)
+
+
+@pytest.mark.parametrize("ts", [1.0, 1e-6, 1e-36], ids=["ts1", "saturated", "subnormal"])
+def test_e2m1_bracket_exact(ts):
+    """fp4 e2m1 codes by bracketing |x| between two scaled magnitudes equal the 16-entry search: midpoints and
+    ties, zero groups, an e4m3 scale saturated far below the group's range (|x| > 12 s: the search's fallback),
+    and subnormal effective scales."""
+    g = torch.Generator().manual_seed(3)
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    mid = torch.cat([mags, (mags[1:] + mags[:-1]) / 2])  # every value and every midpoint of e2m1
+    x = (mid[torch.randint(0, 15, (16, 1, 64), generator=g)] * torch.where(torch.rand(16, 1, 64, generator=g) < 0.5,
+                                                                            -1.0, 1.0)) * 0.75
+    x[0, 0, 16:32] = 0.0
+    x[1, 0] = torch.randn(64, generator=g) * 3
+    for name in ["nvfp4", "mxfp4", "fp4_e2m1:g32:s=f16"]:
+        spec = spec_of(name)
+        lay, n_pages = PageLayout(spec, 64, 16, 1), 2
+        slots = torch.arange(16, device=DEV)
+        kw = {"tensor_scale": torch.tensor([ts])} if spec.tensor_scale else {}
+        ref, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "reference", **kw)
+        tri, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "triton", **kw)
+        assert_same_pages(ref, tri, f"{name} ts={ts}")
