@@ -7,6 +7,8 @@
 #   bash benchmarks/h200_run.sh sanitize  # compute-sanitizer memcheck, racecheck, initcheck side by side
 #   bash benchmarks/h200_run.sh tune-smollm2  # decode configs for generation's shapes (Hq 9, Hk 3, D 64, B 1/16/64),
 #                                             # kept in /tmp/kvstage/tuned_smollm2.json for `generate`
+#   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
+#                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
 #                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
@@ -71,6 +73,10 @@ extend-tests)   # extend (fused + dense prefix) and store tests on the GPU
 extend-bench)   # benchmarks/run.py extend case (default dispatch, fused kernel, fused sweep, peers)
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-560}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
     --extend-budget "${EXT_BUDGET:-480}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^extend" | tail -5
+  ;;
+prefill-bench)   # the model's own prefill through pool + store + extend, SmolLM2-shaped random weights (no GGUF)
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${PREFILL_S:-300}" python3 benchmarks/prefill_bench.py --out "$OUT/prefill" \
+    ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.log" | tail -30
   ;;
 prefill)   # the model's own prefill (store + extend, chunk by chunk) of 8K and 32K-token prompts, per cache scheme
   cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3

@@ -21,13 +21,13 @@ from ..tuned import attention_key, lookup
 
 BACKENDS = ("auto", "triton", "dense", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
-DENSE_MIN_PREFIX = 512  # prefix tokens below which the workspace pass and host planning cost more than they save
+DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
            k_spec, v_spec, page_size: int, *, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None,
            v_tensor_scale=None, sm_scale=None, backend: str = "auto", max_qo_len: int | None = None,
-           config=None, out=None):
+           config=None, out=None, dense_bucket: int = 2048):
     """Chunked-prefill attention.
 
     q:            [C, Hq, D] float32/float16/bfloat16, the chunk queries of all sequences (CSR by qo_indptr)
@@ -37,6 +37,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     max_qo_len:   longest chunk (optional; saves a device->host read of qo_indptr on the fused path)
     backend:      "auto" (default), "triton" (fused kernel only), "dense" (dense prefix for every sequence with a
                   prefix; needs a GPU, or TRITON_INTERPRET=1 on the CPU) or "reference" (float32 torch)
+    dense_bucket: backend="dense" only: the dense part covers whole buckets of this many prefix tokens (auto: 2048)
     config:       an `ExtendConfig` or its dict (default: the tuned store's entry, else ExtendConfig())
     Returns [C, Hq, D] in q.dtype. Query i of a chunk sees the whole prefix and chunk keys 0..i.
     """
@@ -69,12 +70,16 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     need(why is None, why)
     prefix = None
     if backend == "dense":
+        G = max([s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"] + [1])
+        need(isinstance(dense_bucket, int) and dense_bucket >= 1 and dense_bucket % G == 0,
+             f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group {G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
-        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1)
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket)
     elif backend == "auto" and on_gpu() and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk,
                                                                                           max_qo_len):
-        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX)
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
+                                   dense.BUCKET)
     return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix)
 
 
@@ -96,6 +101,5 @@ def _worth_dense(kv, qo_indptr, group: int, max_qo_len) -> bool:
     return kv.kv_indices.shape[0] * kv.page_size >= DENSE_MIN_PREFIX
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, q, k_new, v_new, k_fp, v_fp, out):
-    return dense.attend_sequences(q, k_new, v_new, qo_indptr, kv, sm_scale, out, k_fp, v_fp, min_rows=min_rows,
-                                  min_prefix=min_prefix)
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, q):
+    return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket)

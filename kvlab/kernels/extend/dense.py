@@ -1,8 +1,9 @@
-"""Dense-prefix extend: the quantized prefix is dequantized once per sequence into a bf16 / fp16
-workspace and attended by the GPU's dense attention (cuDNN, else flash), which returns the
-softmax's log-sum-exp; the chunk's own causal part is a second dense call, and the two merge
-exactly by their log-sum-exps. Sequences too short for this stay with the fused Triton kernel in
-the same extend call (`triton.run(..., prefix=...)` skips the sequences done here).
+"""Dense-prefix extend: the bulk of a quantized prefix is dequantized once per sequence into a bf16 /
+fp16 workspace and attended by the GPU's dense attention (cuDNN, else flash), which returns the
+softmax's log-sum-exp; the fused Triton extend kernel then continues from that state over the rest
+(the prefix's last partial bucket, the full-precision buffer, the chunk's causal part), so the
+parts merge exactly (`triton.run(..., prefix=...)`). Sequences with short chunks or prefixes stay
+wholly with the fused kernel, in the same launch.
 
 Why: prefill is compute-bound, and a dense tensor-core kernel (cuDNN runs wgmma + TMA on Hopper)
 reads a 32K-token prefix in the time its math takes, while dequantizing in the inner loop of an
@@ -15,8 +16,8 @@ Every scheme family works: the workspace is written by the shared dequant tiles 
 extend kernels use (`tiles.attention.kv_tiles`). A prefix longer than `MAX_PIECE` tokens is
 attended in pieces merged by their log-sum-exps, so the workspace stays bounded.
 
-Backend contract (called by `api.py` only): `why_not(q, kv)`, `attend_sequences(q, k_new, v_new, qo_indptr, kv,
-sm_scale, out, k_fp, v_fp, min_rows, min_prefix)` -> (done [B] int32, all done) or None.
+Backend contract (called by `api.py` only): `why_not(q, kv)`, `attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows,
+min_prefix)` -> None or (covered [B] int32, o0, lse0).
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands
 
 MAX_PIECE = 65536  # prefix tokens per workspace piece (2 x Hk x MAX_PIECE x D x 2 bytes: 268 MB at Hk 8, D 128)
+BUCKET = 2048      # the dense part covers whole buckets of prefix tokens; the fused kernel reads the rest
+ROW_BUCKET = 256   # stacked query rows are zero-padded to a multiple of this
 BLOCK_T = 64       # tokens per program of the dequant pass
 _ATTN: dict = {}   # (order, device type, D, dtype) -> the dense attention that ran there ("cudnn" / "flash")
 ATTN_ORDER = "cudnn,flash"  # tried in this order; KVLAB_DENSE_ATTN overrides (e.g. "flash" for benchmarks)
@@ -158,66 +161,51 @@ def _host_lists(qo_indptr, kv: PagedKV, with_fp: bool) -> tuple:
     return tuple(out) if with_fp else (*out, None)
 
 
-def attend_sequences(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, out, k_fp=None, v_fp=None,
-                     min_rows: int = 128, min_prefix: int = 512):
-    """The whole extend of every sequence whose chunk has at least `min_rows` (query, head) rows per KV head and
-    whose prefix holds at least `min_prefix` tokens, written into `out` [C, Hq, D]:
+def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
+                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET):
+    """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head
+    and whose pages hold at least max(min_prefix, bucket) tokens, its chunk's queries (the G heads of a KV head
+    stacked as rows, zero-padded to a multiple of `row_bucket`) attend the first covered = L // bucket x bucket tokens
+    of its pages, dequantized into a workspace, non-causally with the log-sum-exp. Lengths come in buckets so that
+    cuDNN, which builds a plan per shape (60-250 ms each on the H200), reuses its plans across a prefill's chunks.
 
-        prefix part   the chunk's queries (the G heads of a KV head stacked as rows) over the dequantized pages and
-                      the full-precision buffer, non-causal, dense attention with its log-sum-exp;
-        chunk part    the chunk's queries over its own keys, causal (square: top-left = bottom-right);
-        merge         by the two log-sum-exps.
-
-    q / k_new / v_new / k_fp / v_fp: rotated already for Hadamard specs (`rotate_inputs`), any float dtype (the
-    attention runs in out's 16-bit dtype, or q's on the CPU). Returns (done [B] int32 on q's device, 1 where the
-    sequence's rows are written here and the fused kernel skips it; True when every sequence is done), or None when
-    no sequence qualifies."""
+    q [C, Hq, D] (rotated already for Hadamard K specs). Returns None when no sequence qualifies, else
+    (covered [B] int32 on q's device, o0 [Hk, G x C, D] in V's tile column order, lse0 [Hk, G x C] float32 natural
+    log); rows of sequences not covered are left unset. The fused kernel reads the rest (`triton.run(prefix=...)`)."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
-    qo, indptr, last, fpl = _host_lists(qo_indptr, kv, k_fp is not None)
+    qo, indptr, last, _ = _host_lists(qo_indptr, kv, False)
     P = kv.page_size
     B = len(qo) - 1
-    todo = []
+    covered = [0] * B
     for b in range(B):
         a, e = qo[b], qo[b + 1]
         n_pages = indptr[b + 1] - indptr[b]
         L = (n_pages - 1) * P + last[b] if n_pages else 0
-        F = fpl[b] if fpl is not None else 0
-        if e > a and (e - a) * G >= min_rows and L + F >= max(min_prefix, 1):
-            todo.append((b, a, e, L, F))
-    if not todo:
+        if e > a and (e - a) * G >= min_rows and L >= max(min_prefix, bucket, 1):
+            covered[b] = L // bucket * bucket
+    if not any(covered):
         return None
-    adt = out.dtype if out.dtype in (torch.bfloat16, torch.float16) or not q.is_cuda else torch.bfloat16
+    adt = q.dtype if q.dtype in (torch.bfloat16, torch.float16) or not q.is_cuda else torch.bfloat16
     ops = page_inputs(kv, D, q.device)
-    kperm, vperm = ops[0]["perm"].long(), ops[1]["perm"].long()
-    vinv = torch.argsort(vperm)
-    for b, a, e, L, F in todo:
+    kperm = ops[0]["perm"].long()
+    o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
+    lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        if not covered[b]:
+            continue
+        a, e = qo[b], qo[b + 1]
         Cb = e - a
-        qb = q[a:e].to(adt)
-        qs = qb[..., kperm].reshape(Cb, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, G * Cb, D)  # [Hk, G*C_b, D]
+        rows = G * Cb
+        qs = torch.zeros(Hk, -(-rows // row_bucket) * row_bucket, D, dtype=adt, device=q.device)
+        qs[:, :rows] = q[a:e, :, kperm].reshape(Cb, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, rows, D)
         o = lse = None
-        starts = list(range(0, L, MAX_PIECE))
-        for t0 in starts:
-            n = min(MAX_PIECE, L - t0)
+        for t0 in range(0, covered[b], MAX_PIECE):
+            n = min(MAX_PIECE, covered[b] - t0)
             k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
-            if t0 == starts[-1] and F:  # the full-precision buffer rides with the last piece
-                k = torch.cat([k, k_fp[b, :, :F, kperm].to(adt)], 1)
-                v = torch.cat([v, v_fp[b, :, :F, vperm].to(adt)], 1)
             op, lp = attend_dense(qs, k, v, sm_scale)
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
-        if not starts:  # only full-precision tokens
-            o, lse = attend_dense(qs, k_fp[b, :, :F, kperm].to(adt).contiguous(),
-                                  v_fp[b, :, :F, vperm].to(adt).contiguous(), sm_scale)
-        o = o.reshape(Hk, G, Cb, D).permute(2, 0, 1, 3).reshape(Cb, Hq, D)[..., vinv]  # natural channels
-        lse = lse.reshape(Hk, G, Cb).permute(2, 0, 1).reshape(Cb, Hq)
-        qh = qb.transpose(0, 1).contiguous()                                          # [Hq, C_b, D]
-        kh = k_new[a:e].to(adt).repeat_interleave(G, 1).transpose(0, 1).contiguous()  # [Hq, C_b, D]
-        vh = v_new[a:e].to(adt).repeat_interleave(G, 1).transpose(0, 1).contiguous()
-        o2, lse2 = attend_dense(qh, kh, vh, sm_scale, causal=True)
-        o, _ = _merge(o, lse, o2.transpose(0, 1), lse2.transpose(0, 1))
-        out[a:e] = o.to(out.dtype)
-    done = [0] * B
-    for t in todo:
-        done[t[0]] = 1
-    return torch.tensor(done, dtype=torch.int32).to(q.device), all(done)
+        o0[:, G * a:G * e] = o[:, :rows]
+        lse0[:, G * a:G * e] = lse[:, :rows]
+    return torch.tensor(covered, dtype=torch.int32).to(q.device), o0, lse0

@@ -20,25 +20,29 @@ from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor
 from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
 
 
+LOG2E_ = tl.constexpr(LOG2E)
+
+
 @triton.jit
 def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
-                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, qk_scale,
-                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1,
+                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, qk_scale,
+                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0,
                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
                    D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
-                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_DONE: tl.constexpr):
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr):
     b = tl.program_id(0)
     i0 = tl.program_id(1) * QB
     hk = tl.program_id(2)
     q0 = tl.load(QO + b)
     C = tl.load(QO + b + 1) - q0  # chunk length of this sequence
-    if HAS_DONE:  # this sequence was attended whole by the dense path (dense.py): nothing to do
-        C = C * (1 - tl.load(DONE + b))
     if i0 < C:
         p0 = tl.load(INDPTR + b)
         p1 = tl.load(INDPTR + b + 1)
         L = tl.where(p1 > p0, (p1 - p0 - 1) * P + tl.load(LAST + b), 0).to(tl.int32)
+        T0 = 0  # first prefix token this kernel reads
+        if HAS_INIT:  # tokens 0..T0 were attended already (dense.py): start from their (o0, lse0)
+            T0 = tl.load(DONE + b)
         IDX = INDICES + p0
         r = tl.arange(0, R)
         qi = i0 + r // GROUP  # [R] query index in the chunk
@@ -53,7 +57,15 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
-        for t0 in range(0, L, BN):  # quantized prefix: visible to every query
+        if HAS_INIT:
+            rd = rm & ((tl.zeros([R], tl.int32) + T0) != 0)  # [R]
+            srow = GROUP * q0 + (r % GROUP) * C + qi  # row of the dense pass's [Hk, G x C] stacked queries
+            lse0 = tl.load(LSE0 + hk * sl0 + srow, mask=rd, other=float("-inf"))  # natural log
+            m_i = tl.where(rd, lse0 * LOG2E_, m_i)  # the kernel's scores are in base 2
+            l_i = tl.where(rd, 1.0, l_i)
+            acc = tl.load(O0 + hk * s00 + srow[:, None] * s01 + d[None, :], mask=rd[:, None],  # V's tile order
+                          other=0.0).to(tl.float32)
+        for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
             kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
                              ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
             valid = (t0 + tl.arange(0, BN)) < L
@@ -85,9 +97,10 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         prefix=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q, k_new, v_new, k_fp, v_fp, out) -> None | (done [B] int32, all done), given the
-    rotated inputs, that attends some sequences whole into `out` itself (`dense.attend_sequences`); the kernel skips
-    them (and is not launched when all are done)."""
+    prefix: None, or a callable (q) -> None | (covered [B] int32, o0 [Hk, G x C, D], lse0 [Hk, G x C] natural log)
+    given the rotated queries, that attends the first covered[b] prefix tokens of some sequences itself
+    (`dense.attend_prefixes`); the kernel reads the rest of their prefix, their full-precision buffer and chunk,
+    continuing from that softmax state."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -107,19 +120,20 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     R = max(16, triton.next_power_of_2(QB * group))
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    res = prefix(q, k_new, v_new, k_fp, v_fp, out) if prefix is not None and B and max_qo_len else None
-    done, all_done = res if res is not None else (None, False)
-    if B and max_qo_len and not all_done:
+    init = prefix(q) if prefix is not None and B and max_qo_len else None
+    if B and max_qo_len:
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
             V["lut"], V["perm"], out if K["ts"] is None else K["ts"], out if V["ts"] is None else V["ts"],
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
-            qo_indptr if done is None else done, sm_scale * LOG2E, q.stride(0), q.stride(1),
+            *(init if init else (qo_indptr, out, out)), sm_scale * LOG2E, q.stride(0), q.stride(1),
             k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), out.stride(0), out.stride(1),
+            *(init[1].stride()[:2] if init else (0, 0)), init[2].stride(0) if init else 0,
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
             *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
-            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False), HAS_DONE=done is not None,
+            HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
+            HAS_INIT=init is not None,
             num_warps=config.num_warps, num_stages=config.num_stages)
     if rot_v:  # the pages hold v H: out H^T
         out = (out @ hadamard(D, q.device).T).to(dtype)

@@ -63,28 +63,29 @@ def _err(got, ref):
 def test_dense_prefix_matches_reference(c):
     sch, P, q, kn, vn, qo, args, kw = _setup(c)
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense",
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
                  out=torch.full_like(q, float("nan")), config={"block_m": 16, "block_n": 16})
     assert not torch.isnan(got).any(), "unwritten or NaN output elements"
     assert _err(got, ref) < TOL
 
 
 def test_mixed_batch_some_sequences_dense_some_fused():
-    """Sequences below the row threshold keep the fused path inside the same launch; both halves are right."""
+    """Sequences below the row threshold keep the fused path inside the same launch; covered sequences continue
+    in the fused kernel past their last whole bucket; all are right."""
     c = ([40, 300, 17], [2, 40, 30], 8, 2, 64, 16, "q4_0", [3, 0, 5])
     sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=1)
     kv = check_prefix(q, *args, sch.k, sch.v, P, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw.get("k_tensor_scale"),
                       kw.get("v_tensor_scale"), 3)
     calls = []
 
-    def prefix(qq, kk, vv, kf, vf, out):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
-        st = dense.attend_sequences(qq, kk, vv, qo, kv, 64 ** -0.5, out, kf, vf, min_rows=100, min_prefix=1)
-        calls.append((st[0].tolist(), st[1]))
+    def prefix(qq):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16)
+        calls.append(st[0].tolist())
         return st
 
     got = ext_triton.run(q, kn, vn, qo, kv, 64 ** -0.5, ExtendConfig(block_m=16, block_n=16), prefix=prefix)
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    assert calls == [([0, 1, 1], False)]
+    assert calls == [[0, 288, 16]]  # whole buckets of 16 tokens; the rest (12 and 1 tokens) stays fused
     assert _err(got, ref) < TOL
 
 
@@ -94,7 +95,7 @@ def test_prefix_pieces_merge_by_lse(monkeypatch):
     c = ([150, 64], [6, 33], 8, 2, 64, 16, "q8_0", [5, 2])
     sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=2)
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=16)
     assert _err(got, ref) < TOL
 
 
@@ -133,10 +134,17 @@ def test_nan_group_in_prefix_poisons_only_its_sequence():
     page0 = int(args[3][0])  # first page of sequence 0
     kp["scales"][page0].view(-1)[0] = float("nan")
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=16)
     assert torch.isnan(ref[:5]).any() and torch.isnan(got[:5]).any()
     assert torch.equal(torch.isnan(got[:5]), torch.isnan(ref[:5]))
     assert _err(got[5:], ref[5:]) < TOL
+
+
+def test_dense_bucket_must_fit_channel_groups():
+    c = ([64, 32], [7, 20], 8, 2, 64, 32, "kivi4", None)
+    sch, P, q, kn, vn, qo, args, kw = _setup(c)
+    with pytest.raises(ValueError, match="dense_bucket=48"):
+        extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=48)
 
 
 def test_dense_refuses_without_gpu_or_interpreter(monkeypatch):
