@@ -5,8 +5,13 @@ quantized pages (`PageLayout`) plus the full-precision buffer, exactly as in `de
 `reference.py` (torch), `triton.py` (the fused kernel: dequantize in the inner loop) and `dense.py` (the
 prefix dequantized once into a workspace and attended by cuDNN / flash with its log-sum-exp, the chunk's causal
 part continued in the Triton kernel); this module alone chooses, through each backend's `why_not`.
-backend="auto" takes the dense prefix on a GPU for sequences whose chunk has at least DENSE_MIN_ROWS
-(query, head) rows over a prefix of at least DENSE_MIN_PREFIX tokens, where it pays; the fused kernel otherwise.
+backend="auto" takes the dense prefix on a GPU for a sequence whose chunk has at least DENSE_MIN_ROWS (query, head)
+rows per KV head, whose prefix holds at least one 2048-token bucket, and whose prefix attention costs at least
+DENSE_MIN_FLOPS (4 x Hq x chunk x prefix x D), or DENSE_MIN_FLOPS_SLOW for the families the fused kernel dequantizes
+slowly (`slow_in_fused`); the fused kernel otherwise. The thresholds come from the H200 table
+(sweeps/results/h200/extend.csv): the dense path carries about 1 ms of fixed cost per call, so it wins at a 32K prefix
+(B = 1: 2.1-3.3x cuDNN against the fused 2.5-23x) and loses at 8K for the fast codecs (q4_0 6.5x against 4.0x) and at
+head_dim 64 (13-24x against 3-9x).
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from ..tuned import attention_key, lookup
 BACKENDS = ("auto", "triton", "dense", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
 DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
+DENSE_MIN_FLOPS = 1e11       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
+DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8 and 16-entry codebooks (`slow_in_fused`)
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
@@ -75,11 +82,12 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
              f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group {G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
-        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket)
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0)
     elif backend == "auto" and on_gpu() and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk,
                                                                                           max_qo_len):
+        min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
-                                   dense.BUCKET)
+                                   dense.BUCKET, min_flops)
     return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix)
 
 
@@ -101,5 +109,14 @@ def _worth_dense(kv, qo_indptr, group: int, max_qo_len) -> bool:
     return kv.kv_indices.shape[0] * kv.page_size >= DENSE_MIN_PREFIX
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, q):
-    return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket)
+def slow_in_fused(spec) -> bool:
+    """Families the fused kernel dequantizes slowly (H200, B = 1 x 32K, fused / cuDNN: fp8_e4m3 8.5x, q8_0 8.8x, nf4
+    and iq4nl 23x, against 2.5-4.4x for bf16, 2-6-bit ints, fp4 and KIVI): fp8, 8-bit ints, 16-entry codebooks
+    other than fp4."""
+    return (spec.fmt.startswith("fp8") or (spec.fmt == "int" and spec.bits == 8)
+            or spec.fmt in ("nf4", "iq4nl"))
+
+
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, q):
+    return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
+                                 min_flops=min_flops)

@@ -17,7 +17,7 @@ extend kernels use (`tiles.attention.kv_tiles`). A prefix longer than `MAX_PIECE
 attended in pieces merged by their log-sum-exps, so the workspace stays bounded.
 
 Backend contract (called by `api.py` only): `why_not(q, kv)`, `attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows,
-min_prefix)` -> None or (covered [B] int32, o0, lse0).
+min_prefix, bucket, min_flops)` -> None or (covered [B] int32, o0, lse0).
 """
 from __future__ import annotations
 
@@ -162,9 +162,10 @@ def _host_lists(qo_indptr, kv: PagedKV, with_fp: bool) -> tuple:
 
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
-                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET):
-    """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head
-    and whose pages hold at least max(min_prefix, bucket) tokens, its chunk's queries (the G heads of a KV head
+                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0):
+    """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
+    whose pages hold at least max(min_prefix, bucket) tokens and whose prefix attention costs at least `min_flops`
+    (4 x Hq x chunk x prefix x D), its chunk's queries (the G heads of a KV head
     stacked as rows, zero-padded to a multiple of `row_bucket`) attend the first covered = L // bucket x bucket tokens
     of its pages, dequantized into a workspace, non-causally with the log-sum-exp. Lengths come in buckets so that
     cuDNN, which builds a plan per shape (60-250 ms each on the H200), reuses its plans across a prefill's chunks.
@@ -183,7 +184,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
         a, e = qo[b], qo[b + 1]
         n_pages = indptr[b + 1] - indptr[b]
         L = (n_pages - 1) * P + last[b] if n_pages else 0
-        if e > a and (e - a) * G >= min_rows and L >= max(min_prefix, bucket, 1):
+        if e > a and (e - a) * G >= min_rows and L >= max(min_prefix, bucket, 1) and 4 * Hq * (e - a) * L * D >= min_flops:
             covered[b] = L // bucket * bucket
     if not any(covered):
         return None

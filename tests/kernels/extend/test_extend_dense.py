@@ -155,3 +155,23 @@ def test_dense_refuses_without_gpu_or_interpreter(monkeypatch):
         pytest.skip("a GPU is present")
     kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, None, None, 2)
     assert "CUDA GPU" in dense.why_not(q, kv)
+
+
+def test_min_flops_leaves_small_prefixes_to_the_fused_kernel():
+    """attend_prefixes covers only sequences whose prefix attention reaches min_flops (4 x Hq x chunk x prefix x D)."""
+    c = ([40, 300], [40, 40], 8, 2, 64, 16, "q4_0", None)
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=6)
+    kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, None, None, 2)
+    work = [4 * 8 * 40 * L * 64 for L in (40, 300)]  # Hq x chunk x prefix x D of each sequence
+    got = dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=16, min_flops=work[0] + 1)
+    assert got[0].tolist() == [0, 288]  # whole buckets of 16 tokens of the second sequence only
+    assert dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=16,
+                                 min_flops=work[1] + 1) is None
+
+
+def test_slow_in_fused_families():
+    from kvlab.kernels.extend.api import slow_in_fused
+    slow = {n: slow_in_fused(kvlab.scheme(n).k) for n in ("fp8_e4m3", "q8_0", "nf4", "iq4nl", "q4_0", "bf16", "kivi4",
+                                                           "mxfp4", "nvfp4", "int3:g32:asym")}
+    assert slow == {"fp8_e4m3": True, "q8_0": True, "nf4": True, "iq4nl": True, "q4_0": False, "bf16": False,
+                    "kivi4": False, "mxfp4": False, "nvfp4": False, "int3:g32:asym": False}
