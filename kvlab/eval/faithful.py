@@ -138,12 +138,13 @@ class DecodeFaithfulBackend:
         if self._masks_for is not positions:  # a new forward: the layers of one forward share their masks
             self._masks_for, self._masks = positions, {}
         out = faithful_attention(q, k, v, kq, vq, positions, k_pos, k_spec, v_spec, self.policy, self.q_chunk,
-                                 mask_cache=self._masks)
+                                 mask_cache=self._masks, sliding_window=getattr(model.config, "sliding_window", None))
         return out if space is None else space.output(out)
 
 
 def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: FpPolicy,
-                       q_chunk: int = 2048, mask_cache: dict | None = None) -> Tensor:
+                       q_chunk: int = 2048, mask_cache: dict | None = None,
+                       sliding_window: int | None = None) -> Tensor:
     """Causal GQA attention where each (query, key) pair reads the full-precision or quantized copy.
 
     q [B, Hq, T, D]; k, v, kq, vq [B, Hk, S, D]; q_pos [T], k_pos [S]. Returns [B, Hq, T, D] in q.dtype.
@@ -154,12 +155,14 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     and k_pos (the layers of one forward); each chunk's mask (up to MASK_CACHE_MAX elements) is
     built once and reused from it. Its key holds shapes, not values: one dict must never serve
     calls with different positions of the same shapes (DecodeFaithfulBackend keeps one per forward).
+    sliding_window: None, or this layer's attention window W: query i reads key j only if i - W < j
+    (Mistral; Gemma 3's sliding layers, whose per-layer view passes the layer's window).
     """
     B, Hq, T, D = q.shape
     # the same tensor (a fresh backend's prefill) needs no comparison, which would sync the device
     prefill = T == k.shape[2] and (q_pos is k_pos or torch.equal(q_pos, k_pos))
     one = _one_copy(k_spec, v_spec, policy)
-    if prefill and one is not None and B * Hq * T * T <= MAX_SCORES:
+    if prefill and one is not None and sliding_window is None and B * Hq * T * T <= MAX_SCORES:
         kk, vv = (k if one[0] else kq), (v if one[1] else vq)
         return _sdpa(q.float(), kk.float(), vv.float(), causal=True).to(q.dtype)
     out = torch.empty(B, Hq, T, D, dtype=torch.float32, device=q.device)
@@ -170,10 +173,12 @@ def faithful_attention(q, k, v, kq, vq, q_pos, k_pos, k_spec, v_spec, policy: Fp
     rows = max(1, MAX_SCORES // (B * Hq * kc.shape[2]))  # float32 SDPA runs its math kernel: bound its scores
     for i in range(0, T, q_chunk):
         qc, pc = q[:, :, i:i + q_chunk].float(), q_pos[i:i + q_chunk]
-        key = (i, q_chunk, k_pos.shape[0], order, k_spec.is_float_storage, v_spec.is_float_storage)
+        key = (i, q_chunk, k_pos.shape[0], order, k_spec.is_float_storage, v_spec.is_float_storage, sliding_window)
         mask = None if mask_cache is None else mask_cache.get(key)
         if mask is None:
             causal = k_pos[None, :] <= pc[:, None]                               # [t, S]
+            if sliding_window is not None:
+                causal &= k_pos[None, :] > pc[:, None] - sliding_window
             fk, fv = fp_mask(k_spec, policy, pc, k_pos) & causal, fp_mask(v_spec, policy, pc, k_pos) & causal
             part = {(0, 0): lambda: causal & ~fk & ~fv, (1, 1): lambda: fk & fv, (0, 1): lambda: ~fk & fv,
                     (1, 0): lambda: fk & ~fv}

@@ -35,16 +35,30 @@ def text_tokens(tokenizer, text: str = "pydoc") -> torch.Tensor:
     return _TOKENS_CACHE[key]
 
 
-def segments(tokens: torch.Tensor, n_tokens: int, n_segments: int, seed: int = 0) -> list[torch.Tensor]:
-    """`n_segments` disjoint slices of `n_tokens`: seed 0 takes the first ones in order, another
-    seed a seeded random choice of slots."""
-    slots = tokens.numel() // n_tokens
+def bos_prefix(tokenizer) -> list[int]:
+    """The tokens the model's tokenizer puts before a text (its BOS where the GGUF says add_bos_token: Gemma 3's
+    [2]; none for SmolLM2). A model trained with a BOS is evaluated with it: Gemma 3 270M's full-precision PPL on
+    512 pydoc tokens is 21.7 with it and 70.5 without."""
+    enc = tokenizer.encode("", add_special_tokens=True)
+    return list(getattr(enc, "ids", enc))
+
+
+def segments(tokens: torch.Tensor, n_tokens: int, n_segments: int, seed: int = 0,
+             prefix: list[int] | None = None) -> list[torch.Tensor]:
+    """`n_segments` disjoint slices of `n_tokens` (each `prefix` + n_tokens - len(prefix) text tokens): seed 0 takes
+    the first ones in order, another seed a seeded random choice of slots."""
+    prefix = list(prefix or [])
+    if n_tokens <= len(prefix):
+        raise ValueError(f"{n_tokens} tokens per segment leave no room after the prefix {prefix}")
+    n_text = n_tokens - len(prefix)
+    slots = tokens.numel() // n_text
     if slots < n_segments:
         raise ValueError(f"text has {tokens.numel()} tokens: too short for {n_segments} segments of {n_tokens} "
                          f"(at most {slots}); lower --tokens or --segments")
     idx = list(range(n_segments)) if seed == 0 else \
         torch.randperm(slots, generator=torch.Generator().manual_seed(seed))[:n_segments].tolist()
-    return [tokens[i * n_tokens:(i + 1) * n_tokens] for i in idx]
+    head = torch.tensor(prefix, dtype=tokens.dtype)
+    return [torch.cat([head, tokens[i * n_text:(i + 1) * n_text]]) for i in idx]
 
 
 @dataclass
@@ -103,8 +117,10 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 
 def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: int = 2048, n_segments: int = 4,
-                    seed: int = 0, greedy_tokens: int = 0, calib_text: str = "license", progress=None) -> dict:
-    """Score a scheme over disjoint segments; returns mean and sd of every metric plus provenance."""
+                    seed: int = 0, greedy_tokens: int = 0, calib_text: str = "license", progress=None,
+                    bos: bool | None = None) -> dict:
+    """Score a scheme over disjoint segments; returns mean and sd of every metric plus provenance.
+    bos: start each segment with the tokenizer's BOS (None: where the tokenizer adds one, `bos_prefix`)."""
     sch = as_scheme(scheme)
     c = model.config
     for layer in range(c.n_layers):
@@ -112,8 +128,13 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
             spec.check_head_dim(c.head_dim)
     if n_tokens > c.max_position_embeddings:
         raise ValueError(f"{n_tokens} tokens exceed the model's context of {c.max_position_embeddings}")
-    segs = segments(text_tokens(tokenizer, text), n_tokens, n_segments, seed)
-    calib = calibrate(model, text_tokens(tokenizer, calib_text)[:n_tokens][None], sch)
+    prefix = bos_prefix(tokenizer) if bos is None or bos else []
+    if bos and not prefix:
+        raise ValueError("bos=True but this tokenizer adds no BOS token")
+    segs = segments(text_tokens(tokenizer, text), n_tokens, n_segments, seed, prefix)
+    calib_tokens = torch.cat([torch.tensor(prefix, dtype=torch.int64),
+                              text_tokens(tokenizer, calib_text)[:n_tokens - len(prefix)]])
+    calib = calibrate(model, calib_tokens[None], sch)
     rows = score_segments(model, segs, sch, calib)
     if greedy_tokens:
         from .greedy import agreements
@@ -125,7 +146,7 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
         for _ in rows:
             progress()
     out = {"scheme": str(sch), "name": sch.name, "text": text, "segments": n_segments, "tokens": n_tokens,
-           "seed": seed, "calib_text": calib_text if calib else None,
+           "seed": seed, "bos": bool(prefix), "calib_text": calib_text if calib else None,
            "bits_per_element": sch.bits_per_element(c.head_dim),
            "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=n_tokens, n_layers=c.n_layers)}
     for key in rows[0]:

@@ -20,7 +20,7 @@ import math
 import torch
 
 from ..spec import KVScheme, as_scheme, as_spec
-from .perplexity import score_segments, segments, text_tokens
+from .perplexity import bos_prefix, score_segments, segments, text_tokens
 
 UNIT = 64  # bit units per bit in the allocation
 
@@ -117,7 +117,7 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
         for s in pair(c):
             s.check_head_dim(D)
     if sens is None:
-        segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments)
+        segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments, prefix=bos_prefix(tokenizer))
         sens = layer_sensitivity(model, segs, candidates, progress, sink)
     elif len(sens) != model.config.n_layers or any(len(r) != len(candidates) for r in sens):
         raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvlab.model.config import LlamaConfig, require_supported
+from kvlab.model.config import Gemma3Config, LlamaConfig, gemma3_layer_types, require_supported
+from kvlab.model.gemma3 import Gemma3Model
 from kvlab.model.hf_loader import check_shapes, expected_shapes
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+GEMMA3_GGUF_ARCHS = ("gemma3",)  # loaded into Gemma3Model (see `gemma3_config_from_gguf`)
 _CACHE_VERSION = 2  # bump when the conversion changes, so stale disk caches are ignored (2: checked)
 _TOKENIZER_KEYS = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id",
                    "eos_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
@@ -52,7 +54,7 @@ class GGUFWeights:
     rope_freq_factors: float32 [head_dim // 2] from `rope_freqs.weight`, or None.
     """
 
-    config: LlamaConfig
+    config: LlamaConfig | Gemma3Config
     tensors: dict[str, torch.Tensor]
     tokenizer: dict[str, Any] = field(default_factory=dict)
     rope_freq_factors: torch.Tensor | None = None
@@ -234,24 +236,32 @@ def _convert(p: Path) -> GGUFWeights:
         raise ValueError(f"GGUF file {str(p)!r}: {e}") from e
 
 
-def _convert_tensors(reader, meta: dict[str, Any]) -> GGUFWeights:
+def _dequantize(t, shape: tuple[int, ...]) -> np.ndarray:
+    """One GGUF tensor as float32 numpy in torch order `shape`; ValueError for an unknown type or NaN/Inf."""
     import gguf
 
+    # np.asarray drops the memmap subclass, whose per-view bookkeeping dominates dequantize
+    try:
+        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except NotImplementedError as e:
+        raise ValueError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf "
+                         f"package cannot dequantize ({e})") from e
+    arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"tensor {t.name} holds NaN or Inf values (corrupt data?)")
+    return arr
+
+
+def _convert_tensors(reader, meta: dict[str, Any]) -> GGUFWeights:
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    if meta.get("general.architecture") in GEMMA3_GGUF_ARCHS:
+        return _convert_gemma3(reader, meta, shapes)
     config = config_from_gguf(meta, shapes)
     _check_gguf_shapes(config, shapes)
     tensors: dict[str, torch.Tensor] = {}
     factors = None
     for t in reader.tensors:
-        # np.asarray drops the memmap subclass, whose per-view bookkeeping dominates dequantize
-        try:
-            arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        except NotImplementedError as e:
-            raise ValueError(f"tensor {t.name} has type {t.tensor_type.name}, which the gguf "
-                             f"package cannot dequantize ({e})") from e
-        arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shapes[t.name])
-        if not np.isfinite(arr).all():
-            raise ValueError(f"tensor {t.name} holds NaN or Inf values (corrupt data?)")
+        arr = _dequantize(t, shapes[t.name])
         if t.name == "rope_freqs.weight":
             factors = torch.from_numpy(arr.copy())
             continue
@@ -268,6 +278,116 @@ def _convert_tensors(reader, meta: dict[str, Any]) -> GGUFWeights:
     tok = {k[len("tokenizer.ggml."):]: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
     tok = {k: v for k, v in tok.items() if k in _TOKENIZER_KEYS}
     return GGUFWeights(config, tensors, tok, factors)
+
+
+# ---- Gemma 3 ----------------------------------------------------------------------------------
+_GEMMA3_NAME_MAP = {
+    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+# llama.cpp hard-codes these for LLM_ARCH_GEMMA3 (src/llama-model.cpp: set_swa_pattern(6),
+# rope_freq_base_train_swa = 10000); newer files may state them, and then we read them.
+GEMMA3_DEFAULT_SWA_PATTERN = 6
+GEMMA3_DEFAULT_LOCAL_ROPE_BASE = 10_000.0
+
+
+def gemma3_hf_name(gguf_name: str) -> str | None:
+    """Gemma 3 GGUF tensor name -> HF name (None for tensors the model does not use)."""
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if m and m.group(2) in _GEMMA3_NAME_MAP:
+        return f"model.layers.{m.group(1)}.{_GEMMA3_NAME_MAP[m.group(2)]}.weight"
+    return None
+
+
+def gemma3_layer_types_from_meta(meta: dict[str, Any], n_layers: int) -> tuple[str, ...]:
+    """Layer types from `gemma3.attention.sliding_window_pattern`: an int period (every period-th layer is
+    global), or one bool per layer (True: sliding); absent: llama.cpp's period of 6."""
+    pat = meta.get("gemma3.attention.sliding_window_pattern", GEMMA3_DEFAULT_SWA_PATTERN)
+    if isinstance(pat, (list, tuple, np.ndarray)):
+        if len(pat) != n_layers:
+            raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(pat)} entries for {n_layers} layers")
+        return tuple("sliding_attention" if bool(s) else "full_attention" for s in pat)
+    if isinstance(pat, bool) or not isinstance(pat, (int, np.integer)) or pat <= 0:
+        raise ValueError(f"gemma3.attention.sliding_window_pattern must be a positive int or a list of bools, "
+                         f"got {pat!r}")
+    return gemma3_layer_types(n_layers, int(pat))
+
+
+def gemma3_config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> Gemma3Config:
+    """A Gemma3Config from a gemma3 GGUF's metadata and tensor shapes (torch order).
+
+    Not in the metadata of llama.cpp's files and taken as llama.cpp does: the layer pattern (every 6th
+    layer global), the local RoPE base (10000), query_pre_attn_scalar (head_dim; hidden / heads for the
+    62-layer 27B). Attention-logit soft-capping is rejected (Gemma 3 has none; backends cannot apply it)."""
+    arch = meta.get("general.architecture")
+    require_supported("GGUF architecture", arch, GEMMA3_GGUF_ARCHS)
+
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ValueError(f"metadata lacks the key {arch}.{key}")
+        if isinstance(v, list):
+            raise ValueError(f"GGUF metadata {arch}.{key} varies per layer ({v[:4]}...): not supported")
+        return v
+
+    if "token_embd.weight" not in shapes:
+        raise ValueError("missing tensor token_embd.weight")
+    hidden, n_heads, n_layers = int(get("embedding_length")), int(get("attention.head_count")), int(get("block_count"))
+    head_dim = int(get("attention.key_length", hidden // n_heads))
+    if int(get("attention.value_length", head_dim)) != head_dim:
+        raise ValueError(f"{arch}.attention.value_length {get('attention.value_length')} != key_length {head_dim}")
+    if meta.get(f"{arch}.attn_logit_softcapping"):
+        raise ValueError(f"{arch}.attn_logit_softcapping is set: attention-logit soft-capping is not supported")
+    rope_scaling = None
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    elif kind not in (None, "none"):
+        raise ValueError(f"unsupported GGUF rope scaling {kind!r}; supported: none, linear")
+    cap = meta.get(f"{arch}.final_logit_softcapping")
+    return Gemma3Config(
+        vocab_size=int(meta.get(f"{arch}.vocab_size") or shapes["token_embd.weight"][0]),
+        hidden_size=hidden, intermediate_size=int(get("feed_forward_length")), n_layers=n_layers,
+        n_heads=n_heads, n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
+        layer_types=gemma3_layer_types_from_meta(meta, n_layers),
+        sliding_window=int(get("attention.sliding_window")),
+        rope_theta=float(get("rope.freq_base", 1_000_000.0)),
+        rope_local_theta=float(get("rope.freq_base_swa", GEMMA3_DEFAULT_LOCAL_ROPE_BASE)),
+        rope_scaling=rope_scaling, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(get("context_length", 32768)),
+        query_pre_attn_scalar=float(hidden // n_heads if n_layers == 62 else head_dim),
+        final_logit_softcapping=float(cap) if cap else None,
+        tie_word_embeddings="output.weight" not in shapes,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+    )
+
+
+def _convert_gemma3(reader, meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> GGUFWeights:
+    """Gemma 3: no q/k row permutation (llama.cpp runs Gemma with NEOX-style RoPE, HF's rotate-half), and
+    every `*norm.weight` is stored with Gemma's + 1 folded in (convert_hf_to_gguf.py's norm_shift), which
+    we take back out to keep HF's convention."""
+    config = gemma3_config_from_gguf(meta, shapes)
+    expected = Gemma3Model.expected_shapes(config)
+    check_shapes({gemma3_hf_name(n): s for n, s in shapes.items() if gemma3_hf_name(n)}, expected)
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = gemma3_hf_name(t.name)
+        if name is None:
+            continue
+        arr = _dequantize(t, shapes[t.name])
+        if t.name.endswith("norm.weight"):
+            arr = arr - np.float32(1.0)
+        elif not (arr.flags.writeable and arr.flags.c_contiguous):  # F32 tensors view the file
+            arr = np.array(arr, dtype=np.float32, order="C")
+        tensors[name] = torch.from_numpy(arr)
+    tok = {k[len("tokenizer.ggml."):]: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+    tok = {k: v for k, v in tok.items() if k in _TOKENIZER_KEYS}
+    return GGUFWeights(config, tensors, tok, None)
 
 
 def cache_dir() -> Path:
@@ -322,8 +442,11 @@ def _read_disk_cache(base: Path) -> GGUFWeights | None:
         info = json.loads(js.read_text())
         tensors = load_file(str(sf))
         factors = tensors.pop("rope_freqs", None)
-        w = GGUFWeights(LlamaConfig.from_dict(info["config"]), tensors, dict(info["tokenizer"]), factors)
-        check_shapes({n: tuple(t.shape) for n, t in tensors.items()}, expected_shapes(w.config))
+        gemma = info["config"].get("arch") in GEMMA3_GGUF_ARCHS
+        config = (Gemma3Config if gemma else LlamaConfig).from_dict(info["config"])
+        w = GGUFWeights(config, tensors, dict(info["tokenizer"]), factors)
+        check_shapes({n: tuple(t.shape) for n, t in tensors.items()},
+                     Gemma3Model.expected_shapes(config) if gemma else expected_shapes(config))
         os.utime(js)  # marks the entry as recently used for _prune_disk_cache
     except Exception:  # a damaged or incomplete cache entry is rebuilt, never fatal
         return None
