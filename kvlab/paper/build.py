@@ -23,6 +23,7 @@ FILES = {
     "dispatch": f"{R}/h200/runs/arch-bc9b6a4/decode.csv",
     "dispatch_header": f"{R}/h200/runs/arch-bc9b6a4/header.json",
     "store": f"{R}/h200/store.csv",
+    "extend": f"{R}/h200/extend.csv",
     "flashinfer": f"{R}/h200/flashinfer_fp8/flashinfer_fp8.csv",
     "options": f"{R}/engines/options.csv",
     "llama_verify": f"{R}/engines/llama_cpp_verify.csv",
@@ -37,6 +38,7 @@ COMMANDS = {
     "dispatch": "python benchmarks/run.py --shapes b32 (H200; see header.json)",
     "dispatch_header": "written with its decode.csv",
     "store": "python benchmarks/run.py --cases store (H200)",
+    "extend": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
     "llama_verify": "python -m kvlab.export verify --engine llama.cpp (CPU, llama-cpp-python 0.3.36)",
@@ -167,9 +169,28 @@ class Paper:
                 "What a new user gets matters as much: with the tuned-config file the GPU's fast kernels are chosen, "
                 "without it the default dispatch picks a slower path (one benchmark run, both rows):", "", *drows, "",
                 f"Store (quantize + pack + scatter of a {c(int(st.loc['q4_0', 'tokens']) // 1024, 'd', 'store', 'tokens (K)')}K-token write) reaches "
-                f"{c(st.loc['q4_0', 'graph_frac_of_copy'], '.2f', 'store', 'q4_0 / graph_frac_of_copy')} of copy bandwidth "
-                f"for q4_0 but {c(st.loc['kivi4', 'graph_frac_of_copy'], '.2f', 'store', 'kivi4 / graph_frac_of_copy')} "
-                "for kivi4's channel-axis keys.", "", fi_line, ""]
+                f"{c(st.loc['q4_0', 'fraction_of_copy'], '.2f', 'store', 'q4_0 / fraction_of_copy')} of copy bandwidth "
+                f"for q4_0 but {c(st.loc['kivi4', 'fraction_of_copy'], '.2f', 'store', 'kivi4 / fraction_of_copy')} "
+                "for kivi4's channel-axis keys.", "", self._extend_line(), "", fi_line, ""]
+
+    def _extend_line(self) -> str:
+        """Prefill over a quantized prefix: the dense-prefix path against cuDNN on dense bf16 K/V."""
+        c = self.c
+        e = self.t["extend"]
+        sel = e[(e.backend == "auto") & (e.dense_attention == "cudnn") & (e.commit == "6259b1c") & (e.batch == 8)
+                & (e.prefix == 32768)]
+        fused = e[(e.backend == "triton") & (e.batch == 8) & (e.prefix == 32768)].set_index("scheme")
+        lo, hi = sel.ratio_vs_cudnn.min(), sel.ratio_vs_cudnn.max()
+        r0 = sel.iloc[0]
+        return (f"Prefill (a {c(int(r0.chunk), 'd', 'extend', 'chunk')}-token chunk per sequence over a quantized "
+                f"{c(int(r0.prefix) // 1024, 'd', 'extend', 'prefix (K)')}K prefix, batch "
+                f"{c(int(r0.batch), 'd', 'extend', 'batch')}): dequantizing the "
+                "prefix once into a workspace for cuDNN and merging the chunk's causal part by log-sum-exps runs at "
+                f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto B8 32K')}-"
+                f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto B8 32K')}x cuDNN on dense bf16 K/V for all "
+                f"{len(sel)} schemes, where the fused kernel alone takes "
+                f"{c(fused.loc['q4_0', 'ratio_vs_cudnn'], '.2f', 'extend', 'q4_0 triton B8 32K / ratio_vs_cudnn')}x "
+                f"for q4_0 and {c(fused.loc['fp8_e4m3', 'ratio_vs_cudnn'], '.2f', 'extend', 'fp8_e4m3 triton B8 32K / ratio_vs_cudnn')}x for fp8.")
 
     def protocol(self):
         v = self.t["llama_verify"]
