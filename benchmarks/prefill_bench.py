@@ -5,8 +5,8 @@
 A SmolLM2-135M-shaped decoder (30 layers, Hq 9, Hk 3, head_dim 64, hidden 576) with random weights: prefill
 time does not depend on the weights' values, so no GGUF has to travel to the GPU machine; `python -m
 kvlab.generate --max-position ...` times the real model the same way. Per scheme: one warm-up generate on a
-4K-token prompt (Triton compiles, cuDNN plans for the first buckets), then the timed prompts, then the longest
-prompt again ("repeat": every dense-attention plan cached). Writes prefill.csv (scheme, prompt_tokens, chunk,
+4K-token prompt (Triton compiles), then the timed prompts, then the longest prompt again ("repeat": every compile and
+cuDNN plan of the dense-prefix path, where extend's dispatch takes it, cached). Writes prefill.csv (scheme, prompt_tokens, chunk,
 prefill_s, tokens_per_s, run) beside a header.
 """
 from __future__ import annotations

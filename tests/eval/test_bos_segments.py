@@ -9,16 +9,19 @@ from kvlab.eval.perplexity import bos_prefix, segments
 
 
 class _Tok:
-    def __init__(self, head):
-        self.head = head
+    def __init__(self, head, tail=()):
+        self.head, self.tail = head, tail
 
     def encode(self, text, add_special_tokens=True):
-        return list(self.head) if add_special_tokens else []
+        body = [100 + ord(ch) for ch in text]
+        return list(self.head) + body + list(self.tail) if add_special_tokens else body
 
 
 def test_bos_prefix_reads_the_tokenizer():
     assert bos_prefix(_Tok([2])) == [2]
     assert bos_prefix(_Tok([])) == []
+    assert bos_prefix(_Tok([2], tail=[1])) == [2]  # an appended EOS is not part of the prefix
+    assert bos_prefix(_Tok([], tail=[1])) == []
 
 
 def test_segments_with_bos_keep_their_length_and_stay_disjoint():

@@ -83,8 +83,8 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         why = dense.why_not(q, kv)
         need(why is None, why)
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0)
-    elif backend == "auto" and on_gpu() and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk,
-                                                                                          max_qo_len):
+    elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not _capturing(q)
+          and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)):
         min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
                                    dense.BUCKET, min_flops)
@@ -107,6 +107,11 @@ def _worth_dense(kv, qo_indptr, group: int, max_qo_len) -> bool:
     if max_qo_len is not None and max_qo_len * group < DENSE_MIN_ROWS:
         return False
     return kv.kv_indices.shape[0] * kv.page_size >= DENSE_MIN_PREFIX
+
+
+def _capturing(q) -> bool:
+    """A CUDA graph is being captured on q's stream: the dense path reads lengths back to the host, so it is skipped."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def slow_in_fused(spec) -> bool:

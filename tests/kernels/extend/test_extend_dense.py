@@ -90,8 +90,9 @@ def test_mixed_batch_some_sequences_dense_some_fused():
 
 
 def test_prefix_pieces_merge_by_lse(monkeypatch):
-    """A prefix longer than MAX_PIECE is attended in pieces merged by their log-sum-exps."""
-    monkeypatch.setattr(dense, "MAX_PIECE", 32)
+    """A prefix longer than MAX_PIECE is attended in pieces merged by their log-sum-exps; pieces start on page
+    boundaries even when MAX_PIECE is not a multiple of the page (40 tokens here, pages of 16)."""
+    monkeypatch.setattr(dense, "MAX_PIECE", 40)
     c = ([150, 64], [6, 33], 8, 2, 64, 16, "q8_0", [5, 2])
     sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=2)
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
