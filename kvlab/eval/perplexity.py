@@ -72,18 +72,23 @@ class _Ref:
 
 
 _REF_CACHE: dict = {}
+LOGITS_BUDGET = 1 << 29  # float32 logits elements scored at once (2 GiB); Gemma 3's 262K vocabulary needs this
 
 
 @torch.no_grad()
 def reference_logits(model, seg: torch.Tensor) -> _Ref:
-    """Full-precision logits of a segment (cached per model and segment)."""
+    """Full-precision logits of a segment (cached per model and segment while they fit LOGITS_BUDGET / 4: Gemma 3's
+    [2048, 262144] logits are recomputed per scheme instead of held across them)."""
     key = (id(model), seg.numel(), hash(tuple(seg[:64].tolist())), hash(tuple(seg[-64:].tolist())))
-    if key not in _REF_CACHE:
-        dev = next(model.parameters()).device
-        lg = model(seg[None].to(dev))[0].float()
-        # kept in the model's dtype: the logits come out of its LM head, so this is lossless
-        _REF_CACHE[key] = _Ref(lg.to(next(model.parameters()).dtype), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
-    return _REF_CACHE[key]
+    if key in _REF_CACHE:
+        return _REF_CACHE[key]
+    dev = next(model.parameters()).device
+    lg = model(seg[None].to(dev))[0].float()
+    # kept in the model's dtype: the logits come out of its LM head, so this is lossless
+    ref = _Ref(lg.to(next(model.parameters()).dtype), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
+    if lg.numel() <= LOGITS_BUDGET // 4:
+        _REF_CACHE[key] = ref
+    return ref
 
 
 @torch.no_grad()
@@ -94,22 +99,35 @@ def score_segment(model, seg: torch.Tensor, scheme, calib: dict | None = None) -
 
 @torch.no_grad()
 def score_segments(model, segs: list[torch.Tensor], scheme, calib: dict | None = None) -> list[dict]:
-    """score_segment for equal-length segments, scored as one batch [N, T] (one decode-faithful
-    pass: N times fewer kernel launches)."""
-    dev = next(model.parameters()).device
+    """score_segment for equal-length segments, scored in batches [n, T] (one decode-faithful pass per batch: n
+    times fewer kernel launches) of at most LOGITS_BUDGET logits (SmolLM2: all 4 x 2048 at once; Gemma 3: one)."""
     if len({s.numel() for s in segs}) != 1:
         raise ValueError(f"segments must have one length to be batched, got {sorted({s.numel() for s in segs})}")
-    refs = [reference_logits(model, seg) for seg in segs]
+    per = max(1, LOGITS_BUDGET // (segs[0].numel() * model.config.vocab_size))
+    rows = []
+    for i in range(0, len(segs), per):
+        rows += _score_batch(model, segs[i:i + per], scheme, calib)
+    return rows
+
+
+def _score_batch(model, segs, scheme, calib) -> list[dict]:
+    dev = next(model.parameters()).device
     backend = DecodeFaithfulBackend(scheme, model.config.n_layers, calib)
     lgs = model(torch.stack(segs).to(dev), backend=backend)
     rows = []
-    for seg, ref, lg in zip(segs, refs, lgs):
-        lg = lg.float()
+    for seg, lg in zip(segs, lgs):
+        ref = reference_logits(model, seg)
         tgt = seg[1:].to(dev)
-        nll = F.cross_entropy(lg[:-1], tgt).item()
-        lp_ref, lp = F.log_softmax(ref.logits[:-1].float(), -1), F.log_softmax(lg[:-1], -1)
-        kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
-        top1 = (ref.logits[:-1].argmax(-1) == lg[:-1].argmax(-1)).float().mean().item()
+        T1 = tgt.numel()
+        nll = kl = agree = 0.0
+        step = max(1, (1 << 26) // lg.shape[-1])  # rows per slice: the metrics' temporaries stay near 256 MiB
+        for r in range(0, T1, step):  # sums over row slices: the same values as over the whole segment
+            a, b = lg[r:min(r + step, T1)].float(), ref.logits[r:min(r + step, T1)].float()
+            nll += F.cross_entropy(a, tgt[r:r + step], reduction="sum").item()
+            lp_ref, lp = F.log_softmax(b, -1), F.log_softmax(a, -1)
+            kl += (lp_ref.exp() * (lp_ref - lp)).sum().item()
+            agree += (b.argmax(-1) == a.argmax(-1)).sum().item()
+        nll, kl, top1 = nll / T1, kl / T1, agree / T1
         ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())
         rows.append({"ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta_pct": 100 * (ppl / ppl_ref - 1), "kl": kl,
                      "top1": top1})

@@ -69,6 +69,13 @@ def main(argv=None) -> int:
         res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
                      progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens)
         bar.close()
+        if a.out:  # the measured table first: an evaluation that fails later must not lose it
+            out = Path(a.out)
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "sensitivity.csv", "w") as f:
+                f.write("layer," + ",".join(cands) + "\n")
+                for layer, row in enumerate(res["sens"]):
+                    f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
         for budget in budgets:
             r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)
             print(f"chosen under {budget} bits/element ({r['bits_per_element']:.3f}): {r['scheme']}")
@@ -80,15 +87,9 @@ def main(argv=None) -> int:
                   "bits", flush=True)
             runs.append({**{k: v for k, v in r.items() if k != "sens"}, "budget": budget, "model": a.model,
                          "eval": ev})
+            if a.out:  # after every budget: a later one that fails keeps the earlier results
+                (Path(a.out) / "search.json").write_text(json.dumps(runs, indent=1))
     except (ValueError, FileNotFoundError) as e:
         print(f"python -m kvlab.sweep search: error: {e}", file=sys.stderr)
         return 2
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "sensitivity.csv", "w") as f:
-            f.write("layer," + ",".join(cands) + "\n")
-            for layer, row in enumerate(res["sens"]):
-                f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
-        (out / "search.json").write_text(json.dumps(runs, indent=1))
     return 0

@@ -26,12 +26,14 @@ def _model(name: str, device: str):
 @functools.lru_cache(maxsize=4)
 def _captured(name: str, device: str, text: str, tokens: int):
     from ..eval.attention import capture_qkv
-    from ..eval.perplexity import text_tokens
+    from ..eval.perplexity import bos_prefix, text_tokens
     model, tok = _model(name, device)
     ids = text_tokens(tok, text)
     if ids.numel() < tokens:
         raise ValueError(f"text {text!r} has {ids.numel()} tokens, fewer than the {tokens} requested")
-    cap = capture_qkv(model, ids[:tokens])
+    head = bos_prefix(tok)  # as the evaluation feeds the model (Gemma 3: its BOS first)
+    ids = torch.cat([torch.tensor(head, dtype=ids.dtype), ids[:tokens - len(head)]])
+    cap = capture_qkv(model, ids)
     return {k: ([t.float() for t in v] if isinstance(v, list) else v) for k, v in cap.items()}
 
 
