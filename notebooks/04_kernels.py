@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -102,11 +104,11 @@ pd.DataFrame([{"K spec": k.split("|")[1][2:][:40], "shape": "|".join(k.split("|"
 
 # %%
 st = pd.read_csv(STORE)
-ax = sns.barplot(data=st, x="scheme", y="graph_frac_of_copy", color="C2")
+ax = sns.barplot(data=st, x="scheme", y="fraction_of_copy", color="C2")
 ax.axhline(1.0, ls="--", color="0.3")
 ax.tick_params(axis="x", rotation=45)
 ax.set_title("store kernel: fraction of copy bandwidth (32K tokens)")
-st[["scheme", "median_ms", "achieved_gbps", "graph_frac_of_copy", "exact"]].round(3)
+st[["scheme", "graph_ms", "graph_gbps", "fraction_of_copy", "config"]].round(3)
 
 # %% [markdown]
 # ## FlashInfer's fp8 decode on the same bytes
