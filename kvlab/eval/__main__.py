@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy", type=int, default=16, help="greedy tokens compared per segment (0: skip)")
     p.add_argument("--passkey", default="512,1024", help="comma-separated passkey lengths ('' to skip)")
     p.add_argument("--json", help="write the rows as JSON to this file")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start segments with the BOS token (default: where the model's tokenizer adds one)")
     return p
 
 
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
         for s in schemes:
             try:
                 r = evaluate_scheme(model, tok, s, text=a.text, n_tokens=a.tokens, n_segments=a.segments,
-                                    seed=a.seed, greedy_tokens=a.greedy, progress=lambda: bar.update(1))
+                                    seed=a.seed, greedy_tokens=a.greedy, progress=lambda: bar.update(1), bos=a.bos)
                 if lengths:
                     pk = passkey(model, tok, s, lengths=lengths, seed=a.seed)
                     r["passkey_hits"], r["passkey_trials"] = pk["hits"], pk["trials"]
