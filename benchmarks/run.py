@@ -112,14 +112,10 @@ def gate(sch, D: int, Hq: int, Hk: int) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()
 
 
-def peers(shape) -> tuple[float | None, float | None, str]:
-    """Median ms of cuDNN and flash SDPA decode on dense bf16 GQA K/V of the same shape."""
-    import triton
+def _sdpa_peers(q, k, v, bench) -> tuple[float | None, float | None, str]:
+    """Median ms of cuDNN and flash SDPA (GQA) on dense q / k / v, timed by `bench(fn)`; a peer that does not run is
+    reported in the error text."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
-    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, Hk, L, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
     res, err = [], ""
     for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
         def fn(backend=backend):
@@ -127,11 +123,21 @@ def peers(shape) -> tuple[float | None, float | None, str]:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         try:
             fn()
-            res.append(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
+            res.append(bench(fn))
         except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported
             res.append(None)
             err += f"{backend.name}: {type(e).__name__}: {str(e)[:120]}; "
     return res[0], res[1], err
+
+
+def peers(shape) -> tuple[float | None, float | None, str]:
+    """Median ms of cuDNN and flash SDPA decode on dense bf16 GQA K/V of the same shape (CUDA-graph replay)."""
+    import triton
+    B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, L, D, device="cuda", dtype=torch.bfloat16)
+    return _sdpa_peers(q, k, torch.randn_like(k),
+                       lambda fn: triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
 
 
 def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
@@ -244,24 +250,11 @@ def extend_peers(shape) -> tuple[float | None, float | None, str]:
     prefix + chunk keys [B, Hk, L + C, D], non-causal (1.5% more scores than the causal chunk at a 32K prefix, 6% at
     8K: the peer does slightly more work than extend)."""
     import triton
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
     q = torch.randn(B, Hq, C, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, Hk, L + C, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    res, err = [], ""
-    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
-        def fn(backend=backend):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        try:
-            fn()
-            res.append(triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median"))
-        except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported
-            res.append(None)
-            err += f"{backend.name}: {type(e).__name__}: {str(e)[:120]}; "
-    del q, k, v
-    return res[0], res[1], err
+    return _sdpa_peers(q, k, torch.randn_like(k),
+                       lambda fn: triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median"))
 
 
 def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:

@@ -109,14 +109,14 @@ def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: 
     return ok, ov
 
 
-def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, causal: bool = False) -> tuple:
-    """Attention with its log-sum-exp (causal: top-left aligned, for M == N): q [H, M, D], k / v [H, N, D] (same H) ->
+def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
+    """Non-causal attention with its log-sum-exp: q [H, M, D], k / v [H, N, D] (same H) ->
     (out [H, M, D] in q.dtype, lse [H, M] float32, natural log). The first of KVLAB_DENSE_ATTN / ATTN_ORDER that
     runs ("cudnn", "flash"); on the CPU, torch's CPU flash attention."""
     H, M, D = q.shape
     q4, k4, v4 = q[None], k[None], v[None]
     if not q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, causal, scale=sm_scale)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, False, scale=sm_scale)[:2]
         return out[0], lse.reshape(H, M)
     order = tuple(os.environ.get("KVLAB_DENSE_ATTN", ATTN_ORDER).split(","))
     key = (order, q.device.type, D, q.dtype)
@@ -124,10 +124,10 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     for name in ((first,) if first else ()) + tuple(n for n in order if n != first):
         try:
             if name == "cudnn":
-                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, causal, False,
+                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q4, k4, v4, None, True, 0.0, False, False,
                                                                           scale=sm_scale)
             else:
-                res = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, causal, False, scale=sm_scale)
+                res = torch.ops.aten._scaled_dot_product_flash_attention(q4, k4, v4, 0.0, False, False, scale=sm_scale)
         except RuntimeError:
             continue
         out, lse = res[0], res[1]
@@ -148,15 +148,12 @@ def _merge(o, lse, o2, lse2):
     return out, m + torch.log(tot)
 
 
-def _host_lists(qo_indptr, kv: PagedKV, with_fp: bool) -> tuple:
-    """qo_indptr, kv_indptr, kv_last_page_len (and fp_len) as Python lists through one device-to-host copy."""
-    parts = [qo_indptr, kv.kv_indptr, kv.kv_last_page_len] + ([kv.fp_len] if with_fp else [])
+def _host_lists(qo_indptr, kv: PagedKV) -> tuple[list, list, list]:
+    """qo_indptr, kv_indptr, kv_last_page_len as Python lists through one device-to-host copy."""
+    parts = [qo_indptr, kv.kv_indptr, kv.kv_last_page_len]
     flat = torch.cat([t.to(torch.int64) for t in parts]).tolist()
-    out, i = [], 0
-    for t in parts:
-        out.append(flat[i:i + t.shape[0]])
-        i += t.shape[0]
-    return tuple(out) if with_fp else (*out, None)
+    n0, n1 = parts[0].shape[0], parts[1].shape[0]
+    return flat[:n0], flat[n0:n0 + n1], flat[n0 + n1:]
 
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
@@ -174,7 +171,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
-    qo, indptr, last, _ = _host_lists(qo_indptr, kv, False)
+    qo, indptr, last = _host_lists(qo_indptr, kv)
     P = kv.page_size
     B = len(qo) - 1
     covered = [0] * B
