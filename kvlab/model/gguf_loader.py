@@ -159,13 +159,15 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """GGUF tensor name -> HF name (None for tensors the model does not use)."""
+def hf_name(gguf_name: str, name_map: dict | None = None) -> str | None:
+    """GGUF tensor name -> HF name (None for tensors the model does not use); name_map: the per-layer names of
+    the architecture (default: Llama's)."""
+    name_map = _NAME_MAP if name_map is None else name_map
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
-    if m and m.group(2) in _NAME_MAP:
-        return f"model.layers.{m.group(1)}.{_NAME_MAP[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in name_map:
+        return f"model.layers.{m.group(1)}.{name_map[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -296,12 +298,7 @@ GEMMA3_DEFAULT_LOCAL_ROPE_BASE = 10_000.0
 
 def gemma3_hf_name(gguf_name: str) -> str | None:
     """Gemma 3 GGUF tensor name -> HF name (None for tensors the model does not use)."""
-    if gguf_name in _TOP_NAMES:
-        return _TOP_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m and m.group(2) in _GEMMA3_NAME_MAP:
-        return f"model.layers.{m.group(1)}.{_GEMMA3_NAME_MAP[m.group(2)]}.weight"
-    return None
+    return hf_name(gguf_name, _GEMMA3_NAME_MAP)
 
 
 def gemma3_layer_types_from_meta(meta: dict[str, Any], n_layers: int) -> tuple[str, ...]:
