@@ -9,6 +9,8 @@
 #                                             # kept in /tmp/kvstage/tuned_smollm2.json for `generate`
 #   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
+#   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
+#                                                      # the decode table with that tuned file
 #   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
 #                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
@@ -54,6 +56,20 @@ d64)   # Gluon at head dims 64 / 256 on the GPU: its tests, the generation shape
   timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode \
     --schemes bf16,fp8_e4m3,q8_0,q4_0,q4_1,kivi4 --shapes smollm2,smollm2_b64,d256 \
     --tuned /tmp/kvstage/tuned_smollm2.json --budget 200 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -5
+  ;;
+codecs)   # issue 16: the int2 and channel-axis-key (KIVI) Gluon codecs: decode GPU tests, then tuning at B 1 / 8 / 32
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode 2>&1 \
+    | tee "$OUT/pytest_decode.log" | tail -6
+  timeout "${TUNE_S:-300}" python3 benchmarks/tune_buckets.py --out "$OUT/tune" --batches "${TUNE_B:-32,1,8}" \
+    --schemes "${TUNE_SCHEMES:-int2,kivi4,kivi2}" --budget "${TUNE_BUDGET:-260}" 2>&1 | tee "$OUT/tune.log"
+  cp "$OUT/tune/tuned_configs.json" /tmp/kvstage/tuned_codecs.json 2>/dev/null
+  ;;
+codecs-bench)   # the decode table for those schemes (tuned file of the codecs mode when this machine kept it)
+  T=/tmp/kvstage/tuned_codecs.json; [ -f "$T" ] || T=""
+  timeout "${BENCH_S:-480}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode \
+    --schemes "${BENCH_SCHEMES:-int2,kivi4,kivi2,q4_0}" --shapes "${BENCH_SHAPES:-b32,b1}" --tuned "$T" \
+    --budget "${BENCH_BUDGET:-420}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -5
   ;;
 generate)
   cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3

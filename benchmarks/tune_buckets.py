@@ -4,7 +4,8 @@
     python benchmarks/tune_buckets.py --out DIR --shape smollm2 --batches 1,16,64 \
                                       --schemes bf16,fp8_e4m3,q8_0,q4_0,kivi4
 
-main shape: for each scheme and bucket B in 1..256 (Hq 32, Hk 8, D 128, page 16; context 32K, 16K above B=64:
+main shape: for each scheme and bucket B in 1..256 (Hq 32, Hk 8, D 128, page 16 or a channel-axis key's token group;
+context 32K, 16K above B=64:
 the key holds no context), `kvlab.kernels.autotune.tune` searches the Gluon MMA-fragment space and then the
 split counts around its best. smollm2 shape (Hq 9, Hk 3, D 64, the page `kvlab.generate` uses, context 8K:
 what generation decodes): the Triton kernel's wide space (`wide_space`: tiles 32..256 tokens, 2..8 warps,
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEMES = {"fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1", "int4_had": "int4:g32:asym:rot=had"}
-SCHEMES.update({"bf16": "bf16", "kivi4": "kivi4"})
+SCHEMES.update({"bf16": "bf16", "kivi4": "kivi4", "kivi2": "kivi2", "int2": "int2:g32:asym"})
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -71,9 +72,10 @@ def main(argv=None):
                 shape = dict(batch=B, heads_q=9, heads_kv=3, head_dim=64, page_size=page_size_for(sch), context=8192)
                 cands = wide_space(sch, B, 3)
             else:
-                shape = dict(batch=B, heads_q=32, heads_kv=8, head_dim=128, page_size=16,
+                P = page_size_for(sch)  # 16; channel-axis keys: their token group
+                shape = dict(batch=B, heads_q=32, heads_kv=8, head_dim=128, page_size=P,
                              context=32768 if B <= 64 else 16384)
-                cands = autotune.gluon_space(sch, B, 32, 8, 128, 16, "cuda")
+                cands = autotune.gluon_space(sch, B, 32, 8, 128, P, "cuda")
             t1 = time.time()
             try:
                 default = autotune.tune("decode", sch, shape, candidates=[autotune._default("decode", B, 3 if

@@ -68,14 +68,15 @@ def offline_compiles():
         driver._active = prev
 
 
-def _call(scheme: str, B: int, Hq: int, Hk: int, D: int, P: int, L: int):
-    """(q, PagedKV) of a small synthetic CPU cache for one scheme."""
+def _call(scheme: str, B: int, Hq: int, Hk: int, D: int, P: int, L: int, fp: bool = True):
+    """(q, PagedKV) of a small synthetic CPU cache for one scheme (fp: with the full-precision buffers a
+    scheme with a window, sinks or channel-axis keys has)."""
     import kvlab
     from kvlab.kernels.autotune import synthetic_cache
     from kvlab.kernels.paged import PagedKV
     sch = kvlab.scheme(scheme)
     c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cpu")
-    fp = _fp_args(sch, B, Hk, D)
+    fp = _fp_args(sch, B, Hk, D) if fp else dict(k_fp=None, v_fp=None, fp_len=None)
     kv = PagedKV(c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P,
                  fp["k_fp"], fp["v_fp"], fp["fp_len"], c["k_ts"], c["v_ts"])
     return torch.randn(B, Hq, D, dtype=torch.bfloat16), kv
@@ -96,14 +97,14 @@ def compile_decode(scheme: str, config, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
 
 
 def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
-                  num_splits=2, maxnreg=None):
+                  num_splits=2, maxnreg=None, fp=True):
     """-> list of (name, CompiledKernel) for one Gluon MMA decode call."""
     from kvlab.kernels.configs import GluonDecodeConfig
     from kvlab.kernels.decode import gluon
     cfg = GluonDecodeConfig(num_warps=num_warps, tokens_per_warp=tokens_per_warp, num_splits=num_splits,
                             maxnreg=maxnreg)
     with offline_compiles() as kernels:
-        q, kv = _call(scheme, B, Hq, Hk, D, P, L)
+        q, kv = _call(scheme, B, Hq, Hk, D, P, L, fp)
         gluon.run(q, kv, D ** -0.5, cfg)
     return kernels
 
@@ -172,6 +173,8 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tw", type=int, default=16, choices=[16, 32], help="gluon:SCHEME: tokens per warp per tile")
     ap.add_argument("--head-dim", type=int, default=128, help="head dim D")
+    ap.add_argument("--no-fp", action="store_true", help="gluon:SCHEME: no full-precision buffers (no fp loop)")
+    ap.add_argument("--page", type=int, default=16, help="page size (channel-axis keys need a multiple of their group)")
     ap.add_argument("--heads", default="32,8", help="query heads, KV heads")
     a = ap.parse_args(argv)
     Hq, Hk = (int(x) for x in a.heads.split(","))
@@ -179,7 +182,8 @@ def main(argv=None):
            "layout": a.layout or "operand", "dot": a.dot, "orient": a.orient or "q", "version": 1}
     for s in a.schemes:
         gl = s.startswith("gluon:")
-        compiled = (compile_gluon(s[len("gluon:"):], a.warps, a.tw, Hq=Hq, Hk=Hk, D=a.head_dim, maxnreg=a.maxnreg)
+        compiled = (compile_gluon(s[len("gluon:"):], a.warps, a.tw, Hq=Hq, Hk=Hk, D=a.head_dim, P=a.page,
+                                  maxnreg=a.maxnreg, fp=not a.no_fp)
                     if gl else compile_decode(s, cfg, Hq=Hq, Hk=Hk, D=a.head_dim))
         for name, k in compiled:
             if name not in ("_decode_kernel", "_decode_mma_kernel"):

@@ -66,7 +66,8 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, device=None) -> l
     grid = ((4, 16, None, True), (4, 16, 128, True), (4, 32, None, True), (4, 32, 168, True), (8, 32, None, True),
             (4, 16, 168, False))
     return [GluonDecodeConfig(num_warps=w, tokens_per_warp=tw, num_splits=S, maxnreg=r, transpose_o=ot)
-            for w, tw, r, ot in grid]
+            for w, tw, r, ot in grid
+            if gluon.unsupported(sch.k, sch.v, D, P, Hq // Hk, device or "cuda", tw) is None]  # (channel-axis keys: 32)
 
 
 def split_space(best, B: int, Hk: int, device=None) -> list:

@@ -6,7 +6,7 @@ held the 4-bit Triton decode far below its bytes' roofline (profiles in benchmar
 Gluon lets a kernel name its register layouts,
 so here every thread loads exactly the code bytes its `mma.sync.m16n8k16` fragments need and turns
 them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: q4_0,
-q8_0 / int8 g32, fp8_e4m3; K and V may use different codecs): no shared memory in the main loop.
+q8_0 / int8, int2, fp8_e4m3; K and V may use different codecs): no shared memory in the main loop.
 
 Work split: one program per (sequence, KV head, split) as in `triton.py`; its NW warps each own
 TW (16 or 32) consecutive tokens of every NW * TW token tile and keep their own online softmax
@@ -38,6 +38,8 @@ from ...quant.rotation import hadamard
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
+    CHAN,
+    CHAN_TW,
     CODECS,
     F8,
     HEAD_DIMS,
@@ -45,6 +47,9 @@ from .gluon_codecs import (
     k_build,
     k_channel_order,
     k_load,
+    kc_build,
+    kc_load,
+    tile_tok,
     v_build,
     v_channel_order,
     v_load,
@@ -88,9 +93,9 @@ def _bits(n: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=32)
-def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2) -> dict:
+def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2, D: int = 128) -> dict:
     """Register layouts (constexpr) for NW warps of TW tokens each, WK / WV code words per thread per K / V
-    row: MMA accumulator, dot operands, code words."""
+    row at head dim D: MMA accumulator, dot operands, code words (KCL: channel-axis keys' [NW, D / 8, r, g])."""
     if TW not in (16, 32):
         raise ValueError(f"tokens per warp must be 16 or 32, got {TW}")
     mma = ttgl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1], instr_shape=[1, 16, 8])
@@ -111,7 +116,12 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2) -> dict:
         reg_bases=[[0, b, 0, 0] for b in _bits(WV)] + [[0, 0, 0, 4]] + ([[0, 0, 0, 8]] if TW == 32 else []),
         lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
         warp_bases=warps, block_bases=[], shape=[NW, WV, 8, TW // 2])
-    return dict(VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+    # channel-axis key units [NW, x D / 8, r 4, g 8]: x in registers, r = lane % 4, g = lane // 4
+    kcl = ttgl.DistributedLinearLayout(
+        reg_bases=[[0, b, 0, 0] for b in _bits(D // 8)],
+        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
+        warp_bases=warps, block_bases=[], shape=[NW, D // 8, 4, 8])
+    return dict(KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
                 B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
 
 
@@ -189,9 +199,10 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
-                       GPN: ttgl.constexpr, D: ttgl.constexpr):
+                       GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
-    (page and head strides in elements of those views); KTS / VTS: fp32 per-tensor scales (HAS_*);
+    (page and head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
+    tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2)."""
     b = ttgl.program_id(0)
@@ -223,7 +234,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     SL: ttgl.constexpr = ttgl.SliceLayout(1, MMA)
     sw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, SL))
     sn = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, SL))
-    s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile
+    s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile (fp tokens)
+    q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
     m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
     l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
@@ -231,20 +243,32 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
         acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
-    kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
+    if KCHAN:
+        kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D)
+    else:
+        kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
+        kw2 = kw
     va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
-                                          VWA, NW, D)
+                                          VWA, NW, D, KCHAN)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
-        nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
-                               NW, D)
+        if KCHAN:
+            nkw, nkw2, nks, nkz = kc_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW,
+                                          KCL, NW, D)
+        else:
+            nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
+                                   NW, D)
+            nkw2 = nkw
         nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
-                                                   WV, GV, P, TW, VW, VWA, NW, D)
-        kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D)
-        s, m_i, l_i, alpha = _scores(q, kt, (t0 + s_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
+                                                   WV, GV, P, TW, VW, VWA, NW, D, KCHAN)
+        if KCHAN:
+            kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
+        else:
+            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D)
+        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
-        kw, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
+        kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
     if HAS_FP:
         if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
             F = ttgl.load(FPLEN + b)
@@ -290,20 +314,27 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
 
 
 # ---- host side ------------------------------------------------------------------------------------
-def unsupported(k_spec, v_spec, D: int, P: int, group: int, device) -> str | None:
+def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
-    `group` on `device`; else the reason it does not."""
+    `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
     for name, spec in (("K", k_spec), ("V", v_spec)):
-        if codec_of(spec) is None:
+        if codec_of(spec, name.lower()) is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
-                    "; Hadamard rotation allowed; keys after RoPE)")
+                    "; channel-axis codecs for keys only; Hadamard rotation allowed; keys after RoPE)")
+    if codec_of(k_spec) in CHAN:
+        if tokens_per_warp not in (None, CHAN_TW):
+            return f"channel-axis keys ({k_spec}) run with tokens_per_warp={CHAN_TW}, got {tokens_per_warp}"
+        if k_spec.group % CHAN_TW:
+            return f"channel-axis keys need token groups that are a multiple of {CHAN_TW}, got {k_spec.group}"
     if D not in HEAD_DIMS:
         return f"head_dim must be one of {HEAD_DIMS}, got {D}"
     for name, spec in (("K", k_spec), ("V", v_spec)):  # a thread's D / 4 key, D / 8 value channels: one group
         per = D // 4 if name == "K" else D // 8
-        if spec.fmt == "int" and per > _group(spec):
+        if spec.fmt == "int" and spec.axis != "chan" and per > _group(spec):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
+    if words_v(codec_of(v_spec, "v"), D) == 0:
+        return f"V spec {v_spec}: a thread's {D // 8} value channels are less than a 32-bit code word at head_dim {D}"
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
@@ -318,9 +349,20 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device) -> str | Non
     return None
 
 
+def _tile_dense(t: torch.Tensor) -> bool:
+    """True when each (page, head) tile of a page tensor [N, Hk, ...] is one dense block (row-major)."""
+    want = 1
+    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:])):
+        if size != 1 and stride != want:
+            return False
+        want *= size
+    return True
+
+
 def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:
     """None when this kernel runs the call (full-precision window / sink tokens included); else why not."""
-    return unsupported(kv.k_spec, kv.v_spec, q.shape[-1], kv.page_size, q.shape[1] // kv.n_kv_heads, q.device)
+    return unsupported(kv.k_spec, kv.v_spec, q.shape[-1], kv.page_size, q.shape[1] // kv.n_kv_heads, q.device,
+                       config.tokens_per_warp)
 
 
 def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, plan: bool = False):
@@ -331,18 +373,25 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     group = Hq // Hk
     NW, TW, S = config.num_warps, config.tokens_per_warp, config.num_splits
     k_spec, v_spec = kv.k_spec, kv.v_spec
-    kcodec, vcodec = codec_of(k_spec), codec_of(v_spec)
-    kc, vc = kv.k_pages["codes"].view(torch.int32), kv.v_pages["codes"].view(torch.int32)
+    kcodec, vcodec = codec_of(k_spec), codec_of(v_spec, "v")
+    kchan = kcodec in CHAN
     ks, vs = kv.k_pages.get("scales"), kv.v_pages.get("scales")
     kz, vz = kv.k_pages.get("zeros"), kv.v_pages.get("zeros")
-    for name, t in (("K codes", kc), ("V codes", vc), ("K scales", ks), ("V scales", vs)):
-        if t is not None and (t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]):
+    for name, t in (("K codes", kv.k_pages["codes"]), ("V codes", kv.v_pages["codes"]), ("K scales", ks),
+                    ("V scales", vs)):
+        if t is not None and not _tile_dense(t):
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
     for name, z, sc in (("K zeros", kz, ks), ("V zeros", vz, vs)):
         if z is not None and z.stride() != sc.stride():
             raise ValueError(f"{name} must have the scales' strides {sc.stride()}; got {z.stride()}")
-    WK, WV = words_k(kcodec, D), words_v(vcodec, D)
-    lay = layouts(NW, TW, WK, WV)
+    if kchan:  # code units of 4 tokens (int4: 2 bytes, int2: 1), scale / zero pairs as int32 words
+        kc = kv.k_pages["codes"].view(torch.int16 if k_spec.bits == 4 else torch.uint8)
+        ks, kz = ks.view(torch.int32), kz.view(torch.int32)
+    else:
+        kc = kv.k_pages["codes"].view(torch.int32)
+    vc = kv.v_pages["codes"].view(torch.int32)
+    WK, WV = (1 if kchan else words_k(kcodec, D)), words_v(vcodec, D)
+    lay = layouts(NW, TW, WK, WV, D)
     if out is None:
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     kts, vts = (None if t is None else torch.as_tensor(t, dtype=torch.float32, device=q.device).reshape(1)
@@ -381,7 +430,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
-            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, num_warps=NW, **launch_opts)
+            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, KCHAN=kchan, KCL=lay["KCL"],
+            num_warps=NW, **launch_opts)
         if S > 1:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T

@@ -6,6 +6,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - F8 (2): fp8_e4m3 bytes (optionally one per-tensor scale, applied by the kernel): v = e4m3(byte).
 - Q4A (3): int4 asym group 32, fp16 scales and zeros (q4_1, int4:g32:asym, int4_had): v = nibble s + m.
 - I8A (4): int8 asym, fp16 scales and zeros: v = byte s + m (byte unsigned).
+- Q2 (5) / Q2A (6): int2 sym / asym, fp16 scales (and zeros) (int2:g32:asym, kivi2's values): v = (c - 2) s,
+  c s + m. A word holds 16 codes; fields 1 and 3 of a byte come out as 4 c and meet s / 4, fields 2 and 3 are
+  read from the word shifted by 4 (one SHR, so no field ever needs s / 16 or s / 64).
 Groups of 32, 64 or 128 channels (one fp16 scale, and zero, per group): a thread's D / 4 key channels
 and D / 8 value channels always lie in one group (head dims D 64 and 128; 256 with groups of 64 or more).
 `words_k` / `words_v` give the code words a thread reads per row at head dim D.
@@ -33,13 +36,21 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 
-Q4, I8, F8, Q4A, I8A = 0, 1, 2, 3, 4
-C_Q4, C_I8, C_F8, C_Q4A, C_I8A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I8A))  # the same, for jit code
+Q4, I8, F8, Q4A, I8A, Q2, Q2A = 0, 1, 2, 3, 4, 5, 6
+C_Q4, C_I8, C_F8, C_Q4A, C_I8A, C_Q2, C_Q2A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I8A, Q2, Q2A))  # for jit code
 CODECS = {Q4: "int4 sym (q4_0)", Q4A: "int4 asym (q4_1, int4:g32:asym)", I8: "int8 sym (q8_0)", I8A: "int8 asym",
-          F8: "fp8_e4m3 (no group scales)"}
+          F8: "fp8_e4m3 (no group scales)", Q2: "int2 sym", Q2A: "int2 asym (int2:g32:asym)"}
 GROUPS = (32, 64, 128)  # int codecs: token-axis groups with fp16 scales (and zeros)
-WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4, I8A: 8}   # 32-bit code words per thread per key row at D 128 (32 channels)
-WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2, I8A: 4}   # ... per value row (16 output columns)
+WORDS_K = {Q4: 4, I8: 8, F8: 8, Q4A: 4, I8A: 8, Q2: 2, Q2A: 2}   # 32-bit code words per thread per key row at D 128
+WORDS_V = {Q4: 2, I8: 4, F8: 4, Q4A: 2, I8A: 4, Q2: 1, Q2A: 1}   # ... per value row (16 output columns)
+ASYM = (Q4A, I8A, Q2A)  # codecs with zeros
+# keys on the channel axis (KIVI): int4 / int2 asym, per-channel fp16 scales and zeros per token group
+KC4, KC2 = 7, 8
+C_KC4, C_KC2 = ttgl.constexpr(KC4), ttgl.constexpr(KC2)
+CHAN = (KC4, KC2)
+CODECS.update({KC4: "int4 asym channel-axis keys (kivi4)", KC2: "int2 asym channel-axis keys (kivi2)"})
+CHAN_TW = 32  # tokens per warp the channel-axis codecs run with (a thread's 4 tokens of a channel: 2 or 1 bytes)
+WORDS_K.update({KC4: 1, KC2: 1})  # (unused: channel-axis keys load through kc_load)
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -49,34 +60,42 @@ def words_k(codec: int, D: int = 128) -> int:
 
 
 def words_v(codec: int, D: int = 128) -> int:
-    """Code words per thread per value row at head dim D (a thread holds D / 8 output columns)."""
+    """Code words per thread per value row at head dim D (a thread holds D / 8 output columns; 0 where those
+    columns are less than a word: int2 at D 64)."""
     return WORDS_V[codec] * D // 128
 
 
-def codec_of(spec) -> int | None:
-    """The codec that decodes `spec`'s pages, or None."""
+def codec_of(spec, role: str = "k") -> int | None:
+    """The codec that decodes `spec`'s pages as keys (role "k") or values ("v"), or None."""
     if spec.pre_rope or spec.tensor_scale or spec.twos or spec.rotation not in ("none", "had"):
         return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary)
+    if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
+            spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 4):
+        return KC4 if spec.bits == 4 else KC2
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16":
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
         if spec.bits == 8:
             return I8 if spec.sym else I8A
+        if spec.bits == 2 and spec.pack in ("ggml", "seq"):
+            return Q2 if spec.sym else Q2A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     return None
 
 
-def _nibble_channel(j: int, h: int, pack: str, G: int = 32) -> int:
-    """Channel of nibble h of byte j of an int4 row: GGML holds elements i and i + G / 2 of each
-    G-group in byte G / 2 * g + i, sequential packing elements 2j and 2j + 1."""
-    half = G // 2
-    return G * (j // half) + j % half + half * h if pack == "ggml" else 2 * j + h
+def _nibble_channel(j: int, h: int, pack: str, G: int = 32, per: int = 2) -> int:
+    """Channel of field h of byte j of a row of `per` codes per byte (int4: 2, nibble h; int2: 4): GGML holds
+    elements i, i + G / per, ... of each G-group in byte G / per * g + i, sequential packing per j + h."""
+    n = G // per
+    return G * (j // n) + j % n + n * h if pack == "ggml" else per * j + h
 
 
 def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
     """Head-dim channel of each score contraction index kappa = h2 + 2 r + 8 x (x = the thread's register);
     thread r reads the 4 WK bytes of its row from byte 4 WK r on (WK = words_k(codec, D))."""
+    if codec in CHAN:  # thread r holds the channel pairs (D / 4 r + 2 x, + 1): its scales are one contiguous run
+        return [D // 4 * ((kap >> 1) & 3) + 2 * (kap >> 3) + (kap & 1) for kap in range(D)]
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
@@ -86,6 +105,9 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
             q, wi = x & 1, x >> 1
             out.append(rb * r + 4 * wi + q + 2 * h2)
+        elif codec in (Q2, Q2A):  # register x = q + 8 wi holds byte (q >> 2) + 2 h2 of word wi, field q & 3
+            q, wi = x & 7, x >> 3
+            out.append(_nibble_channel(rb * r + 4 * wi + (q >> 2) + 2 * h2, q & 3, pack, G, 4))
         else:  # F8: register x = q + 2 wi holds bytes (2 q, 2 q + 1) of word wi
             q, wi = x & 1, x >> 1
             out.append(rb * r + 4 * wi + 2 * q + h2)
@@ -101,6 +123,9 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
             out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
+        elif codec in (Q2, Q2A):  # nt = f + 4 k + 16 we: field f of byte k of word we
+            f, k, we = nt & 3, (nt >> 2) & 3, nt >> 4
+            out.append(_nibble_channel(gb * g + 4 * we + k, f, pack, G, 4))
         else:  # nt = k + 4 we: byte k of word we of the thread's bytes
             k, we = nt & 3, nt >> 2
             out.append(gb * g + 4 * we + k)
@@ -153,6 +178,73 @@ def _asm_k8(asym: bool) -> str:
 
 ASM_K_I8 = ttgl.constexpr(_asm_k8(False))
 ASM_K_I8A = ttgl.constexpr(_asm_k8(True))
+def _asm_2bit_fin(asym: bool, out: list[str], regs: list[str], src: list[str], s_ops: str, s4_ops: str,
+                  m_ops: str) -> str:
+    """Int2 asm body: register regs[i] = lop3 of word src[i // 2] with field mask 0x00030003 (i even: c) or
+    0x000C000C (i odd: 4 c) into the 0x6400 magic, minus 1024 (+ the sym offset 2 / 8), times s or s / 4
+    (asym: plus m, one HFMA2); outputs the halves of each register in order."""
+    c0, c1 = ("0xE400E400", "0xE400E400") if asym else ("0xE402E402", "0xE408E408")
+    fin = "fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};"
+    lines = [f"mov.b32 c0, {c0};", f"mov.b32 c1, {c1};", f"mov.b32 s1, {{{s_ops}}};",
+             f"mov.b32 s4, {{{s4_ops}}};"] + ([f"mov.b32 m1, {{{m_ops}}};"] if asym else [])
+    for i, r in enumerate(regs):
+        mask = "0x000C000C" if i & 1 else "0x00030003"
+        lines += [f"lop3.b32 {r}, {src[i // 2]}, {mask}, 0x64006400, 0xEA;",
+                  f"add.rn.f16x2 {r}, {r}, {'c1' if i & 1 else 'c0'};", fin.format(r=r, s="s4" if i & 1 else "s1")]
+    lines += [f"mov.b32 {{{out[2 * i]}, {out[2 * i + 1]}}}, {r};" for i, r in enumerate(regs)]
+    return "\n".join(lines) + " }"
+
+
+def _asm_k2(asym: bool) -> str:
+    """Int2 keys: word -> registers j = 0..7 holding bytes ((j >> 2), (j >> 2) + 2), field j & 3, i.e.
+    (b0, b2) fields 0-3, then (b1, b3) fields 0-3. In: $16 w, $17 s, $18 s / 4 (asym: $19 m). Fields 2 and 3
+    are fields 0 and 1 of the word shifted by 4, the odd bytes those of the word shifted by 8 and 12."""
+    regs = [f"r{j}" for j in range(8)]
+    head = ["{ .reg .b32 u, v, x, " + ", ".join(regs) + ", s1, s4, c0, c1, m1;",
+            "shr.b32 v, $16, 4;", "shr.b32 u, $16, 8;", "shr.b32 x, $16, 12;"]
+    return "\n".join(head) + "\n" + _asm_2bit_fin(asym, [f"${i}" for i in range(16)], regs, ["$16", "v", "u", "x"],
+                                                   "$17, $17", "$18, $18", "$19, $19")
+
+
+def _asm_v2(asym: bool) -> str:
+    """Int2 values, byte k of words A and B -> (f0 A, f0 B, f1 A, f1 B, f2 A, f2 B, f3 A, f3 B). In: $8 wA,
+    $9 wB, $10 sA, $11 sB, $12 sA / 4, $13 sB / 4 (asym: $14 mA, $15 mB)."""
+    regs = ["r0", "r1", "r2", "r3"]
+    head = ["{ .reg .b32 t, v, r0, r1, r2, r3, s1, s4, c0, c1, m1;", "prmt.b32 t, $8, $9, SEL;", "shr.b32 v, t, 4;"]
+    return "\n".join(head) + "\n" + _asm_2bit_fin(asym, [f"${i}" for i in range(8)], regs, ["t", "v"],
+                                                   "$10, $11", "$12, $13", "$14, $15")
+
+
+def asm_kc(codec: int, k: int) -> str:
+    """Channel-axis keys, the pair of channels (c0, c1) of a thread: byte k of c0's and c1's code runs of its 4
+    tokens (words A and B) -> registers (c0, c1) per token. KC4 (bytes 0-1 hold tokens 0-3, low nibble first):
+    (tok 2k: c0, c1, tok 2k + 1: c0, c1); KC2 (byte 0 holds tokens 0-3, field f = token f): (tok 0: c0, c1, ...,
+    tok 3: c0, c1). In: $n wA, wB, then the scale pair (s0, s1) and the zero pair as packed f16x2 words
+    (n = 4 outputs for KC4, 8 for KC2). c s + m with one HFMA2; the high nibble / odd fields meet s / 16 / s / 4."""
+    n = 4 if codec == KC4 else 8
+    a, b, sw, mw = (f"${n + i}" for i in range(4))
+    sel = f"0x{4 + k}{4 + k}{k}{k}"
+    if codec == KC4:
+        fields = [("t", "0x000F000F", "s1"), ("t", "0x00F000F0", "s2")]
+        div = "0x2C002C00"  # 1 / 16
+    else:
+        fields = [("t", "0x00030003", "s1"), ("t", "0x000C000C", "s2"), ("v", "0x00030003", "s1"),
+                  ("v", "0x000C000C", "s2")]
+        div = "0x34003400"  # 1 / 4
+    regs = [f"r{i}" for i in range(len(fields))]
+    lines = ["{ .reg .b32 t, v, c, d, s2, " + ", ".join(regs) + ";", f"prmt.b32 t, {a}, {b}, {sel};"] + (
+        ["shr.b32 v, t, 4;"] if codec == KC2 else []) + ["mov.b32 c, 0xE400E400;", f"mov.b32 d, {div};", f"mul.rn.f16x2 s2, {sw}, d;"]
+    for r, (src, mask, sc) in zip(regs, fields):
+        lines += [f"lop3.b32 {r}, {src}, {mask}, 0x64006400, 0xEA;", f"add.rn.f16x2 {r}, {r}, c;",
+                  f"fma.rn.f16x2 {r}, {r}, {sw if sc == 's1' else 's2'}, {mw};"]
+    lines += [f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, {r};" for i, r in enumerate(regs)]
+    return "\n".join(lines) + " }"
+
+
+AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
+AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
+ASM_K_Q2 = ttgl.constexpr(_asm_k2(False))
+ASM_K_Q2A = ttgl.constexpr(_asm_k2(True))
 # F8 keys: word -> registers (b0, b1), (b2, b3) by the hardware e4m3x2 -> f16x2 conversion (sm_89+). In: $4 w.
 ASM_K_F8 = ttgl.constexpr("""{ .reg .b16 l, h; .reg .b32 r0, r1;
 mov.b32 {l, h}, $4;
@@ -199,7 +291,8 @@ def asm_v(codec: int, k: int) -> str:
     and B's at 2-3 (two fp16 lanes); F8 packs A's and B's byte k into the low 16 bits (one e4m3x2)."""
     if codec == F8:
         return _ASM_V_F8.replace("SEL", f"0x00{4 + k}{k}")
-    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _asm_v8(False), I8A: _asm_v8(True)}[codec]
+    text = {Q4: _asm_v4(False), Q4A: _asm_v4(True), I8: _asm_v8(False), I8A: _asm_v8(True), Q2: _asm_v2(False),
+            Q2A: _asm_v2(True)}[codec]
     return text.replace("SEL", f"0x{4 + k}{4 + k}{k}{k}")
 
 
@@ -208,18 +301,31 @@ AVA0, AVA1, AVA2, AVA3 = (ttgl.constexpr(asm_v(Q4A, k)) for k in range(4))
 AVB0, AVB1, AVB2, AVB3 = (ttgl.constexpr(asm_v(I8A, k)) for k in range(4))
 AVI0, AVI1, AVI2, AVI3 = (ttgl.constexpr(asm_v(I8, k)) for k in range(4))
 AVF0, AVF1, AVF2, AVF3 = (ttgl.constexpr(asm_v(F8, k)) for k in range(4))
+AVT0, AVT1, AVT2, AVT3 = (ttgl.constexpr(asm_v(Q2, k)) for k in range(4))
+AVU0, AVU1, AVU2, AVU3 = (ttgl.constexpr(asm_v(Q2A, k)) for k in range(4))
 
 
 # ---- loads ---------------------------------------------------------------------------------------------
 @gluon.jit
+def tile_tok(n, TW: ttgl.constexpr, PERM: ttgl.constexpr):
+    """Token (within a warp's TW) of tile position n: n itself, or with PERM (channel-axis keys) the order in
+    which the thread of lane // 4 = g holds the TW / 8 consecutive tokens TW / 8 g + j at positions g + 8 j."""
+    if PERM:
+        return (TW // 8) * (n % 8) + n // 8
+    else:
+        return n
+
+
+@gluon.jit
 def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
-             N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr):
-    """[NW, N] (layout L2) int64 offsets of the rows of tokens t0 + w * TW + STEP * n in a page tensor with
-    strides c0 (page), c1 (head) and ROW (row; pages are dense within a (page, head) tile). t0 % TW == 0 and
-    P % 16 == 0, so a warp's tokens lie in at most two pages, looked up once per warp. A page past `hi` reads
-    as page 0 (those scores are masked, those V scales zeroed)."""
+             N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr,
+             PERM: ttgl.constexpr = False):
+    """[NW, N] (layout L2) int64 offsets of the rows of the tokens at positions t0 + w * TW + STEP * n (through
+    `tile_tok`) in a page tensor with strides c0 (page), c1 (head) and ROW (row; pages are dense within a
+    (page, head) tile). t0 % TW == 0 and P % 16 == 0, so a warp's tokens lie in at most two pages, looked up
+    once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed)."""
     tb = t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2)) * TW  # [NW] first token of each warp
-    n = ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP
+    n = tile_tok(ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP, TW, PERM)
     r0 = tb % P  # row of the warp's first token in its page
     base = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64) * c0 + hk * c1 + r0 * ROW
     if P % TW == 0:  # one page per warp and tile
@@ -252,27 +358,77 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
-        if CODEC == C_Q4A or CODEC == C_I8A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
     return w, s, m
 
 
 @gluon.jit
+def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, G: ttgl.constexpr,
+            P: ttgl.constexpr, TW: ttgl.constexpr, KCL: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr):
+    """Channel-axis keys (pages [N, Hk, P / G, D, G bits / 8]; TW = 32, G % TW == 0, so a warp's tile is a
+    quarter, half or all of one token group of one page): per thread (r = lane % 4, g = lane // 4) and channel
+    pair x, the code units (int4: 2 bytes, int2: 1 byte; KC strides in those units) of channels
+    c0 = D / 4 r + 2 x and c0 + 1 that hold tokens 4 g .. 4 g + 3 of the warp's tile, and the pairs' scales and
+    zeros as packed f16x2 words (KS / KZ: int32 views, strides in words): four [NW, X, r, g] int32 tensors."""
+    X: ttgl.constexpr = D // 8
+    RU: ttgl.constexpr = G // 4  # code units per channel per token group (4 tokens per unit: 2 bytes or 1)
+    L3: ttgl.constexpr = ttgl.SliceLayout(3, KCL)
+    x = ttgl.arange(0, X, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
+    r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
+    g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KCL))))
+    LW: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, L3))
+    tb = t0 + ttgl.arange(0, NW, layout=LW) * TW  # [NW] first token of each warp's tile
+    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64)
+    gi = (tb % P) // G  # token group in the page
+    base = pg * kc0 + hk * kc1 + gi * (D * RU) + (tb % G) // 4
+    pair = (D // 4) * r[None, None, :] + 2 * x[None, :, None]  # [1, X, 4] first channel of the pair
+    off = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
+    wa = ttgl.load(KC + off).to(ttgl.int32)
+    wb = ttgl.load(KC + off + RU).to(ttgl.int32)
+    soff = (pg * ks0 + hk * ks1 + gi * (D // 2))[:, None, None] + pair // 2  # [NW, X, 4] scale-pair words
+    soff = soff[:, :, :, None] + g[None, None, None, :] * 0
+    return wa, wb, ttgl.load(KS + soff), ttgl.load(KZ + soff)
+
+
+@gluon.jit
+def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
+             D: ttgl.constexpr):
+    """K^T fragment [NW, D, TW] fp16 (contraction in k_channel_order, tile positions through tile_tok) from
+    `kc_load`'s code units, scale and zero pairs."""
+    if CODEC == C_KC4:
+        o = ttgl.inline_asm_elementwise(AKC40, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,
+                                        is_pure=True, pack=1)
+        p = ttgl.inline_asm_elementwise(AKC41, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,
+                                        is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(p[0], p[1]), _j2(p[2], p[3])))
+    else:
+        o = ttgl.inline_asm_elementwise(AKC2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m],
+                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+    j = ttgl.permute(j, [0, 1, 2, 4, 6, 5, 3])  # [NW, X, r, g, h2, j0, j1] -> [NW, X, r, h2, j1, j0, g]
+    return ttgl.convert_layout(ttgl.reshape(j, [NW, D, TW]), B)  # a register permutation within each thread
+
+
+@gluon.jit
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
-           NW: ttgl.constexpr, D: ttgl.constexpr):
+           NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), and their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
-    so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0)."""
+    so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0). Tile
+    positions are tokens through `tile_tok` (PERM: the second token of a pair is TW / 8 rows on, in one page,
+    as P % TW == 0 there)."""
+    T2: ttgl.constexpr = TW // 8 if PERM else 1  # rows from the first token of a fragment pair to the second
     L3: ttgl.constexpr = ttgl.SliceLayout(3, VW)
     we = ttgl.arange(0, WV, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, 8 * WV, P, TW, TW, 1, L2W, NW)
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, 8 * WV, P, TW, TW, 1, L2W, NW, PERM)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
-            ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W))[None, :]
+            tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
         w = ttgl.load(VC + rows[:, None, None, :] + word, mask=(tt < hi)[:, None, None, :], other=0)
     else:
         w = ttgl.load(VC + rows[:, None, None, :] + word)  # [NW, we, g, TW]
@@ -288,16 +444,16 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     else:  # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of the thread's bytes (g // 2)
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
-        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW)  # first token of a pair
+        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
-        ta = (t0 + tw * TW)[:, None] + 2 * tc[None, :]  # [NW, c] first token of the pair
+        ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
         off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
         sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
-        sb = ttgl.load(VS + off + D // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
-        if CODEC == C_Q4A or CODEC == C_I8A:
+        sb = ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
-            mb = ttgl.load(VZ + off + D // G, mask=(ta + 1 < hi)[:, None, :], other=0.0)
+            mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
     return wa, wb, sa, sb, ma, mb
 
 
@@ -324,6 +480,19 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
                       ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
         j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
+    elif CODEC == C_Q2 or CODEC == C_Q2A:
+        if CODEC == C_Q2:
+            o = ttgl.inline_asm_elementwise(ASM_K_Q2, "=h," * 16 + "r,h,h", [w, s, s * 0.25],
+                                            dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
+        else:
+            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            o = ttgl.inline_asm_elementwise(ASM_K_Q2A, "=h," * 16 + "r,h,h,h", [w, s, s * 0.25, m],
+                                            dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
+                                ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7]))),
+                      ttgl.join(ttgl.join(_j2(o[8], o[9]), _j2(o[10], o[11])),
+                                ttgl.join(_j2(o[12], o[13]), _j2(o[14], o[15]))))  # [NW, wi, r, TW, h2, q0, q1, q2]
+        j = ttgl.permute(j, [0, 1, 7, 6, 5, 2, 4, 3])  # [NW, wi, q2, q1, q0, r, h2, TW]
     else:
         if CODEC == C_I8:
             o = ttgl.inline_asm_elementwise(ASM_K_I8, "=h,=h,=h,=h,r,h", [w, s], dtype=(ttgl.float16,) * 4,
@@ -352,6 +521,20 @@ def _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,h,h,h,h,h,h", [wa, wb, sa, sb, sa16, sb16, ma, mb],
                                     dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
     return ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))  # [..., t0, h]
+
+
+@gluon.jit
+def _v_q2(wa, wb, sa, sb, sa4, sb4, ASM: ttgl.constexpr):
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,h,h", [wa, wb, sa, sb, sa4, sb4],
+                                    dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+
+
+@gluon.jit
+def _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, ASM: ttgl.constexpr):
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,h,h,h,h", [wa, wb, sa, sb, sa4, sb4, ma, mb],
+                                    dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
 
 
 @gluon.jit
@@ -394,6 +577,21 @@ def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW
                           ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA2),
                                     _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, we, g, c, t0, h, k0, k1] -> [NW, c, t0, we, k1, k0, h, g]
+    elif CODEC == C_Q2 or CODEC == C_Q2A:
+        sa4 = sa * 0.25
+        sb4 = sb * 0.25
+        if CODEC == C_Q2:
+            j = ttgl.join(ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1)),
+                          ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT2), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT3)))
+        else:
+            ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
+            mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
+            j = ttgl.join(ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU0),
+                                    _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU1)),
+                          ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU2),
+                                    _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU3)))
+        # [NW, we, g, c, t0, f0, f1, k0, k1] -> [NW, c, t0, we, k1, k0, f1, f0, g]
+        j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])
     else:
         if CODEC == C_I8:
             j = ttgl.join(ttgl.join(_v_i8(wa, wb, sa, sb, AVI0), _v_i8(wa, wb, sa, sb, AVI1)),
