@@ -5,7 +5,8 @@ program id, with `ttgl` replaced by a torch-backed namespace: every op works on 
 tensors (layouts are ignored: Gluon's `convert_layout(..., assert_trivial=True)` and the compiler
 guarantee that layouts only place elements, never change them), pointers are (flat tensor, offset
 tensor) pairs, and `inline_asm_elementwise` executes the PTX text through a small interpreter of
-the instructions the kvlab kernels use (mov, shr/shl, prmt, lop3, add/mul/fma .f16x2, cvt e4m3x2). What this checks is
+the instructions the kvlab kernels use (mov, shr/shl, prmt (immediate or register selector), lop3, add/mul/fma
+.f16x2, cvt e4m3x2, cvt f32 -> f16). What this checks is
 the kernel's index algebra, masking, softmax and merge logic and its PTX constants; what it cannot
 check is the Gluon compiler or the hardware (the GPU tests do that).
 """
@@ -31,16 +32,17 @@ def _pack(h: np.ndarray) -> np.ndarray:
     return lo | (hi << 16)
 
 
-def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
-    """prmt.b32 default mode: byte i of the result = byte (sel nibble i & 7) of {b, a}; bit 3 = sign fill."""
-    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    out = np.zeros_like(a)
+def _prmt(a: np.ndarray, b: np.ndarray, sel) -> np.ndarray:
+    """prmt.b32 default mode: byte i of the result = byte (sel nibble i & 7) of {b, a}; bit 3 = sign fill.
+    `sel`: an immediate or a register (its low 16 bits, per element)."""
+    a, b, sel = np.broadcast_arrays(*(np.asarray(x, dtype=np.uint32) for x in (a, b, sel)))
+    pool = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
+    out = np.zeros(a.shape, dtype=np.uint32)
     for i in range(4):
         nib = (sel >> (4 * i)) & 0xF
-        byte = pool[nib & 7]
-        if nib & 8:
-            byte = np.where(byte & 0x80, 0xFF, 0).astype(np.uint32)
-        out |= byte.astype(np.uint32) << (8 * i)
+        byte = np.take_along_axis(pool, (nib & 7)[None].astype(np.int64), 0)[0]
+        byte = np.where(nib & 8, np.where(byte & 0x80, 0xFF, 0), byte).astype(np.uint32)
+        out |= byte << (8 * i)
     return out
 
 
@@ -95,8 +97,13 @@ def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarr
             m2 = re.fullmatch(r"\{\s*(\S+)\s*,\s*(\S+)\s*\}", ops[1])
             regs[dst] = (val(m2.group(1)) & 0xFFFF) | ((val(m2.group(2)) & 0xFFFF) << 16) if m2 else val(ops[1])
         elif op == "prmt.b32":
-            regs[dst] = _prmt(val(ops[1]), np.broadcast_to(val(ops[2]), np.shape(val(ops[1]))).astype(np.uint32),
-                              int(ops[3], 0))
+            regs[dst] = _prmt(val(ops[1]), val(ops[2]), val(ops[3]))
+        elif op in ("mov.b16", "cvt.u16.u32"):
+            regs[dst] = val(ops[1]) & 0xFFFF
+        elif op == "cvt.rn.f16.f32":  # the source register's bits as float32, rounded to fp16 bits
+            f = np.asarray(val(ops[1]), dtype=np.uint32).view(np.float32)
+            with np.errstate(over="ignore"):
+                regs[dst] = f.astype(np.float16).view(np.uint16).astype(np.uint32)
         elif op in ("shr.b32", "shr.u32"):
             regs[dst] = (val(ops[1]) >> int(ops[2], 0)) & 0xFFFFFFFF
         elif op in ("shl.b32", "shl.u32"):

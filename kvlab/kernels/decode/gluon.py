@@ -39,6 +39,8 @@ from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CHAN,
+    F4,
+    F4N,
     CHAN_TW,
     CODECS,
     F8,
@@ -77,7 +79,7 @@ GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
 def _group(spec) -> int:
     """Channels per scale group (32 for codecs without group scales: never used)."""
-    return spec.group if spec.group in (32, 64, 128) else 32
+    return spec.group if spec.group in (16, 32, 64, 128) else 32
 
 
 @functools.lru_cache(maxsize=32)
@@ -264,7 +266,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
-            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D)
+            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D, GK)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
@@ -330,7 +332,8 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
         return f"head_dim must be one of {HEAD_DIMS}, got {D}"
     for name, spec in (("K", k_spec), ("V", v_spec)):  # a thread's D / 4 key, D / 8 value channels: one group
         per = D // 4 if name == "K" else D // 8
-        if spec.fmt == "int" and spec.axis != "chan" and per > _group(spec):
+        if spec.fmt in ("int", "fp4_e2m1") and spec.axis != "chan" and per > _group(spec) and \
+                not (name == "K" and spec.fmt == "fp4_e2m1"):  # (fp4 keys: a scale per code word)
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
     if words_v(codec_of(v_spec, "v"), D) == 0:
@@ -342,7 +345,7 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     dev = torch.device(device)
     if dev.type != "cuda":
         return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
-    need = (8, 9) if F8 in (codec_of(k_spec), codec_of(v_spec)) else (8, 0)
+    need = (8, 9) if {F8, F4N} & {codec_of(k_spec), codec_of(v_spec, "v")} else (8, 0)  # (e4m3 conversion)
     cap = tuple(torch.cuda.get_device_capability(dev))
     if cap < need:
         return f"needs sm_{need[0]}{need[1]}+ (mma.sync{', fp8 conversion' if need[1] else ''}); this GPU is sm_{cap[0]}{cap[1]}"
@@ -390,6 +393,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     else:
         kc = kv.k_pages["codes"].view(torch.int32)
     vc = kv.v_pages["codes"].view(torch.int32)
+    if kcodec in F4:  # e8m0 / e4m3 scale bytes, converted to fp16 in the kernel
+        ks = ks.view(torch.uint8)
+    if vcodec in F4:
+        vs = vs.view(torch.uint8)
     WK, WV = (1 if kchan else words_k(kcodec, D)), words_v(vcodec, D)
     lay = layouts(NW, TW, WK, WV, D)
     if out is None:

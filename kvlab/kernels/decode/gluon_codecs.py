@@ -51,6 +51,15 @@ CHAN = (KC4, KC2)
 CODECS.update({KC4: "int4 asym channel-axis keys (kivi4)", KC2: "int2 asym channel-axis keys (kivi2)"})
 CHAN_TW = 32  # tokens per warp the channel-axis codecs run with (a thread's 4 tokens of a channel: 2 or 1 bytes)
 WORDS_K.update({KC4: 1, KC2: 1})  # (unused: channel-axis keys load through kc_load)
+# fp4 e2m1 (OCP MX / NVFP4): sign-magnitude nibbles through an 8-entry PRMT table; e8m0 (mxfp4) or e4m3 (nvfp4,
+# with its fp32 tensor scale applied by the kernel as fp8's) group scales, converted to fp16 per row
+F4M, F4N = 9, 10
+C_F4M, C_F4N = ttgl.constexpr(F4M), ttgl.constexpr(F4N)
+F4 = (F4M, F4N)
+CODECS.update({F4M: "fp4_e2m1 with e8m0 scales (mxfp4)", F4N: "fp4_e2m1 with e4m3 scales and a tensor scale (nvfp4)"})
+WORDS_K.update({F4M: 4, F4N: 4})
+WORDS_V.update({F4M: 2, F4N: 2})
+F4_GROUPS = (16, 32, 64, 128)
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -67,7 +76,8 @@ def words_v(codec: int, D: int = 128) -> int:
 
 def codec_of(spec, role: str = "k") -> int | None:
     """The codec that decodes `spec`'s pages as keys (role "k") or values ("v"), or None."""
-    if spec.pre_rope or spec.tensor_scale or spec.twos or spec.rotation not in ("none", "had"):
+    if spec.pre_rope or (spec.tensor_scale and spec.fmt != "fp4_e2m1") or spec.twos or \
+            spec.rotation not in ("none", "had"):
         return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary)
     if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
             spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 4):
@@ -81,6 +91,11 @@ def codec_of(spec, role: str = "k") -> int | None:
             return Q2 if spec.sym else Q2A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
+    if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
+        if spec.scale_dtype == "e8m0" and not spec.tensor_scale:
+            return F4M
+        if spec.scale_dtype == "e4m3":
+            return F4N
     return None
 
 
@@ -99,7 +114,7 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
-        if codec in (Q4, Q4A):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
+        if codec in (Q4, Q4A, F4M, F4N):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
             out.append(_nibble_channel(rb * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
@@ -120,7 +135,7 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, gb = [], 4 * words_v(codec, D)
     for n in range(D):
         g, nt = n & 7, n >> 3
-        if codec in (Q4, Q4A):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
+        if codec in (Q4, Q4A, F4M, F4N):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
             out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
         elif codec in (Q2, Q2A):  # nt = f + 4 k + 16 we: field f of byte k of word we
@@ -245,6 +260,63 @@ AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
 ASM_K_Q2 = ttgl.constexpr(_asm_k2(False))
 ASM_K_Q2A = ttgl.constexpr(_asm_k2(True))
+# fp4 e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 as fp16 are 0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46 in the high
+# byte over a zero low byte: one PRMT looks up two of them (selector nibbles 1 and 3 = the codes' low 3 bits,
+# nibbles 0 and 2 = entry 0, the zero byte); the sign bit is OR-ed in from the code word shifted to bit 15 / 31.
+_F4_TABLE = "mov.b32 ta, 0x3E3C3800;\nmov.b32 tb, 0x46444240;"
+
+
+def _f4_pair(g: str, w: str, lo_shift: int, hi_shift: int, rl: str, rh: str) -> list[str]:
+    """Registers rl, rh = (lo nibbles), (hi nibbles) of the two bytes gathered in g's low 16 bits, signed from the
+    code word w shifted left by lo_shift / hi_shift (sign bits of the two bytes to bits 15 and 31)."""
+    return [f"shl.b32 x, {g}, 4;", "lop3.b32 sl, x, 0x7070, 0, 0xC0;", f"lop3.b32 sh, {g}, 0x7070, 0, 0xC0;",
+            f"prmt.b32 {rl}, ta, tb, sl;", f"prmt.b32 {rh}, ta, tb, sh;",
+            f"shl.b32 x, {w}, {lo_shift};", f"lop3.b32 {rl}, {rl}, x, 0x80008000, 0xF8;"] + (
+        [f"shl.b32 x, {w}, {hi_shift};", f"lop3.b32 {rh}, {rh}, x, 0x80008000, 0xF8;"] if hi_shift else
+        [f"lop3.b32 {rh}, {rh}, {w}, 0x80008000, 0xF8;"])
+
+
+# fp4 keys: word -> registers (lo b0, lo b2), (hi b0, hi b2), (lo b1, lo b3), (hi b1, hi b3) (Q4's order), times s.
+# In: $8 w, $9 s (fp16).
+ASM_K_F4 = ttgl.constexpr("\n".join(
+    ["{ .reg .b32 ta, tb, g, x, sl, sh, r0, r1, r2, r3, s1;", _F4_TABLE, "mov.b32 s1, {$9, $9};",
+     "prmt.b32 g, $8, 0, 0x0020;"] + _f4_pair("g", "$8", 12, 8, "r0", "r1") +
+    ["prmt.b32 g, $8, 0, 0x0031;"] + _f4_pair("g", "$8", 4, 0, "r2", "r3") +
+    [f"mul.rn.f16x2 r{i}, r{i}, s1;" for i in range(4)] +
+    ["mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1;", "mov.b32 {$4, $5}, r2;", "mov.b32 {$6, $7}, r3; }"]))
+
+
+def _asm_v_f4(k: int) -> str:
+    """fp4 values, byte k of words A and B -> (lo A, lo B, hi A, hi B), Q4's order. In: $4 wA, $5 wB, $6 sA, $7 sB."""
+    return "\n".join(
+        ["{ .reg .b32 ta, tb, g, t, x, sl, sh, r0, r1, s1;", _F4_TABLE, "mov.b32 s1, {$6, $7};",
+         f"prmt.b32 g, $4, $5, 0x00{4 + k}{k};", f"prmt.b32 t, $4, $5, 0x{4 + k}{4 + k}{k}{k};"] +
+        _f4_pair("g", "t", 12, 8, "r0", "r1") +
+        ["mul.rn.f16x2 r0, r0, s1;", "mul.rn.f16x2 r1, r1, s1;", "mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1; }"])
+
+
+AVE0, AVE1, AVE2, AVE3 = (ttgl.constexpr(_asm_v_f4(k)) for k in range(4))
+# scale bytes -> fp16: e8m0 E as the float32 2^(E - 127) (bits E << 23; 255 -> inf here, NaN by the caller),
+# rounded to fp16 (past 2^15: inf, below 2^-24: 0, as an fp16 operand must); e4m3 exactly by the hardware cvt
+ASM_S_E8M0 = ttgl.constexpr("{ .reg .b32 f; shl.b32 f, $1, 23; cvt.rn.f16.f32 $0, f; }")
+ASM_S_E4M3 = ttgl.constexpr("{ .reg .b32 r; .reg .b16 lo, hi; cvt.rn.f16x2.e4m3x2 r, $1; mov.b32 {lo, hi}, r; "
+                            "mov.b16 $0, lo; }")
+
+
+@gluon.jit
+def scale16(x, CODEC: ttgl.constexpr):
+    """Stored group scales as fp16: fp16 as loaded; e8m0 / e4m3 bytes (fp4 codecs) converted."""
+    if CODEC == C_F4M:
+        h = ttgl.inline_asm_elementwise(ASM_S_E8M0, "=h,r", [x.to(ttgl.int32)], dtype=ttgl.float16, is_pure=True,
+                                        pack=1)
+        return ttgl.where(x == 255, float("nan"), h)
+    elif CODEC == C_F4N:
+        return ttgl.inline_asm_elementwise(ASM_S_E4M3, "=h,h", [x.to(ttgl.int16)], dtype=ttgl.float16, is_pure=True,
+                                           pack=1)
+    else:
+        return x
+
+
 # F8 keys: word -> registers (b0, b1), (b2, b3) by the hardware e4m3x2 -> f16x2 conversion (sm_89+). In: $4 w.
 ASM_K_F8 = ttgl.constexpr("""{ .reg .b16 l, h; .reg .b32 r0, r1;
 mov.b32 {l, h}, $4;
@@ -353,11 +425,16 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     m = ttgl.full([NW, 4, TW], 0.0, ttgl.float16, layout=LS)
     if CODEC == C_F8:
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
+    elif (CODEC == C_F4M or CODEC == C_F4N) and D // 4 > G:  # several groups per thread and row: a scale per word
+        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
+                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
+        sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) * 2 // G  # [1, wi, r]: the group of each word
+        s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), CODEC)  # [NW, wi, r, TW]
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
-        s = ttgl.load(KS + srows[:, None, :] + rs[None, :, None])
+        s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), CODEC)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
     return w, s, m
@@ -449,8 +526,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
         off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
-        sa = ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0.0)
-        sb = ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
+        sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), CODEC)
+        sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), CODEC)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
             mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
@@ -465,12 +542,16 @@ def _j2(a, b):
 
 @gluon.jit
 def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
-            D: ttgl.constexpr):
+            D: ttgl.constexpr, G: ttgl.constexpr):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros."""
-    s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
-    if CODEC == C_Q4 or CODEC == C_Q4A:
-        if CODEC == C_Q4:
+    if not ((CODEC == C_F4M or CODEC == C_F4N) and D // 4 > G):  # else k_load gave a scale per word
+        s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
+    if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N:
+        if CODEC == C_F4M or CODEC == C_F4N:
+            o = ttgl.inline_asm_elementwise(ASM_K_F4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s],
+                                            dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+        elif CODEC == C_Q4:
             o = ttgl.inline_asm_elementwise(ASM_K_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s * 0.0625],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         else:
@@ -538,6 +619,13 @@ def _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, ASM: ttgl.constexpr):
 
 
 @gluon.jit
+def _v_f4(wa, wb, sa, sb, ASM: ttgl.constexpr):
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16,) * 4,
+                                    is_pure=True, pack=1)
+    return ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))  # [..., t0, h]
+
+
+@gluon.jit
 def _v_i8(wa, wb, sa, sb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16,) * 2,
                                     is_pure=True, pack=1)
@@ -563,7 +651,11 @@ def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW
     """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
     sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
     sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
-    if CODEC == C_Q4 or CODEC == C_Q4A:
+    if CODEC == C_F4M or CODEC == C_F4N:
+        j = ttgl.join(ttgl.join(_v_f4(wa, wb, sa, sb, AVE0), _v_f4(wa, wb, sa, sb, AVE1)),
+                      ttgl.join(_v_f4(wa, wb, sa, sb, AVE2), _v_f4(wa, wb, sa, sb, AVE3)))
+        j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # as int4: [NW, c, t0, we, k1, k0, h, g]
+    elif CODEC == C_Q4 or CODEC == C_Q4A:
         sa16 = sa * 0.0625
         sb16 = sb * 0.0625
         if CODEC == C_Q4:

@@ -34,7 +34,7 @@ EMU = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
-           "k=q4_0,v=int2:g32:asym"]
+           "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -68,7 +68,10 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("kivi4", "kivi2", "int4:g64:chan:asym")] == [gc.KC4, gc.KC2, gc.KC4]
     for n in ("kivi4", "int4:g32:chan:asym"):  # channel-axis codecs serve keys only
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None
-    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nvfp4", "bf16", "int3:g32:asym", "int4:g32:chan:sym",
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
+                                                                                                   gc.F4N]
+    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4", "bf16", "int3:g32:asym", "int4:g32:chan:sym",
+              "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
               "int3:g32:chan:asym", "int4:g16:chan:asym",
               "int4:g32:asym:s=bf16", "int4:head:asym"):
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
@@ -76,7 +79,7 @@ def test_codec_of():
 
 @pytest.mark.parametrize("scheme,D,tw", [("q4_0", 128, 16), ("q8_0", 128, 16), ("fp8_e4m3", 128, 16), ("q4_0", 64, 16),
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
-                                         ("kivi2", 128, 32)])
+                                         ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -126,6 +129,9 @@ def test_unsupported_names_each_limit():
     assert "tokens_per_warp=32, got 16" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 16)
     assert "CUDA GPU" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 32)
     assert "V spec" in gluon.unsupported(kv4.k, kv4.k, 128, 32, 4, "cpu")
+    nv = kvlab.scheme("nvfp4")  # groups of 16: keys take a scale per code word; values need D / 8 <= 16
+    assert "CUDA GPU" in gluon.unsupported(nv.k, nv.v, 128, 16, 4, "cpu")
+    assert "V groups of 16 channels at head_dim 256" in gluon.unsupported(nv.k, nv.v, 256, 16, 4, "cpu")
 
 
 # ---- the PTX strings, run by the emulator's interpreter ------------------------------------------------------
@@ -297,6 +303,42 @@ def test_ptx_channel_axis_keys(codec):
             np.testing.assert_array_equal(_f16(outs[2 * i + 1]), want(tok(WB, t), sr, mr))
 
 
+def test_ptx_fp4_decodes_e2m1_and_scales():
+    """fp4: every nibble's e2m1 value (sign-magnitude, -0 kept) times s, in Q4's register order (keys) and
+    (lo A, lo B, hi A, hi B) (values); e8m0 / e4m3 scale bytes to fp16 (2^(E - 127) rounded to fp16: inf past
+    2^15, 0 below 2^-24)."""
+    from devtools.gluon_emu import run_ptx
+
+    from kvlab.quant.formats import E2M1
+    e2m1 = np.array(E2M1, dtype=np.float32)
+    s = S.astype(np.float32) * 8
+    s = np.where(np.abs(s) < 2.0 ** -9, 2.0 ** -9, s).astype(np.float16)
+    sr = s[::-1].copy()
+    nib = lambda w, k, h: (_byte(w, k) >> (4 * h)) & 0xF  # noqa: E731
+    want = lambda c, sc: (e2m1[c] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    outs = run_ptx(gc.ASM_K_F4.value, "=h," * 8 + "r,h", [W, _bits(s)])
+    for q in range(4):
+        for h2 in range(2):  # register q, half h2 = byte (q >> 1) + 2 h2, nibble q & 1 (as Q4)
+            got, w = _f16(outs[2 * q + h2]), want(nib(W, (q >> 1) + 2 * h2, q & 1), s)
+            np.testing.assert_array_equal(got, w)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(w))  # -0 stays -0
+    for k in range(4):
+        lo_a, lo_b, hi_a, hi_b = run_ptx(gc.AVE0.value if k == 0 else (gc.AVE1, gc.AVE2, gc.AVE3)[k - 1].value,
+                                         "=h,=h,=h,=h,r,r,h,h", [W, WB, _bits(s), _bits(sr)])
+        np.testing.assert_array_equal(_f16(lo_a), want(nib(W, k, 0), s))
+        np.testing.assert_array_equal(_f16(lo_b), want(nib(WB, k, 0), sr))
+        np.testing.assert_array_equal(_f16(hi_a), want(nib(W, k, 1), s))
+        np.testing.assert_array_equal(_f16(hi_b), want(nib(WB, k, 1), sr))
+    E = np.arange(255, dtype=np.uint32)  # e8m0 (255 is NaN: set by scale16, not the asm)
+    got = _f16(run_ptx(gc.ASM_S_E8M0.value, "=h,r", [E])[0])
+    with np.errstate(over="ignore"):
+        ref = np.exp2(E.astype(np.float64) - 127).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got, ref)
+    assert got[127] == 1 and got[142] == 2 ** 15 and np.isinf(got[143]) and got[103] == 2.0 ** -24 and got[102] == 0
+    b = np.arange(256, dtype=np.uint32)  # e4m3 scale bytes
+    np.testing.assert_array_equal(_f16(run_ptx(gc.ASM_S_E4M3.value, "=h,h", [b])[0]), _e4m3(b))
+
+
 def test_ptx_f8_converts_e4m3():
     from devtools.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
@@ -319,9 +361,10 @@ def _poison_past_end(cache, lens, P):
         tail = [(idx[indptr[b + 1] - 1], L - (indptr[b + 1] - indptr[b] - 1) * P) for b, L in enumerate(lens)
                 if indptr[b + 1] > indptr[b]]
         if pages.get("scales") is not None:
-            pages["scales"][unused] = float("nan")
+            e8m0 = pages["scales"].dtype == torch.uint8  # (its NaN is 255; e4m3 has no inf: NaN there too)
+            pages["scales"][unused] = 255 if e8m0 else float("nan")
             for pg, r in tail:
-                pages["scales"][pg, :, r:] = float("inf")
+                pages["scales"][pg, :, r:] = 255 if e8m0 else float("inf")
         else:  # fp8 codes: 0x7F is NaN in e4m3
             pages["codes"][unused] = 0x7F
             for pg, r in tail:
@@ -358,6 +401,10 @@ EMU_CASES = [
     ("k=int2:g32:chan:asym,v=int4:g32:asym", [0, 96, 224], 8, 8, 32, 1, 4, 32),  # GQA 1, an empty sequence
     ("k=int4:g32:chan:asym:rot=had,v=fp8_e4m3", [96, 160], 8, 2, 32, 2, 4, 32),
     ("kivi4", [64, 128], 8, 2, 32, 2, 4, 32, [40, 3]),   # KIVI's residual: an unfinished group in full precision
+    ("mxfp4", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # fp4 e2m1, e8m0 scales, GGML nibbles
+    ("nvfp4", [1, 17, 63, 200], 8, 2, 16, 2, 4, 32),    # e4m3 scales of 16 channels (two per key thread), tensor scale
+    ("k=nvfp4,v=q4_0", [33, 90], 16, 2, 32, 1, 4, 16),
+    ("k=q8_0,v=fp4_e2m1:g32:pack=ggml:rot=had", [40, 130], 8, 2, 16, 2, 2, 32),
 ]
 
 
@@ -445,6 +492,8 @@ EMU_D_CASES = [
     ("k=int2:g32:asym,v=q4_0", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
     ("int2:g64:asym", [33, 90], 8, 4, 16, 2, 4, 32, 256, [0, 5]),
     ("kivi4", [64, 160], 9, 3, 32, 2, 4, 32, 64, [20, 0]),                     # SmolLM2's heads
+    ("nvfp4", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
+    ("k=mxfp4,v=fp4_e2m1:g32:s=e4m3", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),
     ("k=int4:g64:chan:asym,v=int4:g64:asym", [64, 192], 8, 4, 64, 2, 4, 32, 256, None),
 ]
 
