@@ -65,6 +65,19 @@ codecs)   # issue 16: the int2 and channel-axis-key (KIVI) Gluon codecs: decode 
     --schemes "${TUNE_SCHEMES:-int2,kivi4,kivi2}" --budget "${TUNE_BUDGET:-260}" 2>&1 | tee "$OUT/tune.log"
   cp "$OUT/tune/tuned_configs.json" /tmp/kvstage/tuned_codecs.json 2>/dev/null
   ;;
+codecs2)   # issue 16, second batch (fp4, codebooks): their GPU tests, tuning at B 32 / 1 / 8 merged into the packaged
+           # configs on this machine, then the decode table of every scheme with default dispatch (the package as merged)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "${PYTEST_K:-mxfp4 or nvfp4 or nf4 or iq4nl or fp4 or lm4}" 2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
+  timeout "${TUNE_S:-200}" python3 benchmarks/tune_buckets.py --out "$OUT/tune" --batches "${TUNE_B:-32,1,8}" \
+    --schemes "${TUNE_SCHEMES:-mxfp4,nvfp4,nf4,iq4nl}" --budget "${TUNE_BUDGET:-170}" 2>&1 | tee "$OUT/tune.log"
+  [ -n "${MERGE:-}" ] && python3 benchmarks/merge_tuned.py "$MERGE" | tail -3
+  python3 benchmarks/merge_tuned.py "$OUT/tune/tuned_configs.json" | tee "$OUT/merge.log" | tail -3
+  timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode --tuned "" \
+    --schemes "${BENCH_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl}" \
+    --shapes "${BENCH_SHAPES:-b32,b1}" --budget "${BENCH_BUDGET:-270}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -3
+  ;;
 codecs-bench)   # the decode table for those schemes (tuned file of the codecs mode when this machine kept it)
   T=/tmp/kvstage/tuned_codecs.json; [ -f "$T" ] || T=""
   timeout "${BENCH_S:-480}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode \

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCHEMES = {"fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1", "int4_had": "int4:g32:asym:rot=had"}
-SCHEMES.update({"bf16": "bf16", "kivi4": "kivi4", "kivi2": "kivi2", "int2": "int2:g32:asym"})
+SCHEMES.update({"bf16": "bf16", "kivi4": "kivi4", "kivi2": "kivi2", "int2": "int2:g32:asym", "mxfp4": "mxfp4",
+                "nvfp4": "nvfp4", "nf4": "nf4", "iq4nl": "iq4nl", "int3": "int3:g32:asym"})
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 

@@ -33,18 +33,21 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from ..configs import GluonDecodeConfig
+from ...quant.formats import codebook16
 from ...quant.rotation import hadamard
+from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
+    CB,
     CHAN,
-    F4,
-    F4N,
     CHAN_TW,
     CODECS,
+    F4,
+    F4N,
     F8,
     HEAD_DIMS,
+    cb_table_words,
     codec_of,
     k_build,
     k_channel_order,
@@ -88,6 +91,14 @@ def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg
     """(k_channel_order, v_channel_order) at head dim D as int32 tensors on `device` (the kernel's KPERM / VPERM)."""
     return (torch.tensor(k_channel_order(kcodec, kpack, kg, D), dtype=torch.int32, device=device),
             torch.tensor(v_channel_order(vcodec, vpack, vg, D), dtype=torch.int32, device=device))
+
+
+@functools.lru_cache(maxsize=32)
+def tables(k_fmt: str | None, v_fmt: str | None, device) -> torch.Tensor:
+    """int32 [16]: the K and V codebooks' table words (`cb_table_words`; zeros where a side has no codebook)."""
+    words = [cb_table_words(codebook16(f)) if f else [0] * 8 for f in (k_fmt, v_fmt)]
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words[0] + words[1]], dtype=torch.int32,
+                        device=device)
 
 
 def _bits(n: int) -> list[int]:
@@ -192,7 +203,7 @@ def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constex
 
 
 @gluon.jit
-def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, INDPTR, INDICES, LAST,
+def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES, LAST,
                        KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
@@ -232,6 +243,12 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         qs = qs * ttgl.load(KTS)
     q = (q.to(ttgl.float32) * qs).to(ttgl.float16)
 
+    # codebook tables (CB): 8 words each for K and V
+    ktab = (ttgl.load(TAB + 0), ttgl.load(TAB + 1), ttgl.load(TAB + 2), ttgl.load(TAB + 3), ttgl.load(TAB + 4),
+            ttgl.load(TAB + 5), ttgl.load(TAB + 6), ttgl.load(TAB + 7))
+    vtab = (ttgl.load(TAB + 8), ttgl.load(TAB + 9), ttgl.load(TAB + 10), ttgl.load(TAB + 11), ttgl.load(TAB + 12),
+            ttgl.load(TAB + 13), ttgl.load(TAB + 14), ttgl.load(TAB + 15))
+
     # token index helpers: score tile [NW, GP, TW] and the word / scale tiles of K and V
     SL: ttgl.constexpr = ttgl.SliceLayout(1, MMA)
     sw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, SL))
@@ -266,9 +283,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
-            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D, GK)
+            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D, vtab)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
         kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
     if HAS_FP:
@@ -417,6 +434,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
+    tab = tables(k_spec.fmt if kcodec == CB else None, v_spec.fmt if vcodec == CB else None, q.device)
 
     def launch():
         qr, kf, vf = q, kv.k_fp, kv.v_fp
@@ -429,7 +447,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         vf = vf if has_fp else vc
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            qr, o, op, lse, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
+            qr, o, op, lse, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms, tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],

@@ -60,6 +60,13 @@ CODECS.update({F4M: "fp4_e2m1 with e8m0 scales (mxfp4)", F4N: "fp4_e2m1 with e4m
 WORDS_K.update({F4M: 4, F4N: 4})
 WORDS_V.update({F4M: 2, F4N: 2})
 F4_GROUPS = (16, 32, 64, 128)
+# 4-bit codebooks (nf4, iq4nl, lm4, any 16-entry table): a 16-entry fp16 table in 8 registers (the low and high
+# bytes of entries 0-7 and 8-15), looked up by PRMT and picked by the code's bit 3; fp16 group scales
+CB = 11
+C_CB = ttgl.constexpr(CB)
+CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 scales"
+WORDS_K[CB], WORDS_V[CB] = 4, 2
+CB_FORMATS = ("nf4", "iq4nl", "lm4")
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -91,6 +98,9 @@ def codec_of(spec, role: str = "k") -> int | None:
             return Q2 if spec.sym else Q2A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
+    if spec.fmt in CB_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
+            spec.scale_dtype == "f16":
+        return CB
     if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
         if spec.scale_dtype == "e8m0" and not spec.tensor_scale:
             return F4M
@@ -114,7 +124,7 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
-        if codec in (Q4, Q4A, F4M, F4N):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
+        if codec in (Q4, Q4A, F4M, F4N, CB):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
             out.append(_nibble_channel(rb * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
@@ -135,7 +145,7 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, gb = [], 4 * words_v(codec, D)
     for n in range(D):
         g, nt = n & 7, n >> 3
-        if codec in (Q4, Q4A, F4M, F4N):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
+        if codec in (Q4, Q4A, F4M, F4N, CB):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
             out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
         elif codec in (Q2, Q2A):  # nt = f + 4 k + 16 we: field f of byte k of word we
@@ -296,6 +306,56 @@ def _asm_v_f4(k: int) -> str:
 
 
 AVE0, AVE1, AVE2, AVE3 = (ttgl.constexpr(_asm_v_f4(k)) for k in range(4))
+def cb_table_words(values) -> list[int]:
+    """A 16-entry codebook as the 8 table words its asm takes: the low bytes of entries 0-3, 4-7, 8-11, 12-15, then
+    their high bytes (entries as fp16)."""
+    import numpy as np
+    h = np.asarray(values, dtype=np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    lo, hi = h & 0xFF, h >> 8
+    word = lambda b, i: int(b[i] | b[i + 1] << 8 | b[i + 2] << 16 | b[i + 3] << 24)  # noqa: E731
+    return [word(lo, i) for i in (0, 4, 8, 12)] + [word(hi, i) for i in (0, 4, 8, 12)]
+
+
+def _cb_lookup(g: str, hi: bool, r: str, t0: int) -> list[str]:
+    """Register r = the table entries of the low (hi False) or high nibbles of the two bytes in g's low 16 bits, one
+    per half. Table words in $t0..$t0+7 (`cb_table_words`): PRMT the low bytes of entries n & 7 of both table halves
+    into bytes 0 / 2, their high bytes into bytes 1 / 3, merge, then PRMT picks each half's bytes from the second
+    table half where bit 3 of its code is set."""
+    la0, la1, lb0, lb1, ha0, ha1, hb0, hb1 = (f"${t0 + i}" for i in range(8))
+    if hi:
+        sel = ["shr.b32 x, " + g + ", 4;", "lop3.b32 sl, x, 0x0707, 0, 0xC0;", f"lop3.b32 sh, {g}, 0x7070, 0, 0xC0;",
+               f"shr.b32 x, {g}, 5;"]
+    else:
+        sel = [f"lop3.b32 sl, {g}, 0x0707, 0, 0xC0;", f"shl.b32 x, {g}, 4;", "lop3.b32 sh, x, 0x7070, 0, 0xC0;",
+               f"shr.b32 x, {g}, 1;"]
+    return sel + ["lop3.b32 t, x, 0x0404, 0, 0xC0;", "shl.b32 x, t, 4;", "lop3.b32 t, t, x, 0x3210, 0xFE;",
+                  f"prmt.b32 xa, {la0}, {la1}, sl;", f"prmt.b32 ya, {ha0}, {ha1}, sh;",
+                  "lop3.b32 xa, xa, ya, 0xFF00FF00, 0xD8;",
+                  f"prmt.b32 xb, {lb0}, {lb1}, sl;", f"prmt.b32 yb, {hb0}, {hb1}, sh;",
+                  "lop3.b32 xb, xb, yb, 0xFF00FF00, 0xD8;", f"prmt.b32 {r}, xa, xb, t;"]
+
+
+_CB_REGS = "{ .reg .b32 g, x, sl, sh, t, xa, ya, xb, yb, r0, r1, r2, r3, s1;"
+# codebook keys: word -> Q4's register order, times s. In: $8 w, $9 s, $10..$17 the table words.
+ASM_K_CB = ttgl.constexpr("\n".join(
+    [_CB_REGS, "mov.b32 s1, {$9, $9};", "prmt.b32 g, $8, 0, 0x0020;"] + _cb_lookup("g", False, "r0", 10) +
+    _cb_lookup("g", True, "r1", 10) + ["prmt.b32 g, $8, 0, 0x0031;"] + _cb_lookup("g", False, "r2", 10) +
+    _cb_lookup("g", True, "r3", 10) + [f"mul.rn.f16x2 r{i}, r{i}, s1;" for i in range(4)] +
+    ["mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1;", "mov.b32 {$4, $5}, r2;", "mov.b32 {$6, $7}, r3; }"]))
+
+
+def _asm_v_cb(k: int) -> str:
+    """Codebook values, byte k of words A and B -> (lo A, lo B, hi A, hi B). In: $4 wA, $5 wB, $6 sA, $7 sB,
+    $8..$15 the table words."""
+    return "\n".join([_CB_REGS, "mov.b32 s1, {$6, $7};", f"prmt.b32 g, $4, $5, 0x00{4 + k}{k};"] +
+                      _cb_lookup("g", False, "r0", 8) + _cb_lookup("g", True, "r1", 8) +
+                      ["mul.rn.f16x2 r0, r0, s1;", "mul.rn.f16x2 r1, r1, s1;", "mov.b32 {$0, $1}, r0;",
+                       "mov.b32 {$2, $3}, r1; }"])
+
+
+AVC0, AVC1, AVC2, AVC3 = (ttgl.constexpr(_asm_v_cb(k)) for k in range(4))
+
+
 # scale bytes -> fp16: e8m0 E as the float32 2^(E - 127) (bits E << 23; 255 -> inf here, NaN by the caller),
 # rounded to fp16 (past 2^15: inf, below 2^-24: 0, as an fp16 operand must); e4m3 exactly by the hardware cvt
 ASM_S_E8M0 = ttgl.constexpr("{ .reg .b32 f; shl.b32 f, $1, 23; cvt.rn.f16.f32 $0, f; }")
@@ -542,14 +602,20 @@ def _j2(a, b):
 
 @gluon.jit
 def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
-            D: ttgl.constexpr, G: ttgl.constexpr):
+            D: ttgl.constexpr, G: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
-    and zeros."""
+    and zeros (`tab`: the codebook's 8 table words, for CB)."""
     if not ((CODEC == C_F4M or CODEC == C_F4N) and D // 4 > G):  # else k_load gave a scale per word
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
-    if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N:
+    if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_F4M or CODEC == C_F4N:
             o = ttgl.inline_asm_elementwise(ASM_K_F4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s],
+                                            dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+        elif CODEC == C_CB:
+            z = w * 0  # the table words, splat in w's layout
+            o = ttgl.inline_asm_elementwise(ASM_K_CB, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,r,r,r,r,r,r,r,r",
+                                            [w, s, z + tab[0], z + tab[1], z + tab[2], z + tab[3], z + tab[4],
+                                             z + tab[5], z + tab[6], z + tab[7]],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         elif CODEC == C_Q4:
             o = ttgl.inline_asm_elementwise(ASM_K_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s * 0.0625],
@@ -626,6 +692,16 @@ def _v_f4(wa, wb, sa, sb, ASM: ttgl.constexpr):
 
 
 @gluon.jit
+def _v_cb(wa, wb, sa, sb, tab, ASM: ttgl.constexpr):
+    z = wa * 0
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,r,r,h,h,r,r,r,r,r,r,r,r",
+                                    [wa, wb, sa, sb, z + tab[0], z + tab[1], z + tab[2], z + tab[3], z + tab[4],
+                                     z + tab[5], z + tab[6], z + tab[7]],
+                                    dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+    return ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))  # [..., t0, h]
+
+
+@gluon.jit
 def _v_i8(wa, wb, sa, sb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,r,r,h,h", [wa, wb, sa, sb], dtype=(ttgl.float16,) * 2,
                                     is_pure=True, pack=1)
@@ -647,13 +723,17 @@ def _v_f8(wa, wb, ASM: ttgl.constexpr):
 
 @gluon.jit
 def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
-            TW: ttgl.constexpr, D: ttgl.constexpr):
+            TW: ttgl.constexpr, D: ttgl.constexpr, tab):
     """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
     sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
     sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
-    if CODEC == C_F4M or CODEC == C_F4N:
-        j = ttgl.join(ttgl.join(_v_f4(wa, wb, sa, sb, AVE0), _v_f4(wa, wb, sa, sb, AVE1)),
-                      ttgl.join(_v_f4(wa, wb, sa, sb, AVE2), _v_f4(wa, wb, sa, sb, AVE3)))
+    if CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
+        if CODEC == C_CB:
+            j = ttgl.join(ttgl.join(_v_cb(wa, wb, sa, sb, tab, AVC0), _v_cb(wa, wb, sa, sb, tab, AVC1)),
+                          ttgl.join(_v_cb(wa, wb, sa, sb, tab, AVC2), _v_cb(wa, wb, sa, sb, tab, AVC3)))
+        else:
+            j = ttgl.join(ttgl.join(_v_f4(wa, wb, sa, sb, AVE0), _v_f4(wa, wb, sa, sb, AVE1)),
+                          ttgl.join(_v_f4(wa, wb, sa, sb, AVE2), _v_f4(wa, wb, sa, sb, AVE3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # as int4: [NW, c, t0, we, k1, k0, h, g]
     elif CODEC == C_Q4 or CODEC == C_Q4A:
         sa16 = sa * 0.0625

@@ -34,7 +34,8 @@ EMU = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
-           "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0"]
+           "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
+           "k=iq4nl,v=nf4"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -70,7 +71,9 @@ def test_codec_of():
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
                                                                                                    gc.F4N]
-    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4", "bf16", "int3:g32:asym", "int4:g32:chan:sym",
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
+    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g32:asym", "int4:g32:chan:sym",
+              "lm3", "nf4:g64:s=bf16",
               "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
               "int3:g32:chan:asym", "int4:g16:chan:asym",
               "int4:g32:asym:s=bf16", "int4:head:asym"):
@@ -79,7 +82,8 @@ def test_codec_of():
 
 @pytest.mark.parametrize("scheme,D,tw", [("q4_0", 128, 16), ("q8_0", 128, 16), ("fp8_e4m3", 128, 16), ("q4_0", 64, 16),
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
-                                         ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16)])
+                                         ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
+                                         ("nf4", 128, 16), ("iq4nl", 128, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -339,6 +343,32 @@ def test_ptx_fp4_decodes_e2m1_and_scales():
     np.testing.assert_array_equal(_f16(run_ptx(gc.ASM_S_E4M3.value, "=h,h", [b])[0]), _e4m3(b))
 
 
+@pytest.mark.parametrize("fmt", ["nf4", "iq4nl", "lm4"])
+def test_ptx_codebook_lookups(fmt):
+    """4-bit codebooks: every nibble's table entry (as fp16) times s, keys in Q4's register order, values as
+    (lo A, lo B, hi A, hi B)."""
+    from devtools.gluon_emu import run_ptx
+
+    from kvlab.quant.formats import codebook16
+    cb = np.array(codebook16(fmt), dtype=np.float32).astype(np.float16).astype(np.float32)
+    tab = [np.uint32(t) for t in gc.cb_table_words(codebook16(fmt))]
+    s = S.astype(np.float32) * 8
+    s = np.where(np.abs(s) < 2.0 ** -9, 2.0 ** -9, s).astype(np.float16)
+    sr = s[::-1].copy()
+    nib = lambda w, k, h: (_byte(w, k) >> (4 * h)) & 0xF  # noqa: E731
+    want = lambda c, sc: (cb[c] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    outs = run_ptx(gc.ASM_K_CB.value, "=h," * 8 + "r,h" + ",r" * 8, [W, _bits(s)] + tab)
+    for q in range(4):
+        for h2 in range(2):
+            np.testing.assert_array_equal(_f16(outs[2 * q + h2]), want(nib(W, (q >> 1) + 2 * h2, q & 1), s))
+    for k, asm in enumerate((gc.AVC0, gc.AVC1, gc.AVC2, gc.AVC3)):
+        lo_a, lo_b, hi_a, hi_b = run_ptx(asm.value, "=h,=h,=h,=h,r,r,h,h" + ",r" * 8, [W, WB, _bits(s), _bits(sr)] + tab)
+        np.testing.assert_array_equal(_f16(lo_a), want(nib(W, k, 0), s))
+        np.testing.assert_array_equal(_f16(lo_b), want(nib(WB, k, 0), sr))
+        np.testing.assert_array_equal(_f16(hi_a), want(nib(W, k, 1), s))
+        np.testing.assert_array_equal(_f16(hi_b), want(nib(WB, k, 1), sr))
+
+
 def test_ptx_f8_converts_e4m3():
     from devtools.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
@@ -405,6 +435,10 @@ EMU_CASES = [
     ("nvfp4", [1, 17, 63, 200], 8, 2, 16, 2, 4, 32),    # e4m3 scales of 16 channels (two per key thread), tensor scale
     ("k=nvfp4,v=q4_0", [33, 90], 16, 2, 32, 1, 4, 16),
     ("k=q8_0,v=fp4_e2m1:g32:pack=ggml:rot=had", [40, 130], 8, 2, 16, 2, 2, 32),
+    ("nf4", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),      # 16-entry codebooks through PRMT tables
+    ("iq4nl", [40, 130], 8, 2, 16, 2, 4, 32),
+    ("k=lm4:rot=had,v=nf4:g32:pack=ggml", [33, 90], 16, 2, 32, 1, 4, 16),
+    ("k=iq4nl,v=q4_1", [17, 100], 8, 2, 16, 2, 2, 32),
 ]
 
 
@@ -494,6 +528,8 @@ EMU_D_CASES = [
     ("kivi4", [64, 160], 9, 3, 32, 2, 4, 32, 64, [20, 0]),                     # SmolLM2's heads
     ("nvfp4", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
     ("k=mxfp4,v=fp4_e2m1:g32:s=e4m3", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),
+    ("nf4", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 9]),
+    ("iq4nl:g64", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),
     ("k=int4:g64:chan:asym,v=int4:g64:asym", [64, 192], 8, 4, 64, 2, 4, 32, 256, None),
 ]
 
