@@ -45,6 +45,7 @@ from .gluon_codecs import (
     CODECS,
     F4,
     F4N,
+    PER_WORD,
     F8,
     HEAD_DIMS,
     cb_table_words,
@@ -349,8 +350,8 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
         return f"head_dim must be one of {HEAD_DIMS}, got {D}"
     for name, spec in (("K", k_spec), ("V", v_spec)):  # a thread's D / 4 key, D / 8 value channels: one group
         per = D // 4 if name == "K" else D // 8
-        if spec.fmt in ("int", "fp4_e2m1") and spec.axis != "chan" and per > _group(spec) and \
-                not (name == "K" and spec.fmt == "fp4_e2m1"):  # (fp4 keys: a scale per code word)
+        codec = codec_of(spec, name.lower())
+        if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
     if words_v(codec_of(v_spec, "v"), D) == 0:

@@ -67,6 +67,7 @@ C_CB = ttgl.constexpr(CB)
 CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 scales"
 WORDS_K[CB], WORDS_V[CB] = 4, 2
 CB_FORMATS = ("nf4", "iq4nl", "lm4")
+PER_WORD = (F4M, F4N, CB)  # key codecs that read a scale per code word where a thread's channels span groups
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -485,7 +486,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     m = ttgl.full([NW, 4, TW], 0.0, ttgl.float16, layout=LS)
     if CODEC == C_F8:
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
-    elif (CODEC == C_F4M or CODEC == C_F4N) and D // 4 > G:  # several groups per thread and row: a scale per word
+    elif (CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB) and D // 4 > G:  # groups per thread-row: a scale per word
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
                          ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) * 2 // G  # [1, wi, r]: the group of each word
@@ -605,7 +606,7 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
             D: ttgl.constexpr, G: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
-    if not ((CODEC == C_F4M or CODEC == C_F4N) and D // 4 > G):  # else k_load gave a scale per word
+    if not ((CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB) and D // 4 > G):  # else k_load gave one per word
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_F4M or CODEC == C_F4N:

@@ -136,6 +136,13 @@ def test_unsupported_names_each_limit():
     nv = kvlab.scheme("nvfp4")  # groups of 16: keys take a scale per code word; values need D / 8 <= 16
     assert "CUDA GPU" in gluon.unsupported(nv.k, nv.v, 128, 16, 4, "cpu")
     assert "V groups of 16 channels at head_dim 256" in gluon.unsupported(nv.k, nv.v, 256, 16, 4, "cpu")
+    iq = kvlab.scheme("iq4nl")  # keys: a scale per word; values at D 256: 32 channels per thread, one group of 32
+    assert "CUDA GPU" in gluon.unsupported(iq.k, iq.v, 256, 16, 4, "cpu")
+    assert "V groups of 32 channels at head_dim 512" not in (gluon.unsupported(iq.k, iq.v, 512, 16, 4, "cpu") or "")
+    q4 = kvlab.scheme("q4_0")  # int codecs keep one scale per key thread-row
+    assert "K groups of 32 channels at head_dim 256" in gluon.unsupported(q4.k, q4.v, 256, 16, 4, "cpu")
+    n4 = kvlab.scheme("k=q8_0,v=nf4:g16")
+    assert "V" in (gluon.unsupported(n4.k, n4.v, 256, 16, 4, "cpu") or "")
 
 
 # ---- the PTX strings, run by the emulator's interpreter ------------------------------------------------------
@@ -530,6 +537,8 @@ EMU_D_CASES = [
     ("k=mxfp4,v=fp4_e2m1:g32:s=e4m3", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),
     ("nf4", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 9]),
     ("iq4nl:g64", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),
+    ("iq4nl", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),     # groups of 32 at D 256: two scales per key thread-row
+    ("k=nf4:g32,v=int4:g64:sym", [17, 100], 8, 4, 32, 2, 4, 16, 256, [4, 0]),
     ("k=int4:g64:chan:asym,v=int4:g64:asym", [64, 192], 8, 4, 64, 2, 4, 32, 256, None),
 ]
 
