@@ -67,7 +67,8 @@ C_CB = ttgl.constexpr(CB)
 CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 scales"
 WORDS_K[CB], WORDS_V[CB] = 4, 2
 CB_FORMATS = ("nf4", "iq4nl", "lm4")
-PER_WORD = (F4M, F4N, CB)  # key codecs that read a scale per code word where a thread's channels span groups
+PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB)  # key codecs that read a scale (and zero) per code word where
+# a thread-row's D / 4 channels span groups (D 256 with groups of 32: Gemma's heads with q4_0 / q8_0)
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -486,11 +487,16 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     m = ttgl.full([NW, 4, TW], 0.0, ttgl.float16, layout=LS)
     if CODEC == C_F8:
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
-    elif (CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB) and D // 4 > G:  # groups per thread-row: a scale per word
+    elif D // 4 > G:  # a thread-row's channels span groups: a scale (and zero) per code word
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
                          ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
-        sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) * 2 // G  # [1, wi, r]: the group of each word
+        GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
+        sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
         s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), CODEC)  # [NW, wi, r, TW]
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
+            m = ttgl.load(KZ + srows[:, None, None, :] + sg[:, :, :, None])
+        else:
+            m = ttgl.full([NW, WK, 4, TW], 0.0, ttgl.float16, layout=KW)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
@@ -606,7 +612,8 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
             D: ttgl.constexpr, G: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
-    if not ((CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB) and D // 4 > G):  # else k_load gave one per word
+    PW: ttgl.constexpr = CODEC != C_F8 and D // 4 > G  # k_load gave a scale (and zero) per code word
+    if not PW:
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_F4M or CODEC == C_F4N:
@@ -622,7 +629,8 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
             o = ttgl.inline_asm_elementwise(ASM_K_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s, s * 0.0625],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         else:
-            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            if not PW:
+                m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
             o = ttgl.inline_asm_elementwise(ASM_K_Q4A, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h,h", [w, s, s * 0.0625, m],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
@@ -633,7 +641,8 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
             o = ttgl.inline_asm_elementwise(ASM_K_Q2, "=h," * 16 + "r,h,h", [w, s, s * 0.25],
                                             dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
         else:
-            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            if not PW:
+                m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
             o = ttgl.inline_asm_elementwise(ASM_K_Q2A, "=h," * 16 + "r,h,h,h", [w, s, s * 0.25, m],
                                             dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
@@ -646,7 +655,8 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
             o = ttgl.inline_asm_elementwise(ASM_K_I8, "=h,=h,=h,=h,r,h", [w, s], dtype=(ttgl.float16,) * 4,
                                             is_pure=True, pack=1)
         elif CODEC == C_I8A:
-            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+            if not PW:
+                m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
             o = ttgl.inline_asm_elementwise(ASM_K_I8A, "=h,=h,=h,=h,r,h,h", [w, s, m], dtype=(ttgl.float16,) * 4,
                                             is_pure=True, pack=1)
         else:

@@ -120,7 +120,6 @@ def test_gluon_config_rejects_other_schemes():
 def test_unsupported_names_each_limit():
     s = kvlab.scheme("q4_0")
     assert "head_dim must be one of (64, 128, 256)" in gluon.unsupported(s.k, s.v, 96, 16, 4, "cpu")
-    assert "span two groups" in gluon.unsupported(s.k, s.v, 256, 16, 4, "cpu")  # 64 key channels, groups of 32
     assert "page size must be a multiple of 16" in gluon.unsupported(s.k, s.v, 128, 8, 4, "cpu")
     assert "GQA group must be <= 16" in gluon.unsupported(s.k, s.v, 128, 16, 32, "cpu")
     assert "CUDA GPU" in gluon.unsupported(s.k, s.v, 128, 16, 4, "cpu")
@@ -139,8 +138,8 @@ def test_unsupported_names_each_limit():
     iq = kvlab.scheme("iq4nl")  # keys: a scale per word; values at D 256: 32 channels per thread, one group of 32
     assert "CUDA GPU" in gluon.unsupported(iq.k, iq.v, 256, 16, 4, "cpu")
     assert "V groups of 32 channels at head_dim 512" not in (gluon.unsupported(iq.k, iq.v, 512, 16, 4, "cpu") or "")
-    q4 = kvlab.scheme("q4_0")  # int codecs keep one scale per key thread-row
-    assert "K groups of 32 channels at head_dim 256" in gluon.unsupported(q4.k, q4.v, 256, 16, 4, "cpu")
+    q4 = kvlab.scheme("q4_0")  # keys of every grouped codec take a scale per word at D 256
+    assert "CUDA GPU" in gluon.unsupported(q4.k, q4.v, 256, 16, 4, "cpu")
     n4 = kvlab.scheme("k=q8_0,v=nf4:g16")
     assert "V" in (gluon.unsupported(n4.k, n4.v, 256, 16, 4, "cpu") or "")
 
@@ -538,6 +537,10 @@ EMU_D_CASES = [
     ("nf4", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 9]),
     ("iq4nl:g64", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),
     ("iq4nl", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),     # groups of 32 at D 256: two scales per key thread-row
+    ("q4_0", [40, 130], 8, 4, 16, 2, 4, 16, 256, [3, 0]),   # Gemma's heads with GGML blocks
+    ("q4_1", [33, 90], 8, 4, 32, 1, 4, 32, 256, None),       # a zero per key word too
+    ("k=q8_0,v=int2:g32:asym", [17, 100], 8, 4, 16, 2, 2, 16, 256, None),
+    ("k=int2:g32:asym,v=q8_0", [17, 100], 8, 4, 16, 2, 4, 32, 256, None),
     ("k=nf4:g32,v=int4:g64:sym", [17, 100], 8, 4, 32, 2, 4, 16, 256, [4, 0]),
     ("k=int4:g64:chan:asym,v=int4:g64:asym", [64, 192], 8, 4, 64, 2, 4, 32, 256, None),
 ]
