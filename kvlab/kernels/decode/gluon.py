@@ -45,9 +45,11 @@ from .gluon_codecs import (
     CODECS,
     F4,
     F4N,
-    PER_WORD,
     F8,
     HEAD_DIMS,
+    I3,
+    I3A,
+    PER_WORD,
     cb_table_words,
     codec_of,
     k_build,
@@ -266,9 +268,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
     if KCHAN:
         kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D)
     else:
-        kw, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
-        kw2 = kw
-    va, vb, vsa, vsb, vza, vzb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
+        kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
+    va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
                                           VWA, NW, D, KCHAN)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
@@ -276,19 +277,19 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
             nkw, nkw2, nks, nkz = kc_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW,
                                           KCL, NW, D)
         else:
-            nkw, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
-                                   NW, D)
-            nkw2 = nkw
-        nva, nvb, nvsa, nvsb, nvza, nvzb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
+            nkw, nkw2, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
+                                         KW, NW, D)
+        nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
                                                    WV, GV, P, TW, VW, VWA, NW, D, KCHAN)
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
-            kt = k_build(kw, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
+            kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, VCODEC, B, NW, TW, D, vtab)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
-        kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb
+        kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb, \
+            nvpa, nvpb
     if HAS_FP:
         if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
             F = ttgl.load(FPLEN + b)
@@ -354,6 +355,9 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
         if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
+    for name, spec in (("K", k_spec), ("V", v_spec)):
+        if codec_of(spec, name.lower()) in (I3, I3A) and D != 128:
+            return f"{name} spec {spec}: the int3 codec runs at head_dim 128 (a key thread-row is one group of 32), got {D}"
     if words_v(codec_of(v_spec, "v"), D) == 0:
         return f"V spec {v_spec}: a thread's {D // 8} value channels are less than a 32-bit code word at head_dim {D}"
     if P % PAGE_UNIT:

@@ -67,6 +67,15 @@ C_CB = ttgl.constexpr(CB)
 CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 scales"
 WORDS_K[CB], WORDS_V[CB] = 4, 2
 CB_FORMATS = ("nf4", "iq4nl", "lm4")
+# int3 (2-bit plane + 1-bit plane, sequential; groups of 32 at head_dim 128): a thread-row of keys is one group (two
+# 2-bit words, one plane word), a value thread-row half a group (one 2-bit word, 16 plane bits); codes as Q2's with the
+# plane bit OR-ed in above each field
+I3, I3A = 12, 13
+C_I3, C_I3A = ttgl.constexpr(I3), ttgl.constexpr(I3A)
+CODECS.update({I3: "int3 sym, groups of 32 at head_dim 128", I3A: "int3 asym (int3:g32:asym), groups of 32 at head_dim 128"})
+WORDS_K.update({I3: 2, I3A: 2})  # the 2-bit plane's words (the plane word is read beside them)
+WORDS_V.update({I3: 1, I3A: 1})
+ASYM = ASYM + (I3A,)
 PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB)  # key codecs that read a scale (and zero) per code word where
 # a thread-row's D / 4 channels span groups (D 256 with groups of 32: Gemma's heads with q4_0 / q8_0)
 HEAD_DIMS = (64, 128, 256)
@@ -98,6 +107,8 @@ def codec_of(spec, role: str = "k") -> int | None:
             return I8 if spec.sym else I8A
         if spec.bits == 2 and spec.pack in ("ggml", "seq"):
             return Q2 if spec.sym else Q2A
+        if spec.bits == 3 and spec.pack == "seq" and spec.group == 32 and tuple(spec.planes) == (2, 1):
+            return I3 if spec.sym else I3A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     if spec.fmt in CB_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
@@ -123,6 +134,8 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     thread r reads the 4 WK bytes of its row from byte 4 WK r on (WK = words_k(codec, D))."""
     if codec in CHAN:  # thread r holds the channel pairs (D / 4 r + 2 x, + 1): its scales are one contiguous run
         return [D // 4 * ((kap >> 1) & 3) + 2 * (kap >> 3) + (kap & 1) for kap in range(D)]
+    if codec in (I3, I3A):  # register x = f + 4 k pairs channels 4 k + f and 16 + 4 k + f of the thread's group r
+        return [D // 4 * ((kap >> 1) & 3) + 16 * (kap & 1) + (kap >> 3) for kap in range(D)]
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
@@ -153,6 +166,8 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         elif codec in (Q2, Q2A):  # nt = f + 4 k + 16 we: field f of byte k of word we
             f, k, we = nt & 3, (nt >> 2) & 3, nt >> 4
             out.append(_nibble_channel(gb * g + 4 * we + k, f, pack, G, 4))
+        elif codec in (I3, I3A):  # nt = f + 4 k: half g % 2 of group g // 2, field f of byte k
+            out.append(16 * g + nt)
         else:  # nt = k + 4 we: byte k of word we of the thread's bytes
             k, we = nt & 3, nt >> 2
             out.append(gb * g + 4 * we + k)
@@ -270,6 +285,33 @@ def asm_kc(codec: int, k: int) -> str:
 
 AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
+def asm_i3(k: int, asym: bool) -> str:
+    """int3, byte k of the 2-bit words A and B and their plane bits (low 16 bits of pA and pB) -> (f0 A, f0 B, f1 A,
+    f1 B, ..., f3 A, f3 B), field f = code 4 k + f of A / B: the 2-bit field as Q2's (fields 1 and 3 as 4 c with
+    s / 4), its plane bit shifted to just above it. In: $8 wA, $9 wB, $10 pA, $11 pB, $12 sA, $13 sB, $14 sA / 4,
+    $15 sB / 4 (asym: $16 mA, $17 mB). Sym offset 4 (the code's middle)."""
+    c0, c1 = ("0xE400E400", "0xE400E400") if asym else ("0xE404E404", "0xE410E410")
+    fin = "fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};"
+    lines = ["{ .reg .b32 t, v, pp, x, r0, r1, r2, r3, s1, s4, c0, c1, m1;",
+             f"prmt.b32 t, $8, $9, 0x{4 + k}{4 + k}{k}{k};", "shr.b32 v, t, 4;", "prmt.b32 pp, $10, $11, 0x5410;",
+             f"mov.b32 c0, {c0};", f"mov.b32 c1, {c1};", "mov.b32 s1, {$12, $13};", "mov.b32 s4, {$14, $15};"] + (
+        ["mov.b32 m1, {$16, $17};"] if asym else [])
+    for f, (src, mask, top) in enumerate((("t", "0x00030003", 2), ("t", "0x000C000C", 4), ("v", "0x00030003", 2),
+                                          ("v", "0x000C000C", 4))):
+        sh = top - (4 * k + f)  # plane bit 4 k + f of each half -> bit `top` of that half
+        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
+        lines += [f"lop3.b32 r{f}, {src}, {mask}, 0x64006400, 0xEA;", move,
+                  f"lop3.b32 r{f}, r{f}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;",
+                  f"add.rn.f16x2 r{f}, r{f}, {'c1' if f & 1 else 'c0'};",
+                  fin.format(r=f"r{f}", s="s4" if f & 1 else "s1")]
+    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
+    return "\n".join(lines) + " }"
+
+
+AI30, AI31, AI32, AI33 = (ttgl.constexpr(asm_i3(k, False)) for k in range(4))
+AJ30, AJ31, AJ32, AJ33 = (ttgl.constexpr(asm_i3(k, True)) for k in range(4))
+
+
 ASM_K_Q2 = ttgl.constexpr(_asm_k2(False))
 ASM_K_Q2A = ttgl.constexpr(_asm_k2(True))
 # fp4 e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 as fp16 are 0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46 in the high
@@ -474,15 +516,23 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
            D: ttgl.constexpr):
-    """Raw K code words [NW, WK, r, TW] (int32), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec
-    has none) of tokens t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused
-    rows of the last page; the kernel scores them -inf). Zeros share the scales' strides."""
+    """Raw K code words [NW, WK, r, TW] (int32), a second word tensor (int3: the plane word beside each 2-bit word;
+    else the words again), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec has none) of tokens
+    t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page; the
+    kernel scores them -inf). Zeros share the scales' strides."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
     wi = ttgl.arange(0, WK, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
-    word = (WK * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
-    rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, 4 * WK, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    RW: ttgl.constexpr = 3 * D // 32 if I3ANY else 4 * WK  # words per row
+    TR: ttgl.constexpr = 3 if I3ANY else WK  # words of a thread-row (int3: two 2-bit words, then the plane word)
+    word = (TR * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
+    rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
+    if I3ANY:  # the plane word [NW, wi (its copy per 2-bit word), r, TW]
+        w2 = ttgl.load(KC + rows[:, None, None, :] + (TR * r[None, None, :] + 2 + 0 * wi[None, :, None])[:, :, :, None])
+    else:
+        w2 = w
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
     m = ttgl.full([NW, 4, TW], 0.0, ttgl.float16, layout=LS)
     if CODEC == C_F8:
@@ -502,9 +552,9 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), CODEC)
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
-    return w, s, m
+    return w, w2, s, m
 
 
 @gluon.jit
@@ -559,17 +609,21 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
            NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
-    of each fragment pair ([NW, WV, g, c] int32), and their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
+    of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0). Tile
     positions are tokens through `tile_tok` (PERM: the second token of a pair is TW / 8 rows on, in one page,
-    as P % TW == 0 there)."""
+    as P % TW == 0 there). Last, int3's plane words of both tokens (else the code words again)."""
     T2: ttgl.constexpr = TW // 8 if PERM else 1  # rows from the first token of a fragment pair to the second
     L3: ttgl.constexpr = ttgl.SliceLayout(3, VW)
     we = ttgl.arange(0, WV, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, 8 * WV, P, TW, TW, 1, L2W, NW, PERM)
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    if I3ANY:  # thread g: 2-bit word g % 2 of group g // 2 (3 words each), and the group's plane word
+        word = ((3 * (g // 2) + g % 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+        pword = ((3 * (g // 2) + 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, 3 * D // 32 if I3ANY else 8 * WV, P, TW, TW, 1, L2W, NW, PERM)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
             tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
@@ -579,6 +633,14 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     wa, wb = ttgl.split(ttgl.reshape(w, [NW, WV, 8, TW // 2, 2]))  # tokens 2c, 2c + 1: [NW, we, g, c]
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
+    if I3ANY:  # plane bits of the thread's 16 channels in the low half
+        pw = ttgl.load(VC + rows[:, None, None, :] + pword) >> (16 * (g % 2))[None, None, :, None]
+        pa, pb = ttgl.split(ttgl.reshape(pw, [NW, WV, 8, TW // 2, 2]))
+        pa = ttgl.convert_layout(pa, VWA, assert_trivial=True)
+        pb = ttgl.convert_layout(pb, VWA, assert_trivial=True)
+    else:
+        pa = wa
+        pb = wb
     S3: ttgl.constexpr = ttgl.SliceLayout(1, VWA)  # [NW, g, c]
     ma = ttgl.full([NW, 8, TW // 2], 0.0, ttgl.float16, layout=S3)
     mb = ma
@@ -595,10 +657,10 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
         sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), CODEC)
         sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), CODEC)
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
             mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
-    return wa, wb, sa, sb, ma, mb
+    return wa, wb, sa, sb, ma, mb, pa, pb
 
 
 # ---- fragment builders ---------------------------------------------------------------------------------
@@ -608,12 +670,27 @@ def _j2(a, b):
 
 
 @gluon.jit
-def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
+def _i3(wa, wb, pa, pb, sa, sb, ma, mb, ASYMC: ttgl.constexpr, AS: ttgl.constexpr, AA: ttgl.constexpr):
+    """int3 fields of byte k (the asm AS / AA) -> [..., t, f0, f1]: (A, B) joined innermost, then the field."""
+    if ASYMC:
+        o = ttgl.inline_asm_elementwise(AA, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,h,h,h,h,h,h",
+                                        [wa, wb, pa, pb, sa, sb, sa * 0.25, sb * 0.25, ma, mb],
+                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        o = ttgl.inline_asm_elementwise(AS, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,h,h,h,h",
+                                        [wa, wb, pa, pb, sa, sb, sa * 0.25, sb * 0.25],
+                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+
+
+@gluon.jit
+def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
             D: ttgl.constexpr, G: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
     PW: ttgl.constexpr = CODEC != C_F8 and D // 4 > G  # k_load gave a scale (and zero) per code word
-    if not PW:
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    if not PW and not I3ANY:
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_F4M or CODEC == C_F4N:
@@ -636,6 +713,18 @@ def k_build(w, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexp
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
                       ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
         j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
+    elif CODEC == C_I3 or CODEC == C_I3A:  # the thread-row's words 0 / 1 = channels 0-15 / 16-31, w2 its plane word
+        wa, wb = ttgl.split(ttgl.permute(w, [0, 2, 3, 1]))  # [NW, r, TW]
+        pa, pb = ttgl.split(ttgl.permute(w2, [0, 2, 3, 1]))  # the same plane word twice
+        pb = pb >> 16
+        A: ttgl.constexpr = CODEC == C_I3A  # s, m: [NW, r, TW], one group per thread-row, put in wa's layout
+        s, s_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0], [0, 2, 3, 1]))
+        m, m_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0], [0, 2, 3, 1]))
+        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, AI30, AJ30),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, AI31, AJ31)),
+                      ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, AI32, AJ32),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, AI33, AJ33)))  # [NW, r, TW, h2, f0, f1, k0, k1]
+        j = ttgl.permute(j, [0, 7, 6, 5, 4, 1, 3, 2])  # [NW, k1, k0, f1, f0, r, h2, TW]
     elif CODEC == C_Q2 or CODEC == C_Q2A:
         if CODEC == C_Q2:
             o = ttgl.inline_asm_elementwise(ASM_K_Q2, "=h," * 16 + "r,h,h", [w, s, s * 0.25],
@@ -733,7 +822,7 @@ def _v_f8(wa, wb, ASM: ttgl.constexpr):
 
 
 @gluon.jit
-def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
+def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
             TW: ttgl.constexpr, D: ttgl.constexpr, tab):
     """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
     sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
@@ -760,6 +849,16 @@ def v_build(wa, wb, sa, sb, ma, mb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW
                           ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA2),
                                     _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, we, g, c, t0, h, k0, k1] -> [NW, c, t0, we, k1, k0, h, g]
+    elif CODEC == C_I3 or CODEC == C_I3A:
+        if CODEC == C_I3A:
+            ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
+            mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
+        A: ttgl.constexpr = CODEC == C_I3A
+        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI30, AJ30),
+                                _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI31, AJ31)),
+                      ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI32, AJ32),
+                                _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI33, AJ33)))
+        j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])  # as int2: [NW, c, t0, we, k1, k0, f1, f0, g]
     elif CODEC == C_Q2 or CODEC == C_Q2A:
         sa4 = sa * 0.25
         sb4 = sb * 0.25

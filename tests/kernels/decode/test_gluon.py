@@ -35,7 +35,7 @@ TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
-           "k=iq4nl,v=nf4"]
+           "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -43,7 +43,8 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
                          + [(gc.I8, "ggml", 32, D) for D in (64, 128)] + [(gc.I8A, "seq", 64, 256)]
                          + [(gc.F8, "seq", D, D) for D in gc.HEAD_DIMS]  # no groups: G = D
                          + [(c, p, G, 128) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq") for G in gc.GROUPS]
-                         + [(gc.Q2A, "seq", 64, 256)] + [(c, "seq", 32, D) for c in gc.CHAN for D in gc.HEAD_DIMS])
+                         + [(gc.Q2A, "seq", 64, 256)] + [(c, "seq", 32, D) for c in gc.CHAN for D in gc.HEAD_DIMS]
+                         + [(gc.I3, "seq", 32, 128), (gc.I3A, "seq", 32, 128)])
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
     assert sorted(k) == list(range(D))
@@ -52,6 +53,8 @@ def test_channel_orders_are_permutations(codec, pack, G, D):
         return
     v = gc.v_channel_order(codec, pack, G, D)
     assert sorted(v) == list(range(D))
+    if codec in (gc.I3, gc.I3A):  # a value thread-row is half a group (16 channels)
+        assert all(v[n] // 16 == n & 7 for n in range(D))
     # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group (D / 4) r // G
     assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
     # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group (D / 8) g // G
@@ -72,7 +75,9 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
                                                                                                    gc.F4N]
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
-    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g32:asym", "int4:g32:chan:sym",
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int3:g32:asym", "int3:g32:sym")] == [gc.I3A, gc.I3]
+    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g64:asym", "int4:g32:chan:sym",
+              "int3:g32:asym:pack=ggml", "int5:g32:asym",
               "lm3", "nf4:g64:s=bf16",
               "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
               "int3:g32:chan:asym", "int4:g16:chan:asym",
@@ -83,7 +88,7 @@ def test_codec_of():
 @pytest.mark.parametrize("scheme,D,tw", [("q4_0", 128, 16), ("q8_0", 128, 16), ("fp8_e4m3", 128, 16), ("q4_0", 64, 16),
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
-                                         ("nf4", 128, 16), ("iq4nl", 128, 16)])
+                                         ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -106,7 +111,7 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
 
 
 def test_gluon_config_rejects_other_schemes():
-    sch = kvlab.scheme("int3:g32:asym")
+    sch = kvlab.scheme("int5:g32:asym")
     dev = "cuda" if CUDA else "cpu"
     c = make_paged([20], 2, 128, 16, sch.k, sch.v, device=dev)
     q = torch.randn(1, 8, 128, device=dev)
@@ -123,8 +128,11 @@ def test_unsupported_names_each_limit():
     assert "page size must be a multiple of 16" in gluon.unsupported(s.k, s.v, 128, 8, 4, "cpu")
     assert "GQA group must be <= 16" in gluon.unsupported(s.k, s.v, 128, 16, 32, "cpu")
     assert "CUDA GPU" in gluon.unsupported(s.k, s.v, 128, 16, 4, "cpu")
-    h = kvlab.scheme("k=q4_0,v=int3:g32:asym")
+    h = kvlab.scheme("k=q4_0,v=int5:g32:asym")
     assert "V spec" in gluon.unsupported(h.k, h.v, 128, 16, 4, "cpu")
+    i3 = kvlab.scheme("int3:g32:asym")
+    assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 128, 16, 4, "cpu")
+    assert "int3 codec runs at head_dim 128" in gluon.unsupported(i3.k, i3.v, 64, 16, 4, "cpu")
     i2 = kvlab.scheme("int2:g32:asym")  # a thread's 8 value channels of 2 bits: half a word
     assert "less than a 32-bit code word at head_dim 64" in gluon.unsupported(i2.k, i2.v, 64, 16, 4, "cpu")
     assert "CUDA GPU" in gluon.unsupported(i2.k, kvlab.scheme("q4_0").v, 64, 16, 4, "cpu")  # int2 keys at D 64 run
@@ -375,6 +383,30 @@ def test_ptx_codebook_lookups(fmt):
         np.testing.assert_array_equal(_f16(hi_b), want(nib(WB, k, 1), sr))
 
 
+@pytest.mark.parametrize("asym", [False, True])
+def test_ptx_i3_decodes_planes(asym):
+    """int3: code 4 k + f of words A and B = 2-bit field f of byte k | plane bit 4 k + f (of pA / pB's low halves)
+    << 2, times s (fields 1 and 3 as 4 c with s / 4), minus the sym offset 4 or plus the zero."""
+    from devtools.gluon_emu import run_ptx
+    s = S.astype(np.float32) * 8
+    s = np.where(np.abs(s) < 2.0 ** -9, 2.0 ** -9, s).astype(np.float16)
+    s4, sr = (s.astype(np.float32) / 4).astype(np.float16), s[::-1].copy()
+    s4r = (sr.astype(np.float32) / 4).astype(np.float16)
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    P_ = RNG.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+    PB = P_[::-1].copy()
+    code = lambda w, p, k, f: (((_byte(w, k) >> (2 * f)) & 3) | (((p >> (4 * k + f)) & 1) << 2)).astype(np.int64)  # noqa: E731
+    want = lambda c, sc, z: ((c - (0 if asym else 4)) * sc.astype(np.float32) +  # noqa: E731
+                             (z.astype(np.float32) if asym else 0)).astype(np.float16).astype(np.float32)
+    for k in range(4):
+        args = [W, WB, P_, PB, _bits(s), _bits(sr), _bits(s4), _bits(s4r)] + ([_bits(m), _bits(mr)] if asym else [])
+        outs = run_ptx(gc.asm_i3(k, asym), "=h," * 8 + "r,r,r,r,h,h,h,h" + (",h,h" if asym else ""), args)
+        for f in range(4):
+            np.testing.assert_array_equal(_f16(outs[2 * f]), want(code(W, P_, k, f), s, m))
+            np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(code(WB, PB, k, f), sr, mr))
+
+
 def test_ptx_f8_converts_e4m3():
     from devtools.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
@@ -445,6 +477,10 @@ EMU_CASES = [
     ("iq4nl", [40, 130], 8, 2, 16, 2, 4, 32),
     ("k=lm4:rot=had,v=nf4:g32:pack=ggml", [33, 90], 16, 2, 32, 1, 4, 16),
     ("k=iq4nl,v=q4_1", [17, 100], 8, 2, 16, 2, 2, 32),
+    ("int3:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),   # bit planes (2 + 1)
+    ("int3:g32:sym", [40, 130], 16, 2, 32, 2, 4, 32),
+    ("k=int3:g32:asym,v=q8_0", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),
+    ("k=q4_0,v=int3:g32:asym:rot=had", [17, 100], 8, 2, 16, 2, 4, 16),
 ]
 
 
@@ -671,7 +707,7 @@ def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     for name in ("q4_0", "q8_0", "fp8_e4m3", "q4_0,window=16"):
         space = autotune.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, "cuda")
         assert len(space) == 6 and all(isinstance(c, GluonDecodeConfig) for c in space), name
-    assert autotune.gluon_space(kvlab.scheme("int3:g32:asym"), 32, 32, 8, 128, 16, "cuda") == []
+    assert autotune.gluon_space(kvlab.scheme("int5:g32:asym"), 32, 32, 8, 128, 16, "cuda") == []
 
 
 def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
