@@ -25,13 +25,15 @@
 
 # %% tags=["parameters"]
 RESULTS = "../sweeps/results/h200"
-DECODE = f"{RESULTS}/decode.csv"                          # bench_decode run, header.json
-DISPATCH = f"{RESULTS}/runs/arch-bc9b6a4/decode.csv"     # the one benchmark runner: tuned vs default dispatch
+DECODE = f"{RESULTS}/decode.csv"          # benchmarks/run.py --cases decode (h200_run.sh codecs2), header.json
+BEFORE = f"{RESULTS}/runs/final-b2961af/decode.csv"      # the table before the Gluon codecs of issue 16
 STORE = f"{RESULTS}/store.csv"
 FLASHINFER = f"{RESULTS}/flashinfer_fp8/flashinfer_fp8.csv"
-TUNED = f"{RESULTS}/tuned_configs.json"
+TUNED = "../kvlab/kernels/data/tuned_nvidia_h200.json"  # the configs the package ships for the H200
 PROFILE = f"{RESULTS}/runs/profile-4f1093e/summary.txt"
-MAIN = ["bf16", "fp8_e4m3", "q8_0", "q4_0", "q4_1", "int4_had", "kivi4", "int3", "int2", "mxfp4", "nvfp4"]
+SASS = f"{RESULTS}/runs/codecs3-1ec2853/sm90_offline.txt"  # offline sm_90 loop counts of the Gluon codecs
+MAIN = ["bf16", "fp8_e4m3", "q8_0", "q4_0", "q4_1", "int4_had", "kivi4", "kivi2", "int3", "int2", "mxfp4", "nvfp4",
+        "nf4", "iq4nl"]
 
 # %%
 import json
@@ -48,6 +50,8 @@ header = json.loads(Path(f"{RESULTS}/header.json").read_text())
 print({k: header[k] for k in ("gpu", "torch", "triton", "commit", "date", "copy_tbps_read_plus_write")})
 dec = pd.read_csv(DECODE)
 dec = dec[dec["scheme"].isin(MAIN)]
+both = dec  # default dispatch (the shipped configs) and the heuristic alone, one run
+dec = dec[dec["dispatch"] == "default"]
 
 # %% [markdown]
 # ## The memory roofline at B=32 x 32K (Hq 32, Hk 8, D 128, page 16)
@@ -66,31 +70,39 @@ ax.text(0.45, header["copy_tbps_read_plus_write"] * 1.02, "copy bandwidth", colo
 ax.set_ylim(0, header["copy_tbps_read_plus_write"] * 1.25)
 ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
 ax.set_title("decode: achieved bandwidth vs stored bytes per element")
-main[["graph_ms", "cudnn_bf16_ms", "speedup_vs_cudnn", "roofline_frac_graph", "bytes per element"]].round(3)
+before = pd.read_csv(BEFORE).query("batch == 32 and context == 32768").drop_duplicates("scheme").set_index("scheme")
+main["before graph_ms"] = before["graph_ms"].reindex(main.index)
+main["kernel"] = [json.loads(c).get("kernel") for c in main["config"]]
+main[["graph_ms", "before graph_ms", "cudnn_bf16_ms", "ratio_graph_vs_cudnn", "roofline_frac_graph", "bytes per element",
+      "kernel"]].round(3)
 
 # %% [markdown]
-# ## Speedup over cuDNN bf16 across batch and context
-# cuDNN SDPA on dense bf16 K/V of the same shape, in the same process; above 1 the quantized cache is faster
-# than the dense bf16 attention it replaces.
+# ## Speedup over cuDNN bf16 across batch, context and head size
+# cuDNN SDPA on dense bf16 K/V of the same shape, in the same process (graph-replayed medians); above 1 the
+# quantized cache is faster than the dense bf16 attention it replaces. D 64 is SmolLM2's shape (Hq 9, Hk 3),
+# D 256 Gemma-like (Hq 8, Hk 4).
 
 # %%
-dec["shape"] = "B" + dec["batch"].astype(str) + " x " + (dec["context"] // 1024).astype(str) + "K"
+dec["shape"] = ("B" + dec["batch"].astype(str) + " x " + (dec["context"] // 1024).astype(str) + "K, D"
+                + dec["head_dim"].astype(str))
+dec["speedup (graph)"] = dec["cudnn_bf16_ms"] / dec["graph_ms"]
 sub = dec.drop_duplicates(["scheme", "shape"])
-g = sns.catplot(data=sub, x="scheme", y="speedup_vs_cudnn", hue="shape", kind="bar", height=4, aspect=2.6,
+g = sns.catplot(data=sub, x="scheme", y="speedup (graph)", hue="shape", kind="bar", height=4, aspect=2.6,
                 order=[s for s in MAIN if s in set(sub["scheme"])])
 for ax in g.axes.flat:
     ax.axhline(1.0, ls="--", color="0.3")
 g.set_axis_labels("", "cuDNN bf16 time / kvlab time")
 
 # %% [markdown]
-# ## Tuned configs vs a new user's defaults
-# The same schemes through the public API with the tuned-config file and with none (the benchmark runner's
-# two dispatch rows, one process). Ratio below 1: faster than cuDNN bf16.
+# ## The shipped configs vs the dispatch heuristic alone
+# A new user with no tuned file gets the configs the package ships for this GPU ("default"); with those turned
+# off (KVLAB_PACKAGED_CONFIGS=0) the dispatch heuristic picks the kernel's default tile ("heuristic"). One
+# process, B=32 x 32K. Ratio below 1: faster than cuDNN bf16.
 
 # %%
-disp = pd.read_csv(DISPATCH)
+disp = both.query("batch == 32 and context == 32768")
 speedup_bars(disp, value="ratio_graph_vs_cudnn", by="scheme", hue="dispatch",
-             title="decode time / cuDNN bf16 (B=32 x 32K), tuned vs default dispatch")
+             title="decode time / cuDNN bf16 (B=32 x 32K), shipped configs vs heuristic")
 disp.pivot(index="scheme", columns="dispatch", values="ratio_graph_vs_cudnn").round(3)
 
 # %%
@@ -126,9 +138,18 @@ fi[fi["test"] == "timing"][["impl", "batch", "median_ms", "tb_per_s", "ratio_vs_
 
 # %% [markdown]
 # ## What limits each kernel
-# Nsight Compute on the slow families (B=32 x 32K): DRAM throughput well under the roofline with few eligible
-# warps and high register counts means the dequantization, not memory, bounds them; that is the work of
-# issue 16 (fast codecs in the MMA-fragment kernel).
+# Nsight Compute on the Triton kernels the slow families ran before the Gluon codecs (B=32 x 32K): DRAM
+# throughput well under the roofline with few eligible warps and high register counts, i.e. dequantization, not
+# memory, bounded them.
 
 # %%
 print(Path(PROFILE).read_text())
+
+# %% [markdown]
+# The Gluon kernel's main loop per 16-token tile per warp (4 warps; channel-axis keys 32 tokens), compiled
+# for sm_90 offline (`python -m devtools.sm90_offline gluon:SCHEME`): instructions issued, registers, no
+# shared memory in the loop. At B=32 x 32K the kernel is issue-bound: its time follows the loop's instruction
+# count far more than the bytes it reads (int2 reads 3 bits per element and q4_0 4.5, at nearly the same time).
+
+# %%
+print(Path(SASS).read_text())
