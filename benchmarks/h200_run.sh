@@ -11,6 +11,7 @@
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
 #                                                      # the decode table with that tuned file
+#   bash benchmarks/h200_run.sh fused  # the Gluon decode's fused split merge: GPU tests, fused vs separate merge
 #   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
 #                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
@@ -77,6 +78,13 @@ codecs2)   # issue 16, second batch (fp4, codebooks): their GPU tests, tuning at
   timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/bench" --cases decode --tuned "" \
     --schemes "${BENCH_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl}" \
     --shapes "${BENCH_SHAPES:-b32,b1}" --budget "${BENCH_BUDGET:-270}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -3
+  ;;
+fused)   # issue 16, one launch: the Gluon decode's split merge by its last program; GPU tests, then fused vs separate
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-240}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
+  timeout "${BENCH_S:-240}" python3 benchmarks/fused_merge_bench.py --out "$OUT/bench" ${FUSED_ARGS:-} 2>&1 \
+    | tee "$OUT/fused.log" | tail -30
   ;;
 codecs-bench)   # the decode table for those schemes (tuned file of the codecs mode when this machine kept it)
   T=/tmp/kvstage/tuned_codecs.json; [ -f "$T" ] || T=""

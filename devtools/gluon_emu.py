@@ -199,6 +199,18 @@ def _namespace() -> types.SimpleNamespace:
     def zeros(shape, dtype, layout=None):
         return torch.zeros([_t(s) for s in shape], dtype=dtype)
 
+    def atomic_add(ptr, val, mask=None, sem=None, scope=None):
+        off = int(torch.as_tensor(ptr.off))
+        old = ptr.flat[off].clone()
+        ptr.flat[off] += val
+        return old
+
+    def atomic_xchg(ptr, val, mask=None, sem=None, scope=None):
+        off = int(torch.as_tensor(ptr.off))
+        old = ptr.flat[off].clone()
+        ptr.flat[off] = val
+        return old
+
     def mma_v2(a, b, acc, input_precision=None):
         return acc + torch.matmul(a.float(), b.float())
 
@@ -221,6 +233,7 @@ def _namespace() -> types.SimpleNamespace:
         broadcast=lambda a, b: torch.broadcast_tensors(a, b),
         convert_layout=lambda x, layout, assert_trivial=False: x,
         inline_asm_elementwise=inline_asm_elementwise, static_print=lambda *a: None,
+        atomic_add=atomic_add, atomic_xchg=atomic_xchg, barrier=lambda **k: None,
     )
     return ns, mma_v2
 

@@ -101,12 +101,15 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
 
     num_warps: warps per program (each owns tokens_per_warp tokens of every tile); tokens_per_warp: 16 or
     32; num_splits: split-K count (None: `auto_splits`); maxnreg: register cap (more CTAs per SM);
-    transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V."""
+    transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V;
+    fused_merge: with splits, the last program of each (sequence, KV head) to finish merges them (one launch),
+    else a separate merge kernel runs."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
     maxnreg: int | None = None
     transpose_o: bool = True
+    fused_merge: bool = True
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
@@ -114,6 +117,7 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
         _opt_int("num_splits", self.num_splits, 1, 256)
         _opt_int("maxnreg", self.maxnreg, 32, 255)
         _check(isinstance(self.transpose_o, bool), f"transpose_o={self.transpose_o!r}; allowed: True, False")
+        _check(isinstance(self.fused_merge, bool), f"fused_merge={self.fused_merge!r}; allowed: True, False")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,21 @@ def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg
             torch.tensor(v_channel_order(vcodec, vpack, vg, D), dtype=torch.int32, device=device))
 
 
+_COUNTERS: dict = {}
+
+
+def counters(device, n: int) -> torch.Tensor:
+    """int32 [>= n] zeros for the fused split merge, one buffer per (device, current stream): the kernel's last
+    program of each (sequence, KV head) resets its counter, so the buffer stays zero between calls and under
+    CUDA-graph replay. Allocated outside any launch (a plan allocates it when it is made)."""
+    dev = torch.device(device)
+    key = (dev, torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+    return buf
+
+
 @functools.lru_cache(maxsize=32)
 def tables(k_fmt: str | None, v_fmt: str | None, device) -> torch.Tensor:
     """int32 [16]: the K and V codebooks' table words (`cb_table_words`; zeros where a side has no codebook)."""
@@ -137,7 +152,10 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2, D: int = 128) -> di
         reg_bases=[[0, b, 0, 0] for b in _bits(D // 8)],
         lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
         warp_bases=warps, block_bases=[], shape=[NW, D // 8, 4, 8])
-    return dict(KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+    # the fused merge's [GPN, D] partials: a warp per head row, D / 32 contiguous channels per lane (D >= 64)
+    ml = ttgl.BlockedLayout(size_per_thread=[1, max(1, D // 32)], threads_per_warp=[1, 32], warps_per_cta=[NW, 1],
+                            order=[1, 0])
+    return dict(ML=ml, KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
                 B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
 
 
@@ -206,7 +224,41 @@ def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constex
 
 
 @gluon.jit
-def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES, LAST,
+def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.constexpr, GPN: ttgl.constexpr,
+                D: ttgl.constexpr, ML: ttgl.constexpr):
+    """After this program's partial and log2-sum-exp are stored: count it in CNT[b, hk]; the last of the
+    num_splits programs of (b, hk) merges all of them into OUT (as `merge_splits`) and resets the count, so the
+    counters are zero between calls (graph replays included). The barrier orders every thread's stores before
+    the count (acq_rel, gpu scope); the merge reads past L1 (.cg)."""
+    ttgl.barrier()
+    cidx = b * ttgl.num_programs(1) + hk
+    seen = ttgl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
+    if seen == num_splits - 1:
+        rows = ttgl.arange(0, GPN, layout=ttgl.SliceLayout(1, ML))
+        d = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ML))
+        hm = rows < GROUP
+        base = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + rows) * num_splits  # [GPN] first split of each head
+        m = ttgl.full([GPN], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(1, ML))
+        tot = ttgl.zeros([GPN], ttgl.float32, layout=ttgl.SliceLayout(1, ML))
+        acc = ttgl.zeros([GPN, D], ttgl.float32, layout=ML)
+        for i in range(num_splits):
+            lse = ttgl.load(LSE + base + i, mask=hm, other=float("-inf"), cache_modifier=".cg")
+            o = ttgl.load(OP + (base + i)[:, None] * D + d[None, :], mask=hm[:, None], other=0.0, cache_modifier=".cg")
+            mn = ttgl.maximum(m, lse)
+            ms = ttgl.where(mn == float("-inf"), 0.0, mn)
+            a = ttgl.exp2(m - ms)
+            w = ttgl.exp2(lse - ms)
+            acc = acc * a[:, None] + o * w[:, None]
+            tot = tot * a + w
+            m = mn
+        out = acc / ttgl.where(tot != 0, tot, 1.0)[:, None]
+        ttgl.store(OUT + b * so0 + (hk * GROUP + rows)[:, None] * so1 + d[None, :], out.to(OUT.dtype.element_ty),
+                   mask=hm[:, None])
+        ttgl.atomic_xchg(CNT + cidx, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES, LAST,
                        KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
@@ -215,12 +267,14 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
-                       GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr):
+                       GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
+                       FUSED: ttgl.constexpr, ML: ttgl.constexpr):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (page and head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
-    (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2)."""
+    (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
+    [B * Hk] int32 counters, zero between calls)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -332,6 +386,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM,
         lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
         ttgl.store(LSE + lrow, lse, mask=lg < GROUP)
+        if FUSED:
+            _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP, GPN, D, ML)
 
 
 # ---- host side ------------------------------------------------------------------------------------
@@ -436,6 +492,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     if S > 1:
         op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
+    fused = S > 1 and config.fused_merge
+    cnt = counters(q.device, B * Hk) if fused else kern_out
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
@@ -452,7 +510,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         vf = vf if has_fp else vc
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            qr, o, op, lse, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms, tab,
+            qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms, tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
@@ -461,8 +519,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, KCHAN=kchan, KCL=lay["KCL"],
-            num_warps=NW, **launch_opts)
-        if S > 1:
+            FUSED=fused, ML=lay["ML"], num_warps=NW, **launch_opts)
+        if S > 1 and not fused:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T
             user_out.copy_(o @ hadamard(D, o.device).T)

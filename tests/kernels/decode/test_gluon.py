@@ -544,6 +544,29 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
 
 
 @EMU
+@pytest.mark.parametrize("name,S_", [("q4_0", 3), ("int4_had", 5), ("kivi4", 2)])
+def test_emulated_fused_merge_equals_merge_kernel(name, S_, monkeypatch):
+    """The last split program's merge (one launch) == the separate merge kernel, to float32 rounding; its
+    counters are zero again after the call (so a plan replays), and a second call gives the same output."""
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    P = 32 if name == "kivi4" else 16
+    lens = [0, 64, 128, 96] if name == "kivi4" else [0, 40, 130, 97]  # (channel-axis pages hold whole groups)
+    sch, args, kw, q, ref = _case(name, lens, 8, 2, P, seed=9, q_seed=1, fp_lens=[3, 0, 5, 0] if name == "kivi4" else None)
+    kv = _kv(q, sch, args, kw, P)
+    tw = 32 if name == "kivi4" else 16
+    fused = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw))
+    assert (gluon.counters("cpu", 1) == 0).all()
+    again = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw))
+    sep = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw, fused_merge=False))
+    assert torch.equal(fused, again)
+    torch.testing.assert_close(fused.float(), sep.float(), rtol=1e-2, atol=1e-2)  # bf16 outputs of one fp32 merge
+    assert _rel_err(fused, ref) < TOL
+    if name != "kivi4":  # (its empty sequence has full-precision tokens)
+        assert (fused[0] == 0).all()  # an empty sequence: every split empty
+
+
+@EMU
 @pytest.mark.parametrize("name,Hq", [("q4_0", 8), ("k=q8_0,v=q4_1", 16)])
 def test_emulated_untransposed_accumulator(name, Hq, monkeypatch):
     """transpose_o=False (O = P V, 16 padded head rows) == the reference too."""
@@ -660,6 +683,30 @@ def test_gluon_matches_reference_at_other_head_dims(c):
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
+
+
+@GPU
+@pytest.mark.parametrize("name", ["q4_0", "kivi4", "nvfp4"])
+def test_gluon_fused_merge_on_the_gpu(name):
+    """One launch (the last split program merges) == the merge kernel; counters stay zero across CUDA-graph replays."""
+    P = 32 if name == "kivi4" else 16
+    sch, args, kw, q, ref = _case(name, [32, 1024, 4096, 0], 32, 8, P, seed=2, q_seed=6, device="cuda")
+    kv = _kv(q, sch, args, kw, P)
+    cfg = GluonDecodeConfig(num_splits=7, tokens_per_warp=32)
+    sep = gluon.run(q, kv, 128 ** -0.5, cfg.replace(fused_merge=False))
+    out = torch.empty_like(q)
+    run = gluon.run(q, kv, 128 ** -0.5, cfg, out=out, plan=True)
+    g = torch.cuda.CUDAGraph()
+    run()
+    with torch.cuda.graph(g):
+        run()
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), sep.float(), rtol=1e-2, atol=1e-2)
+    assert (gluon.counters("cuda", 1) == 0).all()
+    assert _rel_err(out, ref) < TOL
 
 
 @GPU
