@@ -233,7 +233,7 @@ def _namespace() -> types.SimpleNamespace:
         broadcast=lambda a, b: torch.broadcast_tensors(a, b),
         convert_layout=lambda x, layout, assert_trivial=False: x,
         inline_asm_elementwise=inline_asm_elementwise, static_print=lambda *a: None,
-        atomic_add=atomic_add, atomic_xchg=atomic_xchg, barrier=lambda **k: None,
+        atomic_add=atomic_add, atomic_xchg=atomic_xchg, barrier=lambda **k: None, thread_barrier=lambda: None,
     )
     return ns, mma_v2
 

@@ -96,6 +96,7 @@ def channel_orders(kcodec: int, kpack: str, kg: int, vcodec: int, vpack: str, vg
             torch.tensor(v_channel_order(vcodec, vpack, vg, D), dtype=torch.int32, device=device))
 
 
+HAS_BARRIER = ttgl.constexpr(hasattr(ttgl, "barrier"))
 _COUNTERS: dict = {}
 
 
@@ -230,7 +231,10 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
     num_splits programs of (b, hk) merges all of them into OUT (as `merge_splits`) and resets the count, so the
     counters are zero between calls (graph replays included). The barrier orders every thread's stores before
     the count (acq_rel, gpu scope); the merge reads past L1 (.cg)."""
-    ttgl.barrier()
+    if HAS_BARRIER:  # (Triton 3.9's Gluon; older ones name it thread_barrier)
+        ttgl.barrier()
+    else:
+        ttgl.thread_barrier()
     cidx = b * ttgl.num_programs(1) + hk
     seen = ttgl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
     if seen == num_splits - 1:
