@@ -103,13 +103,14 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     32; num_splits: split-K count (None: `auto_splits`); maxnreg: register cap (more CTAs per SM);
     transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V;
     fused_merge: with splits, the last program of each (sequence, KV head) to finish merges them (one launch),
-    else a separate merge kernel runs."""
+    else a separate merge kernel runs (the default: on the H200 the fused merge was 7-15% slower at batch 1 with 33
+    splits and 11% faster at batch 32 x 1K with 3, sweeps/results/h200/runs/fused-f257f7d)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
     maxnreg: int | None = None
     transpose_o: bool = True
-    fused_merge: bool = True
+    fused_merge: bool = False
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))

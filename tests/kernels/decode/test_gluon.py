@@ -555,9 +555,10 @@ def test_emulated_fused_merge_equals_merge_kernel(name, S_, monkeypatch):
     sch, args, kw, q, ref = _case(name, lens, 8, 2, P, seed=9, q_seed=1, fp_lens=[3, 0, 5, 0] if name == "kivi4" else None)
     kv = _kv(q, sch, args, kw, P)
     tw = 32 if name == "kivi4" else 16
-    fused = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw))
+    cfg = GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw, fused_merge=True)
+    fused = gluon.run(q, kv, 128 ** -0.5, cfg)
     assert (gluon.counters("cpu", 1) == 0).all()
-    again = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw))
+    again = gluon.run(q, kv, 128 ** -0.5, cfg)
     sep = gluon.run(q, kv, 128 ** -0.5, GluonDecodeConfig(num_splits=S_, tokens_per_warp=tw, fused_merge=False))
     assert torch.equal(fused, again)
     torch.testing.assert_close(fused.float(), sep.float(), rtol=1e-2, atol=1e-2)  # bf16 outputs of one fp32 merge
@@ -692,7 +693,7 @@ def test_gluon_fused_merge_on_the_gpu(name):
     P = 32 if name == "kivi4" else 16
     sch, args, kw, q, ref = _case(name, [32, 1024, 4096, 0], 32, 8, P, seed=2, q_seed=6, device="cuda")
     kv = _kv(q, sch, args, kw, P)
-    cfg = GluonDecodeConfig(num_splits=7, tokens_per_warp=32)
+    cfg = GluonDecodeConfig(num_splits=7, tokens_per_warp=32, fused_merge=True)
     sep = gluon.run(q, kv, 128 ** -0.5, cfg.replace(fused_merge=False))
     out = torch.empty_like(q)
     run = gluon.run(q, kv, 128 ** -0.5, cfg, out=out, plan=True)
