@@ -418,8 +418,6 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     for name, spec in (("K", k_spec), ("V", v_spec)):
         if codec_of(spec, name.lower()) in (I3, I3A) and D != 128:
             return f"{name} spec {spec}: the int3 codec runs at head_dim 128 (a key thread-row is one group of 32), got {D}"
-    if words_v(codec_of(v_spec, "v"), D) == 0:
-        return f"V spec {v_spec}: a thread's {D // 8} value channels are less than a 32-bit code word at head_dim {D}"
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:

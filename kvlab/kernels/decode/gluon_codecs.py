@@ -87,9 +87,15 @@ def words_k(codec: int, D: int = 128) -> int:
 
 
 def words_v(codec: int, D: int = 128) -> int:
-    """Code words per thread per value row at head dim D (a thread holds D / 8 output columns; 0 where those
-    columns are less than a word: int2 at D 64)."""
-    return WORDS_V[codec] * D // 128
+    """Code words per thread per value row at head dim D (a thread holds D / 8 output columns). int2 at D 64
+    holds half a word: 1 here, and `v_half` says so."""
+    return max(1, WORDS_V[codec] * D // 128)
+
+
+def v_half(codec: int, D: int) -> bool:
+    """True where a value thread-row is half a code word (int2 at D 64: 8 channels, 2 bytes): two threads read
+    the same word, the odd one shifted down by 16 bits, and decode its bytes 0 and 1."""
+    return codec in (Q2, Q2A) and WORDS_V[codec] * D < 128
 
 
 def codec_of(spec, role: str = "k") -> int | None:
@@ -157,7 +163,7 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
 def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 128) -> list[int]:
     """Head-dim channel of each output column n = g + 8 nt; thread g reads the 4 WV bytes of a row from byte
     4 WV g on (WV = words_v(codec, D))."""
-    out, gb = [], 4 * words_v(codec, D)
+    out, gb = [], (2 if v_half(codec, D) else 4 * words_v(codec, D))
     for n in range(D):
         g, nt = n & 7, n >> 3
         if codec in (Q4, Q4A, F4M, F4N, CB):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
@@ -620,16 +626,22 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A) and D == 64  # int2 at D 64: half a word per thread
     if I3ANY:  # thread g: 2-bit word g % 2 of group g // 2 (3 words each), and the group's plane word
         word = ((3 * (g // 2) + g % 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
         pword = ((3 * (g // 2) + 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, 3 * D // 32 if I3ANY else 8 * WV, P, TW, TW, 1, L2W, NW, PERM)
+    if HALF:  # thread g: half g % 2 of word g // 2
+        word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+    RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
             tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
         w = ttgl.load(VC + rows[:, None, None, :] + word, mask=(tt < hi)[:, None, None, :], other=0)
     else:
         w = ttgl.load(VC + rows[:, None, None, :] + word)  # [NW, we, g, TW]
+    if HALF:
+        w = w >> (16 * (g % 2))[None, None, :, None]
     wa, wb = ttgl.split(ttgl.reshape(w, [NW, WV, 8, TW // 2, 2]))  # tokens 2c, 2c + 1: [NW, we, g, c]
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
@@ -862,18 +874,27 @@ def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.const
     elif CODEC == C_Q2 or CODEC == C_Q2A:
         sa4 = sa * 0.25
         sb4 = sb * 0.25
-        if CODEC == C_Q2:
-            j = ttgl.join(ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1)),
-                          ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT2), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT3)))
-        else:
+        if CODEC == C_Q2A:
             ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
             mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
-            j = ttgl.join(ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU0),
-                                    _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU1)),
-                          ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU2),
-                                    _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU3)))
-        # [NW, we, g, c, t0, f0, f1, k0, k1] -> [NW, c, t0, we, k1, k0, f1, f0, g]
-        j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])
+        if D == 64:  # half a word: bytes 0 and 1 -> [NW, we, g, c, t0, f0, f1, k0] -> [NW, c, t0, we, k0, f1, f0, g]
+            if CODEC == C_Q2:
+                j = ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1))
+            else:
+                j = ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU0),
+                              _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU1))
+            j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])
+        else:
+            if CODEC == C_Q2:
+                j = ttgl.join(ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1)),
+                              ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT2), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT3)))
+            else:
+                j = ttgl.join(ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU0),
+                                        _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU1)),
+                              ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU2),
+                                        _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU3)))
+            # [NW, we, g, c, t0, f0, f1, k0, k1] -> [NW, c, t0, we, k1, k0, f1, f0, g]
+            j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])
     else:
         if CODEC == C_I8:
             j = ttgl.join(ttgl.join(_v_i8(wa, wb, sa, sb, AVI0), _v_i8(wa, wb, sa, sb, AVI1)),

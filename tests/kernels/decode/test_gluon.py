@@ -44,7 +44,8 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
                          + [(gc.F8, "seq", D, D) for D in gc.HEAD_DIMS]  # no groups: G = D
                          + [(c, p, G, 128) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq") for G in gc.GROUPS]
                          + [(gc.Q2A, "seq", 64, 256)] + [(c, "seq", 32, D) for c in gc.CHAN for D in gc.HEAD_DIMS]
-                         + [(gc.I3, "seq", 32, 128), (gc.I3A, "seq", 32, 128)])
+                         + [(gc.I3, "seq", 32, 128), (gc.I3A, "seq", 32, 128)]
+                         + [(c, p, 32, 64) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq")])
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
     assert sorted(k) == list(range(D))
@@ -133,9 +134,8 @@ def test_unsupported_names_each_limit():
     i3 = kvlab.scheme("int3:g32:asym")
     assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 128, 16, 4, "cpu")
     assert "int3 codec runs at head_dim 128" in gluon.unsupported(i3.k, i3.v, 64, 16, 4, "cpu")
-    i2 = kvlab.scheme("int2:g32:asym")  # a thread's 8 value channels of 2 bits: half a word
-    assert "less than a 32-bit code word at head_dim 64" in gluon.unsupported(i2.k, i2.v, 64, 16, 4, "cpu")
-    assert "CUDA GPU" in gluon.unsupported(i2.k, kvlab.scheme("q4_0").v, 64, 16, 4, "cpu")  # int2 keys at D 64 run
+    i2 = kvlab.scheme("int2:g32:asym")  # a value thread-row of 8 int2 channels is half a word: it runs
+    assert "CUDA GPU" in gluon.unsupported(i2.k, i2.v, 64, 16, 4, "cpu")
     kv4 = kvlab.scheme("kivi4")
     assert "tokens_per_warp=32, got 16" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 16)
     assert "CUDA GPU" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 32)
@@ -590,6 +590,9 @@ EMU_D_CASES = [
     ("int4:g64:sym", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),    # Gemma-style head_dim 256
     ("k=fp8_e4m3,v=int8:g64:asym", [17, 100], 8, 4, 32, 3, 2, 16, 256, [3, 0]),
     ("k=int2:g32:asym,v=q4_0", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
+    ("int2:g32:asym", [40, 130], 9, 3, 16, 2, 4, 16, 64, [3, 0]),    # values: half a code word per thread-row
+    ("kivi2", [64, 160], 9, 3, 32, 2, 4, 32, 64, [20, 0]),
+    ("k=q8_0,v=int2:g64:sym:pack=ggml", [33, 90], 8, 4, 16, 3, 2, 32, 64, None),
     ("int2:g64:asym", [33, 90], 8, 4, 16, 2, 4, 32, 256, [0, 5]),
     ("kivi4", [64, 160], 9, 3, 32, 2, 4, 32, 64, [20, 0]),                     # SmolLM2's heads
     ("nvfp4", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
