@@ -73,12 +73,17 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, device=None) -> l
 def split_space(best, B: int, Hk: int, device=None) -> list:
     """Split counts around the best config's: half, three quarters, one and a half, double (the fractional
     steps let B * Hk * splits programs end on a whole wave); one split (no merge) too where B * Hk
-    programs alone reach every SM."""
+    programs alone reach every SM. For the Gluon kernel with splits, also the best config with the split merge
+    fused into its last program (one launch; it wins at few splits and short contexts, loses at many:
+    sweeps/results/h200/runs/fused-f257f7d)."""
     base = best.num_splits
     outs = {max(1, base // 2), max(1, 3 * base // 4), min(128, -(-3 * base // 2)), min(128, base * 2)}
     if B * Hk >= num_sms(device):
         outs.add(1)
-    return [best.replace(num_splits=s) for s in sorted(outs - {base})]
+    cands = [best.replace(num_splits=s) for s in sorted(outs - {base})]
+    if isinstance(best, GluonDecodeConfig) and base > 1:
+        cands.append(best.replace(fused_merge=not best.fused_merge))
+    return cands
 
 
 def synthetic_cache(k_spec, v_spec, B: int, Hk: int, D: int, P: int, context: int, device="cuda", seed: int = 0):

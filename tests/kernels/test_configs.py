@@ -118,7 +118,9 @@ def test_split_space_steps_around_the_best(monkeypatch):
 def test_split_space_offers_one_split_when_the_grid_fills_the_gpu(monkeypatch):
     monkeypatch.setattr(autotune, "num_sms", lambda device=None: 132)
     got = autotune.split_space(GluonDecodeConfig(num_splits=2), 32, 8)
-    assert [c.num_splits for c in got] == [1, 3, 4] and all(isinstance(c, GluonDecodeConfig) for c in got)
+    assert [c.num_splits for c in got] == [1, 3, 4, 2] and all(isinstance(c, GluonDecodeConfig) for c in got)
+    assert [c.fused_merge for c in got] == [False, False, False, True]  # the best's splits, merged in one launch
+    assert not any(c.fused_merge for c in autotune.split_space(GluonDecodeConfig(num_splits=1), 32, 8))
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q8_0", "fp8_e4m3", "int4_had", "kivi4", "int3:g32:asym"])
