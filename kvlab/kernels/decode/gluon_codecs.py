@@ -1,4 +1,4 @@
-"""Code formats of the Gluon MMA-fragment decode (gluon_mma.py): loads and fragment builders per codec.
+"""Code formats of the Gluon MMA-fragment decode (gluon.py): loads and fragment builders per codec.
 
 A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragments in registers:
 - Q4 (0): int4 sym group 32, fp16 scales (q4_0; GGML or sequential nibbles): v = (nibble - 8) s.
@@ -9,8 +9,14 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - Q2 (5) / Q2A (6): int2 sym / asym, fp16 scales (and zeros) (int2:g32:asym, kivi2's values): v = (c - 2) s,
   c s + m. A word holds 16 codes; fields 1 and 3 of a byte come out as 4 c and meet s / 4, fields 2 and 3 are
   read from the word shifted by 4 (one SHR, so no field ever needs s / 16 or s / 64).
-Groups of 32, 64 or 128 channels (one fp16 scale, and zero, per group): a thread's D / 4 key channels
-and D / 8 value channels always lie in one group (head dims D 64 and 128; 256 with groups of 64 or more).
+- KC4 (7) / KC2 (8): KIVI's channel-axis keys (int4 / int2 asym, per-channel scales and zeros per token group).
+- F4M (9) / F4N (10): fp4 e2m1 with e8m0 (mxfp4) or e4m3 + tensor (nvfp4) group scales.
+- CB (11): 4-bit codebooks (nf4, iq4nl, lm4): a 16-entry fp16 table passed per call.
+- I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane), groups of 32 at head_dim 128.
+Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
+Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels
+always lie in one group; its D / 4 key channels do at D 64 and 128, and where they span groups (D 256 with groups of
+32) the keys read a scale (and zero) per code word.
 `words_k` / `words_v` give the code words a thread reads per row at head dim D.
 The nibble order within a byte (GGML: element i and i + 16 of a group; sequential: 2i and 2i + 1)
 only changes which channel each fragment element is, i.e. the channel orders below, not the kernel.
