@@ -264,8 +264,8 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 
 
 @gluon.jit
-def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES, LAST,
-                       KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
+def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
+                       LAST, KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
                        KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        GK: ttgl.constexpr, GV: ttgl.constexpr,
@@ -329,8 +329,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D)
     else:
         kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
-    va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P, TW, VW,
-                                          VWA, NW, D, KCHAN)
+    va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
+                                                  P, TW, VW, VWA, NW, D, KCHAN)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
         if KCHAN:
@@ -339,8 +339,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         else:
             nkw, nkw2, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
                                          KW, NW, D)
-        nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
-                                                   WV, GV, P, TW, VW, VWA, NW, D, KCHAN)
+        nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1,
+                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN)
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
@@ -400,26 +400,26 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
-    for name, spec in (("K", k_spec), ("V", v_spec)):
-        if codec_of(spec, name.lower()) is None:
+    sides = (("K", k_spec, codec_of(k_spec, "k")), ("V", v_spec, codec_of(v_spec, "v")))
+    for name, spec, codec in sides:
+        if codec is None:
             return (f"{name} spec {spec} has no Gluon codec (supported: " + "; ".join(CODECS.values()) +
                     "; channel-axis codecs for keys only; Hadamard rotation allowed; keys after RoPE)")
-    if codec_of(k_spec) in CHAN:
+    if sides[0][2] in CHAN:
         if tokens_per_warp not in (None, CHAN_TW):
             return f"channel-axis keys ({k_spec}) run with tokens_per_warp={CHAN_TW}, got {tokens_per_warp}"
         if k_spec.group % CHAN_TW:
             return f"channel-axis keys need token groups that are a multiple of {CHAN_TW}, got {k_spec.group}"
     if D not in HEAD_DIMS:
         return f"head_dim must be one of {HEAD_DIMS}, got {D}"
-    for name, spec in (("K", k_spec), ("V", v_spec)):  # a thread's D / 4 key, D / 8 value channels: one group
-        per = D // 4 if name == "K" else D // 8
-        codec = codec_of(spec, name.lower())
+    for name, spec, codec in sides:  # a thread's D / 8 value channels lie in one group, and D / 4 key channels
+        per = D // 4 if name == "K" else D // 8  # unless the keys read a scale per code word
         if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
-    for name, spec in (("K", k_spec), ("V", v_spec)):
-        if codec_of(spec, name.lower()) in (I3, I3A) and D != 128:
-            return f"{name} spec {spec}: the int3 codec runs at head_dim 128 (a key thread-row is one group of 32), got {D}"
+        if codec in (I3, I3A) and D != 128:
+            return (f"{name} spec {spec}: the int3 codec runs at head_dim 128 (a key thread-row is one group of 32), "
+                    f"got {D}")
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
@@ -427,7 +427,7 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     dev = torch.device(device)
     if dev.type != "cuda":
         return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
-    need = (8, 9) if {F8, F4N} & {codec_of(k_spec), codec_of(v_spec, "v")} else (8, 0)  # (e4m3 conversion)
+    need = (8, 9) if {F8, F4N} & {sides[0][2], sides[1][2]} else (8, 0)  # (e4m3 conversion)
     cap = tuple(torch.cuda.get_device_capability(dev))
     if cap < need:
         return f"needs sm_{need[0]}{need[1]}+ (mma.sync{', fp8 conversion' if need[1] else ''}); this GPU is sm_{cap[0]}{cap[1]}"
@@ -514,7 +514,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         vf = vf if has_fp else vc
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
-            qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms, tab,
+            qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
+            tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],

@@ -43,7 +43,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 
 Q4, I8, F8, Q4A, I8A, Q2, Q2A = 0, 1, 2, 3, 4, 5, 6
-C_Q4, C_I8, C_F8, C_Q4A, C_I8A, C_Q2, C_Q2A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I8A, Q2, Q2A))  # for jit code
+# the same, for jit code
+C_Q4, C_I8, C_F8, C_Q4A, C_I8A, C_Q2, C_Q2A = (ttgl.constexpr(c) for c in (Q4, I8, F8, Q4A, I8A, Q2, Q2A))
 CODECS = {Q4: "int4 sym (q4_0)", Q4A: "int4 asym (q4_1, int4:g32:asym)", I8: "int8 sym (q8_0)", I8A: "int8 asym",
           F8: "fp8_e4m3 (no group scales)", Q2: "int2 sym", Q2A: "int2 asym (int2:g32:asym)"}
 GROUPS = (32, 64, 128)  # int codecs: token-axis groups with fp16 scales (and zeros)
@@ -78,7 +79,8 @@ CB_FORMATS = ("nf4", "iq4nl", "lm4")
 # plane bit OR-ed in above each field
 I3, I3A = 12, 13
 C_I3, C_I3A = ttgl.constexpr(I3), ttgl.constexpr(I3A)
-CODECS.update({I3: "int3 sym, groups of 32 at head_dim 128", I3A: "int3 asym (int3:g32:asym), groups of 32 at head_dim 128"})
+CODECS.update({I3: "int3 sym, groups of 32 at head_dim 128",
+               I3A: "int3 asym (int3:g32:asym), groups of 32 at head_dim 128"})
 WORDS_K.update({I3: 2, I3A: 2})  # the 2-bit plane's words (the plane word is read beside them)
 WORDS_V.update({I3: 1, I3A: 1})
 ASYM = ASYM + (I3A,)
@@ -151,7 +153,7 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
-        if codec in (Q4, Q4A, F4M, F4N, CB):  # register x = q + 4 wi holds byte (q >> 1) + 2 h2 of word wi, nibble q & 1
+        if codec in (Q4, Q4A, F4M, F4N, CB):  # register x = q + 4 wi: byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
             out.append(_nibble_channel(rb * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
@@ -233,17 +235,18 @@ def _asm_k8(asym: bool) -> str:
 ASM_K_I8 = ttgl.constexpr(_asm_k8(False))
 ASM_K_I8A = ttgl.constexpr(_asm_k8(True))
 def _asm_2bit_fin(asym: bool, out: list[str], regs: list[str], src: list[str], s_ops: str, s4_ops: str,
-                  m_ops: str) -> str:
-    """Int2 asm body: register regs[i] = lop3 of word src[i // 2] with field mask 0x00030003 (i even: c) or
-    0x000C000C (i odd: 4 c) into the 0x6400 magic, minus 1024 (+ the sym offset 2 / 8), times s or s / 4
-    (asym: plus m, one HFMA2); outputs the halves of each register in order."""
-    c0, c1 = ("0xE400E400", "0xE400E400") if asym else ("0xE402E402", "0xE408E408")
+                  m_ops: str, offsets: tuple[int, int] = (2, 8), extra=None) -> str:
+    """Int2 asm body (int3 too): register regs[i] = lop3 of word src[i // 2] with field mask 0x00030003 (i even: c)
+    or 0x000C000C (i odd: 4 c) into the 0x6400 magic, then the lines extra(i, reg) (int3: its plane bit), minus 1024
+    (+ the sym offsets of the two field positions), times s or s / 4 (asym: plus m, one HFMA2); outputs the halves of
+    each register in order."""
+    c0, c1 = ("0xE400E400", "0xE400E400") if asym else tuple(f"0x{0xE400 + o:04X}{0xE400 + o:04X}" for o in offsets)
     fin = "fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};"
     lines = [f"mov.b32 c0, {c0};", f"mov.b32 c1, {c1};", f"mov.b32 s1, {{{s_ops}}};",
              f"mov.b32 s4, {{{s4_ops}}};"] + ([f"mov.b32 m1, {{{m_ops}}};"] if asym else [])
     for i, r in enumerate(regs):
         mask = "0x000C000C" if i & 1 else "0x00030003"
-        lines += [f"lop3.b32 {r}, {src[i // 2]}, {mask}, 0x64006400, 0xEA;",
+        lines += [f"lop3.b32 {r}, {src[i // 2]}, {mask}, 0x64006400, 0xEA;", *(extra(i, r) if extra else []),
                   f"add.rn.f16x2 {r}, {r}, {'c1' if i & 1 else 'c0'};", fin.format(r=r, s="s4" if i & 1 else "s1")]
     lines += [f"mov.b32 {{{out[2 * i]}, {out[2 * i + 1]}}}, {r};" for i, r in enumerate(regs)]
     return "\n".join(lines) + " }"
@@ -287,7 +290,8 @@ def asm_kc(codec: int, k: int) -> str:
         div = "0x34003400"  # 1 / 4
     regs = [f"r{i}" for i in range(len(fields))]
     lines = ["{ .reg .b32 t, v, c, d, s2, " + ", ".join(regs) + ";", f"prmt.b32 t, {a}, {b}, {sel};"] + (
-        ["shr.b32 v, t, 4;"] if codec == KC2 else []) + ["mov.b32 c, 0xE400E400;", f"mov.b32 d, {div};", f"mul.rn.f16x2 s2, {sw}, d;"]
+        ["shr.b32 v, t, 4;"] if codec == KC2 else []) + ["mov.b32 c, 0xE400E400;", f"mov.b32 d, {div};",
+                                                        f"mul.rn.f16x2 s2, {sw}, d;"]
     for r, (src, mask, sc) in zip(regs, fields):
         lines += [f"lop3.b32 {r}, {src}, {mask}, 0x64006400, 0xEA;", f"add.rn.f16x2 {r}, {r}, c;",
                   f"fma.rn.f16x2 {r}, {r}, {sw if sc == 's1' else 's2'}, {mw};"]
@@ -302,22 +306,15 @@ def asm_i3(k: int, asym: bool) -> str:
     f1 B, ..., f3 A, f3 B), field f = code 4 k + f of A / B: the 2-bit field as Q2's (fields 1 and 3 as 4 c with
     s / 4), its plane bit shifted to just above it. In: $8 wA, $9 wB, $10 pA, $11 pB, $12 sA, $13 sB, $14 sA / 4,
     $15 sB / 4 (asym: $16 mA, $17 mB). Sym offset 4 (the code's middle)."""
-    c0, c1 = ("0xE400E400", "0xE400E400") if asym else ("0xE404E404", "0xE410E410")
-    fin = "fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};"
-    lines = ["{ .reg .b32 t, v, pp, x, r0, r1, r2, r3, s1, s4, c0, c1, m1;",
-             f"prmt.b32 t, $8, $9, 0x{4 + k}{4 + k}{k}{k};", "shr.b32 v, t, 4;", "prmt.b32 pp, $10, $11, 0x5410;",
-             f"mov.b32 c0, {c0};", f"mov.b32 c1, {c1};", "mov.b32 s1, {$12, $13};", "mov.b32 s4, {$14, $15};"] + (
-        ["mov.b32 m1, {$16, $17};"] if asym else [])
-    for f, (src, mask, top) in enumerate((("t", "0x00030003", 2), ("t", "0x000C000C", 4), ("v", "0x00030003", 2),
-                                          ("v", "0x000C000C", 4))):
+    def plane(f: int, r: str) -> list[str]:
+        top = 4 if f & 1 else 2  # the field's top bit + 1 in its half
         sh = top - (4 * k + f)  # plane bit 4 k + f of each half -> bit `top` of that half
         move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
-        lines += [f"lop3.b32 r{f}, {src}, {mask}, 0x64006400, 0xEA;", move,
-                  f"lop3.b32 r{f}, r{f}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;",
-                  f"add.rn.f16x2 r{f}, r{f}, {'c1' if f & 1 else 'c0'};",
-                  fin.format(r=f"r{f}", s="s4" if f & 1 else "s1")]
-    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
-    return "\n".join(lines) + " }"
+        return [move, f"lop3.b32 {r}, {r}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;"]
+    head = ["{ .reg .b32 t, v, pp, x, r0, r1, r2, r3, s1, s4, c0, c1, m1;",
+            f"prmt.b32 t, $8, $9, 0x{4 + k}{4 + k}{k}{k};", "shr.b32 v, t, 4;", "prmt.b32 pp, $10, $11, 0x5410;"]
+    return "\n".join(head) + "\n" + _asm_2bit_fin(asym, [f"${i}" for i in range(8)], ["r0", "r1", "r2", "r3"],
+                                                   ["t", "v"], "$12, $13", "$14, $15", "$16, $17", (4, 16), plane)
 
 
 AI30, AI31, AI32, AI33 = (ttgl.constexpr(asm_i3(k, False)) for k in range(4))
