@@ -12,6 +12,8 @@
 #   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
 #                                                      # the decode table with that tuned file
 #   bash benchmarks/h200_run.sh fused  # the Gluon decode's fused split merge: GPU tests, fused vs separate merge
+#   bash benchmarks/h200_run.sh winners  # issue 18: the quality winners' decode step (every layer) through the public
+#                                        # decode, plus every search candidate at each model's shape (CANDIDATES)
 #   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
 #                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
@@ -85,6 +87,11 @@ fused)   # issue 16, one launch: the Gluon decode's split merge by its last prog
     2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
   timeout "${BENCH_S:-240}" python3 benchmarks/fused_merge_bench.py --out "$OUT/bench" ${FUSED_ARGS:-} 2>&1 \
     | tee "$OUT/fused.log" | tail -30
+  ;;
+winners)   # issue 18: decode_ms_h200 of winners.csv's schemes and the pairs of every search candidate
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${BENCH_S:-580}" python3 benchmarks/winners_decode.py --out "$OUT/winners" --candidates "${CANDIDATES:-}" \
+    --budget "${BENCH_BUDGET:-520}" 2>&1 | tee "$OUT/winners.log" | tail -60
   ;;
 codecs-bench)   # the decode table for those schemes (tuned file of the codecs mode when this machine kept it)
   T=/tmp/kvstage/tuned_codecs.json; [ -f "$T" ] || T=""
