@@ -8,7 +8,10 @@
 2. Allocation: one candidate per layer minimising the summed sensitivities (KL adds up across layers to first
    order) subject to the mean effective bits per element over layers <= budget: an exact multiple-choice
    knapsack by dynamic programming over bit units of 1/64 bit.
-3. The chosen scheme is then evaluated like any other (`evaluate_scheme`), on held-out text.
+3. Optionally a decode-time budget: with a table of measured decode times per layer and candidate (from the GPU,
+   `decode_ms_table` reads benchmarks/winners_decode.py's pairs.csv), the allocation also keeps the layers' summed
+   decode time within it (a second dimension of the same dynamic program).
+4. The chosen scheme is then evaluated like any other (`evaluate_scheme`), on held-out text.
 
 A candidate is one spec for a layer's K and V, or a pair `KSPEC|VSPEC` (the scheme DSL's `L<i>=KSPEC|VSPEC`):
 channel-axis keys with token-axis values, more bits for keys than values, and so on.
@@ -23,6 +26,7 @@ from ..spec import KVScheme, as_scheme, as_spec
 from .perplexity import bos_prefix, score_segments, segments, text_tokens
 
 UNIT = 64  # bit units per bit in the allocation
+TIME_UNITS = 400  # time units a decode-time budget is split into
 
 
 def pair(candidate: str) -> tuple:
@@ -59,27 +63,83 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
     return out
 
 
-def allocate(sens: list[list[float]], bits: list[float], budget: float) -> list[int]:
-    """Candidate index per layer minimising sum(sens[l][c_l]) with mean(bits[c_l]) <= budget (exact DP over bit
-    units of 1/UNIT). ValueError when even the cheapest candidate everywhere exceeds the budget."""
+def allocate(sens: list[list[float]], bits: list[float], budget: float, ms: list[list[float]] | None = None,
+             ms_budget: float | None = None) -> list[int]:
+    """Candidate index per layer minimising sum(sens[l][c_l]) with mean(bits[c_l]) <= budget, and with `ms`
+    (ms[l][c]: measured decode time of candidate c at layer l) also sum(ms[l][c_l]) <= ms_budget.
+
+    An exact dynamic program over bit units of 1/UNIT (and time units of ms_budget / TIME_UNITS, each layer's time
+    rounded up, so a choice never exceeds the time budget; it may miss a choice within one unit per layer of
+    it). ValueError when even the cheapest candidates exceed a budget."""
+    import numpy as np
     n, units = len(sens), [round(b * UNIT) for b in bits]
     cap = math.floor(budget * UNIT * n + 1e-9)
     if min(units) * n > cap:
         raise ValueError(f"budget {budget} bits/element is below the cheapest candidate ({min(bits):.3f})")
-    INF = float("inf")
-    best = {0: (0.0, [])}  # used units -> (cost, choices)
+    timed = ms is not None and ms_budget is not None
+    if timed:
+        if len(ms) != n or any(len(r) != len(bits) for r in ms):
+            raise ValueError(f"the decode-time table is not {n} layers x {len(bits)} candidates")
+        if any(v is None or not math.isfinite(v) for r in ms for v in r):
+            raise ValueError("the decode-time table has untimed entries; time every candidate or drop it")
+        tunit = ms_budget / TIME_UNITS
+        tu = [[math.ceil(v / tunit - 1e-9) for v in r] for r in ms]
+        if sum(min(r) for r in tu) > TIME_UNITS:
+            raise ValueError(f"decode budget {ms_budget:.4g} ms is below the fastest candidates' "
+                             f"{sum(min(r) for r in ms):.4g} ms")
+    T = TIME_UNITS + 1 if timed else 1
+    cost = np.full((cap + 1, T), np.inf)
+    cost[0, 0] = 0.0
+    if len(bits) > 127:
+        raise ValueError(f"{len(bits)} candidates; at most 127 are allowed")
+    back = np.full((n, cap + 1, T), -1, dtype=np.int8)
     for layer in range(n):
-        nxt: dict = {}
-        for used, (cost, ch) in best.items():
-            for c, u in enumerate(units):
-                t = used + u
-                if t > cap:
-                    continue
-                v = cost + sens[layer][c]
-                if v < nxt.get(t, (INF,))[0]:
-                    nxt[t] = (v, ch + [c])
-        best = nxt
-    return min(best.values(), key=lambda r: r[0])[1]
+        nxt = np.full_like(cost, np.inf)
+        for c, u in enumerate(units):
+            t = tu[layer][c] if timed else 0
+            if u > cap or t >= T:
+                continue
+            cand = cost[:cap + 1 - u, :T - t] + sens[layer][c]
+            view = nxt[u:, t:]
+            better = cand < view
+            view[better] = cand[better]
+            back[layer, u:, t:][better] = c
+        cost = nxt
+    if not np.isfinite(cost).any():
+        raise ValueError("no choice meets both budgets")
+    b, t = np.unravel_index(np.argmin(cost), cost.shape)
+    choice = []
+    for layer in range(n - 1, -1, -1):
+        c = int(back[layer, b, t])
+        choice.append(c)
+        b, t = b - units[c], t - (tu[layer][c] if timed else 0)
+    return choice[::-1]
+
+
+def layer_contexts(config, context: int) -> list[int]:
+    """Tokens each layer's cache holds at `context`: sliding-window layers (Gemma 3's local layers, Mistral) only
+    their window."""
+    out = []
+    for i in range(config.n_layers):
+        w = config.layer_window(i) if hasattr(config, "layer_window") else getattr(config, "sliding_window", None)
+        out.append(context if w is None else min(context, w))
+    return out
+
+
+def decode_ms_table(pairs_csv, config, candidates: list[str], context: int, sink: int = 0) -> list[list[float | None]]:
+    """ms[l][c]: measured decode time of candidate c's (K spec, V spec) at layer l of a model with `config`, at the
+    layer's context (`layer_contexts`), from a pairs.csv of benchmarks/winners_decode.py (None where the table has
+    no timed row for it). Candidate "bf16" gives the full-precision cache's times."""
+    import csv
+    with open(pairs_csv) as f:
+        rows = {(r["k_spec"], r["v_spec"], int(r["window"]), int(r["sink"]), int(r["context"]), int(r["heads_q"]),
+                 int(r["heads_kv"]), int(r["head_dim"])): float(r["graph_ms"]) if r["graph_ms"] else None
+                for r in csv.DictReader(f)}
+    shape = (config.n_heads, config.n_kv_heads, config.head_dim)
+    ctx = layer_contexts(config, context)
+    specs = [pair(c) for c in candidates]
+    return [[rows.get((str(ks), str(vs), 0, sink, ctx[layer], *shape)) for ks, vs in specs]
+            for layer in range(config.n_layers)]
 
 
 def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVScheme:
@@ -92,30 +152,40 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVSche
 
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
-    """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting)."""
+    """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting, and
+    decode-time table and budget when it has them)."""
     bits = [_spec_bits(c, head_dim, res.get("context"), res.get("sink", 0)) for c in res["candidates"]]
-    choice = allocate(res["sens"], bits, budget)
-    return {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
-            "choice": [res["candidates"][c] for c in choice],
-            "predicted_kl": sum(res["sens"][layer][c] for layer, c in enumerate(choice)),
-            "bits_per_element": sum(bits[c] for c in choice) / len(choice)}
+    ms, ms_budget = res.get("ms"), res.get("decode_budget_ms")
+    choice = allocate(res["sens"], bits, budget, ms, ms_budget)
+    out = {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
+           "choice": [res["candidates"][c] for c in choice],
+           "predicted_kl": sum(res["sens"][layer][c] for layer, c in enumerate(choice)),
+           "bits_per_element": sum(bits[c] for c in choice) / len(choice)}
+    if ms is not None:
+        out["decode_ms"] = sum(ms[layer][c] for layer, c in enumerate(choice))
+    return out
 
 
 @torch.no_grad()
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
            calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0,
-           context: int | None = None, sens: list | None = None) -> dict:
+           context: int | None = None, sens: list | None = None, ms: list | None = None,
+           decode_budget_ms: float | None = None) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` bits per element (mean over layers:
     nominal, or effective at `context` tokens; `sink` first tokens kept full precision in every layer; `sens`: a
-    sensitivity table measured before, reused). Returns {"scheme": text, "choice": [candidate per layer],
-    "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates", "calib_text",
-    "calib_tokens", "calib_segments", "sink", "context"} (`choose` re-allocates it under another budget)."""
+    sensitivity table measured before, reused; `ms` [layer][candidate] measured decode times (`decode_ms_table`)
+    with `decode_budget_ms`: the layers' summed decode time stays within it). Returns {"scheme": text, "choice":
+    [candidate per layer], "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates",
+    "calib_text", "calib_tokens", "calib_segments", "sink", "context"} plus "decode_ms" with a time table (`choose`
+    re-allocates it under another budget)."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
     D = model.config.head_dim
     for c in candidates:
         for s in pair(c):
             s.check_head_dim(D)
+    if (ms is None) != (decode_budget_ms is None):
+        raise ValueError("a decode-time budget needs the decode-time table (ms) and the table needs the budget")
     if sens is None:
         segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments, prefix=bos_prefix(tokenizer))
         sens = layer_sensitivity(model, segs, candidates, progress, sink)
@@ -123,4 +193,6 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
         raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")
     base = {"sens": sens, "candidates": candidates, "calib_text": calib_text, "calib_tokens": calib_tokens,
             "calib_segments": calib_segments, "sink": sink, "context": context}
+    if ms is not None:
+        base.update(ms=ms, decode_budget_ms=decode_budget_ms)
     return choose(base, budget, D)

@@ -3,6 +3,7 @@
     python -m kvlab.sweep search --budget 3.5[,2.5,...] [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
                                  [--segments 4] [--sink N] [--nominal-bits] [--sensitivity CSV]
+                                 [--speed-table PAIRS_CSV --decode-budget 1.0x|MS] [--speed-context 8192]
                                  [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
@@ -11,6 +12,10 @@ share one sensitivity table), prints the chosen scheme as one DSL line, then eva
 like `python -m kvlab.eval` (PPL delta with sd over segments, KL, effective bits). With --out, writes
 DIR/sensitivity.csv (layer x candidate KL) and DIR/search.json (per budget: the choice, both texts, the
 held-out scores).
+
+With --speed-table (a pairs.csv of benchmarks/winners_decode.py, measured on the GPU) and --decode-budget, the
+allocation also keeps one decode step's attention time, summed over layers at --speed-context tokens, within the
+budget: in ms, or as a multiple of the bf16 cache's time from the same table ("1.0x": no slower than bf16).
 """
 from __future__ import annotations
 
@@ -37,10 +42,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitivity", default=None, help="reuse a sensitivity.csv of an earlier run (same candidates)")
     p.add_argument("--nominal-bits", action="store_true", help="budget in nominal bits (default: effective bits at "
                    "--tokens, full-precision tokens counted, as the evaluation reports them)")
+    p.add_argument("--speed-table", default=None, help="pairs.csv of measured decode times (benchmarks/"
+                   "winners_decode.py) for a decode-time budget")
+    p.add_argument("--decode-budget", default=None, help="summed decode ms over layers, or NUMx: that multiple of "
+                   "the bf16 cache's time in the same table")
+    p.add_argument("--speed-context", type=int, default=8192, help="context of the speed table's rows")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
     return p
+
+
+def decode_budget(table: str, config, cands: list[str], context: int, sink: int, budget: str) -> tuple:
+    """(ms[layer][candidate], budget in ms) from a speed table; budget "NUMx" is NUM times the bf16 cache's
+    summed time from the same table."""
+    from ..eval.search import decode_ms_table
+    ms = decode_ms_table(table, config, cands, context, sink)
+    missing = sorted({cands[c] for row in ms for c, v in enumerate(row) if v is None})
+    if missing:
+        raise ValueError(f"{table} has no timed row at this model's shape and context {context} for: "
+                         f"{', '.join(missing)}")
+    try:
+        value = float(budget[:-1] if budget.endswith("x") else budget)
+    except ValueError:
+        raise ValueError(f"--decode-budget {budget!r} must be a number of ms or NUMx (a multiple of bf16)") from None
+    if not budget.endswith("x"):
+        return ms, value
+    ref = decode_ms_table(table, config, ["bf16"], context, 0)
+    if any(r[0] is None for r in ref):
+        raise ValueError(f"{table} has no bf16 row at this model's shape and context {context}")
+    return ms, value * sum(r[0] for r in ref)
 
 
 def main(argv=None) -> int:
@@ -57,6 +88,8 @@ def main(argv=None) -> int:
         budgets = [float(b) for b in a.budget.split(",")]
         if a.text == a.calib_text:
             raise ValueError(f"--text and --calib-text are both {a.text}: evaluate on text the search did not see")
+        if (a.speed_table is None) != (a.decode_budget is None):
+            raise ValueError("--speed-table and --decode-budget go together")
         model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
         sens = None
@@ -66,8 +99,12 @@ def main(argv=None) -> int:
             if head.split(",")[1:] != cands:
                 raise ValueError(f"{a.sensitivity} holds candidates {head.split(',')[1:]}, not {cands}")
             sens = [[float(v) for v in ln.split(",")[1:]] for ln in lines if ln.strip()]
+        ms = ms_budget = None
+        if a.speed_table:
+            ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget)
         res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
-                     progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens)
+                     progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens,
+                     ms=ms, decode_budget_ms=ms_budget)
         bar.close()
         if a.out:  # the measured table first: an evaluation that fails later must not lose it
             out = Path(a.out)
@@ -80,13 +117,16 @@ def main(argv=None) -> int:
             r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)
             print(f"chosen under {budget} bits/element ({r['bits_per_element']:.3f}): {r['scheme']}")
             print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {r['predicted_kl']:.4f}")
+            if "decode_ms" in r:
+                print(f"decode step (sum over layers, {a.speed_table}): {r['decode_ms']:.4f} ms, budget "
+                      f"{r['decode_budget_ms']:.4f} ms")
             ev = evaluate_scheme(model, tok, r["scheme"], text=a.text, n_tokens=a.tokens, n_segments=a.segments,
                                  calib_text=a.calib_text)
             print(f"held out ({a.text}, {a.segments} x {a.tokens} tokens): PPL {ev['ppl_delta_pct']:+.2f}% "
                   f"+- {ev['ppl_delta_pct_sd']:.2f}, KL {ev['kl']:.4f}, {ev['eff_bits_per_element']:.3f} effective "
                   "bits", flush=True)
-            runs.append({**{k: v for k, v in r.items() if k != "sens"}, "budget": budget, "model": a.model,
-                         "eval": ev})
+            runs.append({**{k: v for k, v in r.items() if k not in ("sens", "ms")}, "budget": budget,
+                         "model": a.model, "eval": ev, **({"speed_table": a.speed_table} if ms else {})})
             if a.out:  # after every budget: a later one that fails keeps the earlier results
                 (Path(a.out) / "search.json").write_text(json.dumps(runs, indent=1))
     except (ValueError, FileNotFoundError) as e:

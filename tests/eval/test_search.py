@@ -84,3 +84,80 @@ def test_search_command_refuses_evaluating_on_its_calibration_text(capsys):
     from kvlab.sweep.__main__ import main
     assert main(["search", "--budget", "3", "--text", "license", "--calib-text", "license"]) == 2
     assert "evaluate on text the search did not see" in capsys.readouterr().err
+
+
+def _brute2(sens, bits, budget, ms, ms_budget):
+    n, best = len(sens), None
+    for ch in itertools.product(range(len(bits)), repeat=n):
+        if sum(bits[c] for c in ch) / n <= budget + 1e-12 and sum(ms[i][c] for i, c in enumerate(ch)) <= ms_budget + 1e-12:
+            cost = sum(sens[layer][c] for layer, c in enumerate(ch))
+            if best is None or cost < best[0] - 1e-15:
+                best = (cost, list(ch))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_allocation_under_a_decode_time_budget_is_the_exact_optimum(seed):
+    """Times on the DP's time grid (multiples of ms_budget / TIME_UNITS): the choice is the brute-force optimum
+    under both budgets, and meets both."""
+    from kvlab.eval.search import TIME_UNITS
+    rng = random.Random(seed)
+    n, bits = 5, [2.25, 3.25, 4.25, 8.5]
+    ms_budget = 1.0
+    unit = ms_budget / TIME_UNITS
+    ms = [[unit * rng.choice([40, 60, 80, 120]) for _ in bits] for _ in range(n)]
+    sens = [sorted((rng.random() ** 3 for _ in bits), reverse=True) for _ in range(n)]
+    budget = rng.choice([3.0, 3.5, 4.5, 6.0])
+    want = _brute2(sens, bits, budget, ms, ms_budget)
+    ch = allocate(sens, bits, budget, ms, ms_budget)
+    assert sum(bits[c] for c in ch) / n <= budget + 1e-12 and sum(ms[i][c] for i, c in enumerate(ch)) <= ms_budget + 1e-9
+    assert sum(sens[i][c] for i, c in enumerate(ch)) == pytest.approx(want[0], rel=1e-12, abs=1e-15)
+
+
+def test_decode_time_budget_trades_accuracy_for_speed():
+    sens = [[1.0, 0.1, 0.0], [1.0, 0.1, 0.0]]  # candidate 2 is exact but slow, 1 close and fast
+    bits, ms = [2.0, 4.0, 4.0], [[0.1, 0.1, 0.5], [0.1, 0.1, 0.5]]
+    assert allocate(sens, bits, 4.0) in ([2, 2],)
+    assert sorted(allocate(sens, bits, 4.0, ms, 0.61)) == [1, 2]
+    assert allocate(sens, bits, 4.0, ms, 0.25) == [1, 1]
+    with pytest.raises(ValueError, match="below the fastest"):
+        allocate(sens, bits, 4.0, ms, 0.1)
+    with pytest.raises(ValueError, match="untimed"):
+        allocate(sens, bits, 4.0, [[0.1, None, 0.5], [0.1, 0.1, 0.5]], 1.0)
+
+
+def test_decode_ms_table_reads_pairs_per_layer_context(tmp_path):
+    """Gemma-like sliding layers look up their window's row; a missing row is None."""
+    from types import SimpleNamespace
+
+    from kvlab.eval.search import decode_ms_table
+    cfg = SimpleNamespace(n_layers=3, n_heads=4, n_kv_heads=1, head_dim=256,
+                          layer_window=lambda i: None if i == 2 else 512)
+    f = tmp_path / "pairs.csv"
+    f.write_text("k_spec,v_spec,window,sink,context,heads_q,heads_kv,head_dim,graph_ms\n"
+                 "bf16,bf16,0,0,512,4,1,256,0.01\nbf16,bf16,0,0,8192,4,1,256,0.08\n"
+                 "int2:g32:chan:asym,int2:g32:asym,0,0,512,4,1,256,0.05\n")
+    t = decode_ms_table(f, cfg, ["bf16", "int2:g32:chan:asym|int2:g32:asym"], 8192)
+    assert t == [[0.01, 0.05], [0.01, 0.05], [0.08, None]]
+
+
+def test_decode_budget_option(tmp_path, capsys):
+    """--decode-budget in ms or as a multiple of bf16 from the table; a candidate the table lacks, a bad budget and
+    a budget without its table are clear errors (before any model work)."""
+    from types import SimpleNamespace
+
+    from kvlab.sweep.__main__ import main
+    from kvlab.sweep.search_cli import decode_budget
+    cfg = SimpleNamespace(n_layers=2, n_heads=9, n_kv_heads=3, head_dim=64)
+    f = tmp_path / "pairs.csv"
+    f.write_text("k_spec,v_spec,window,sink,context,heads_q,heads_kv,head_dim,graph_ms\n"
+                 "bf16,bf16,0,0,8192,9,3,64,0.06\nlm3:g64:rot=had,lm3:g64:rot=had,0,0,8192,9,3,64,0.25\n")
+    ms, b = decode_budget(str(f), cfg, ["lm3:rot=had"], 8192, 0, "1.5x")
+    assert ms == [[0.25], [0.25]] and b == pytest.approx(0.18)
+    assert decode_budget(str(f), cfg, ["lm3:rot=had"], 8192, 0, "0.4")[1] == 0.4
+    with pytest.raises(ValueError, match="no timed row .* lm2:rot=had"):
+        decode_budget(str(f), cfg, ["lm3:rot=had", "lm2:rot=had"], 8192, 0, "1x")
+    with pytest.raises(ValueError, match="must be a number of ms or NUMx"):
+        decode_budget(str(f), cfg, ["lm3:rot=had"], 8192, 0, "fast")
+    assert main(["search", "--budget", "3", "--speed-table", str(f)]) == 2
+    assert "--speed-table and --decode-budget go together" in capsys.readouterr().err
