@@ -41,8 +41,9 @@ def page_bytes(scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size:
 
 
 def static_scale_count(scheme, n_layers: int) -> int:
-    """float32 static scales a pool keeps (axis-tensor scales, NVFP4 tensor scales)."""
-    return sum(int(s.needs_tensor_scale)
+    """float32 static values a pool keeps beside its pages (axis-tensor scales, NVFP4 tensor scales, the 16 slots of
+    each calibrated codebook table)."""
+    return sum(int(s.needs_tensor_scale) + 16 * int(s.calibrated)
                for layer in range(n_layers) for s in scheme.for_layer(layer, n_layers))
 
 

@@ -29,6 +29,7 @@ from ..spec import KVQuantSpec
 SCALE_TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "e8m0": torch.uint8,
                       "e4m3": torch.float8_e4m3fn}
 FLOAT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CODEBOOK_SLOTS = 16  # a calibrated codebook's table beside the pages: 2^bits levels padded with the last one
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,26 @@ class PageLayout:
                  f"{self.scale_shape(N)}")
             need(t.dtype == self.scale_dtype, f"{name}[{key!r}] dtype {t.dtype}; spec {spec} needs {self.scale_dtype}")
             need(t.device == codes.device, f"{name}[{key!r}] is on {t.device}, {name}['codes'] on {codes.device}")
+        cb = pages.get("codebook")
+        if spec.calibrated:
+            need(isinstance(cb, torch.Tensor) and tuple(cb.shape) == (CODEBOOK_SLOTS,) and cb.dtype == torch.float32
+                 and cb.device == codes.device, f"{name}['codebook'] (float32 [{CODEBOOK_SLOTS}] on {codes.device}: the "
+                 f"calibrated levels, then copies of the last) is required for spec {spec}, got "
+                 f"{getattr(cb, 'shape', cb)}")
+        else:
+            need(cb is None, f"{name}['codebook'] is given but spec {spec} is not calibrated")
         return N
 
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
-        """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored)."""
+        """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored), plus "codebook"
+        (float32 [16]: the levels, then copies of the last, as the kernels read them) for a calibrated spec."""
         codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)
         scales = zeros = None
         if self.has_group_scales:
             scales = torch.empty(self.scale_shape(n_pages), dtype=self.scale_dtype, device=device)
             if not self.spec.sym:
                 zeros = torch.empty(self.scale_shape(n_pages), dtype=self.scale_dtype, device=device)
-        return {"codes": codes, "scales": scales, "zeros": zeros}
+        out = {"codes": codes, "scales": scales, "zeros": zeros}
+        if self.spec.calibrated:  # the layer's levels, set by the pool (NaN until then: never read as valid)
+            out["codebook"] = torch.full((CODEBOOK_SLOTS,), float("nan"), dtype=torch.float32, device=device)
+        return out

@@ -51,6 +51,8 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
     kw = {"scale": _as_static(scale, x.device)} if spec.static_scale else {}
     if spec.tensor_scale:
         kw["tensor_scale"] = _as_static(tensor_scale, x.device)
+    if spec.calibrated:
+        kw["codebook"] = pages["codebook"]
     if spec.axis == "chan":
         q = quantize(x.transpose(0, 1), spec, **kw)  # codes [Hk, T/G, D, GB], scales [Hk, T/G, D]
         first = slots[::G]  # [T/G]
@@ -102,7 +104,8 @@ def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, s
     elif spec.static_scale:
         s = store_scale(_as_static(scale, codes.device), spec.scale_dtype, elem_fmt=spec.fmt)
     ts = _as_static(tensor_scale, codes.device) if spec.tensor_scale else None
-    return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32)
+    cb = pages["codebook"][:2 ** spec.bits] if spec.calibrated else None
+    return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32, cb)
 
 
 def read_values(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,
@@ -118,6 +121,13 @@ def read_values(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, sc
         return t.reshape(t.shape[0], -1, head_dim)[:, :n_tokens].float()
     q = read_qtensor(pages, spec, page_ids, n_tokens, head_dim, scale=scale, tensor_scale=tensor_scale)
     return dequantize(q)
+
+
+def codebook_table(levels: torch.Tensor) -> torch.Tensor:
+    """A calibrated codebook's levels [2^bits] as the pages hold them: float32 [16], padded with the last level
+    (a nearest-level search that keeps the first index on ties never picks a pad)."""
+    t = levels.float().reshape(-1)
+    return torch.cat([t, t[-1:].expand(16 - t.numel())]) if t.numel() < 16 else t
 
 
 def calibrate(x: torch.Tensor, spec) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -27,7 +27,7 @@ import torch
 from .block_table import slots_of
 from .capacity import pages_that_fit
 from .layout import PageLayout
-from .paging import calibrate, write_tokens
+from .paging import calibrate, codebook_table, write_tokens
 from .pool_views import PoolViews
 from .window import FpPolicy, plan_append
 
@@ -89,7 +89,8 @@ class KVPool(PoolViews):
         shape = (max_seqs, n_kv_heads, W, head_dim)
         self.k_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
         self.v_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
-        self._static = [{"k": None, "v": None, "k_ts": None, "v_ts": None, "set": False} for _ in range(n_layers)]
+        self._static = [{"k": None, "v": None, "k_ts": None, "v_ts": None, "k_cb": False, "v_cb": False, "set": False}
+                        for _ in range(n_layers)]
         self._free = list(range(n_pages))[::-1]
         self._free_rows = list(range(max_seqs))[::-1]
         self._seqs: dict[int, _Seq] = {}
@@ -164,9 +165,11 @@ class KVPool(PoolViews):
 
     # ---- static scales ------------------------------------------------------------------
     def set_static_scales(self, layer: int, *, k_scale=None, v_scale=None, k_tensor_scale=None,
-                          v_tensor_scale=None) -> None:
-        """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`) before its first
-        append; unset ones are calibrated from the first tokens appended to the layer."""
+                          v_tensor_scale=None, k_codebook=None, v_codebook=None) -> None:
+        """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`) and calibrated codebook levels
+        (`cal` specs: float [2^bits], e.g. from `kvlab.quant.fit_codebook` on calibration text) before its first
+        append; unset ones are calibrated from the first tokens appended to the layer (codebooks unweighted)."""
+        from ..quant.oracle import check_codebook
         st = self._static[self._layer(layer)]
         if st["set"]:
             raise ValueError(f"layer {layer} already holds tokens; static scales are fixed before the first append")
@@ -178,6 +181,14 @@ class KVPool(PoolViews):
             if not (spec.static_scale, spec.tensor_scale)[idx]:
                 raise ValueError(f"layer {layer} {key[0].upper()} spec {spec} takes no {'tensor_' * idx}scale")
             st[key] = torch.as_tensor(val, dtype=torch.float32).reshape(()).to(self.device)
+        for key, val, spec, pages in (("k_cb", k_codebook, kspec, self.k_pages[layer]),
+                                      ("v_cb", v_codebook, vspec, self.v_pages[layer])):
+            if val is None:
+                continue
+            if not spec.calibrated:
+                raise ValueError(f"layer {layer} {key[0].upper()} spec {spec} takes no codebook (not calibrated)")
+            pages["codebook"].copy_(codebook_table(check_codebook(val, spec)).to(self.device))
+            st[key] = True
 
     def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         st = self._static[layer]
@@ -185,6 +196,14 @@ class KVPool(PoolViews):
             scale, ts = calibrate(x, spec)
             st[key] = st[key] if st[key] is not None else scale
             st[key + "_ts"] = st[key + "_ts"] if st[key + "_ts"] is not None else ts
+            if spec.calibrated and not st[key + "_cb"]:
+                from ..quant import fit_codebook
+                xs = x.transpose(0, 1).float()                      # [Hk, T, D]
+                if spec.axis == "chan":
+                    xs = xs[:, :xs.shape[1] // spec.group * spec.group]
+                pages = (self.k_pages if key == "k" else self.v_pages)[layer]
+                pages["codebook"].copy_(codebook_table(fit_codebook(xs, spec)))
+                st[key + "_cb"] = True
         st["set"] = True
 
     # ---- appending ----------------------------------------------------------------------

@@ -124,7 +124,8 @@ class PoolViews:
                               torch.empty(0, dtype=self.fp_dtype).element_size())
 
     def nbytes(self) -> int:
-        """Bytes the pool allocated: page tensors, fp buffers, static scales (4 bytes each)."""
+        """Bytes the pool allocated: page tensors (with calibrated codebook tables), fp buffers, static scales (4 bytes
+        each)."""
         n = sum(t.numel() * t.element_size() for pages in (*self.k_pages, *self.v_pages) for t in pages.values()
                 if t is not None)
         n += sum(t.numel() * t.element_size() for t in (*self.k_fp, *self.v_fp))

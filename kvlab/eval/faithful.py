@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..cache.window import FpPolicy
 from ..model.llama import MAX_SCORES  # scores one float32 attention call may hold; more queries are split
-from ..quant import fake_quantize, quantize
+from ..quant import fake_quantize, fit_codebook, quantize
 from ..spec import KVQuantSpec, KVScheme, as_scheme
 from .engine_space import engine_space
 
@@ -226,15 +226,20 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: b
 
 
 def needs_calibration(spec: KVQuantSpec) -> bool:
-    """True when the spec needs a per-tensor scale calibrated on the text (static or NVFP4's second level)."""
-    return spec.needs_tensor_scale
+    """True when the spec needs a per-tensor value calibrated on other text: a static scale, NVFP4's second level,
+    or a calibrated codebook's levels."""
+    return spec.needs_tensor_scale or spec.calibrated
 
 
 @torch.no_grad()
 def calibrate(model, tokens: Tensor, scheme) -> dict:
-    """Static per-tensor scales per layer from a calibration pass (a different text than scored).
+    """Static per-tensor scales and calibrated codebooks per layer from a calibration pass (a different text than
+    scored).
 
-    Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale= or scale=)."""
+    Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale= or codebook=). A calibrated
+    key codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's
+    query heads; in the rotated domain when the spec rotates), so the fit minimises the error of the scores; value
+    codebooks weigh elements alike."""
     sch = as_scheme(scheme)
     n = model.config.n_layers
     specs = [sch.for_layer(i, n) for i in range(n)]
@@ -247,6 +252,20 @@ def calibrate(model, tokens: Tensor, scheme) -> dict:
         for name, spec, x in (("k", ks, cap["k_pre"][i] if ks.pre_rope else cap["k"][i]), ("v", vs, cap["v"][i])):
             if not needs_calibration(spec):
                 continue
+            if spec.calibrated:
+                out[i][name] = {"codebook": fit_codebook(x.contiguous(), spec, _query_weights(cap["q"][i], x, spec)
+                                                         if name == "k" else None)}
+                continue
             qt = quantize(x.contiguous(), spec)
             out[i][name] = {"tensor_scale": qt.tensor_scale} if spec.tensor_scale else {"scale": qt.scales.float()}
     return out
+
+
+def _query_weights(q: Tensor, k: Tensor, spec: KVQuantSpec) -> Tensor:
+    """[1, Hk, 1, D] mean square of each query channel over tokens and the KV head's query heads (rotated as the
+    spec rotates keys: scores are invariant, (q H)(k H)^T = q k^T). q [B, Hq, T, D], k [B, Hk, T, D]."""
+    from ..quant import rotate
+    B, Hq, T, D = q.shape
+    Hk = k.shape[1]
+    qf = rotate(q.float()) if spec.rotation == "had" else q.float()
+    return qf.reshape(B, Hk, Hq // Hk, T, D).pow(2).mean((0, 2, 3))[None, :, None, :]

@@ -101,7 +101,8 @@ def gather_tokens(pages: dict, spec, page_ids: torch.Tensor, n_tokens: int, D: i
         spec = dataclasses.replace(spec, scale_dtype="f32")
     if spec.tensor_scale:
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=codes.device).reshape(())
-    q = QTensor(codes, sc, ze, ts, spec, (Hk, T, D), torch.float32)
+    cb = pages["codebook"][:2 ** spec.bits] if spec.calibrated else None  # a calibrated spec's levels
+    q = QTensor(codes, sc, ze, ts, spec, (Hk, T, D), torch.float32, cb)
     return dequantize(q)[:, :n_tokens]
 
 

@@ -1,7 +1,9 @@
 """kvlab.quant: the PyTorch oracle (scales, quantize, pack, dequantize, rotations, fp formats, engine bytes)."""
+from .calibrated import fit_codebook
 from .encode import block_bytes, decode_bytes, encode
 from .oracle import dequantize, fake_quantize, quantize
 from .qtensor import QTensor
 from .rotation import hadamard, rotate, unrotate
 
-__all__ = ["quantize", "dequantize", "fake_quantize", "encode", "decode_bytes", "block_bytes", "QTensor", "hadamard", "rotate", "unrotate"]
+__all__ = ["quantize", "dequantize", "fake_quantize", "encode", "decode_bytes", "block_bytes", "QTensor", "hadamard", "rotate", "unrotate",
+           "fit_codebook"]

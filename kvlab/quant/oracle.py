@@ -144,8 +144,8 @@ def _quant_fp8(xg, spec: KVQuantSpec, ratio: float, scale):
     return fp8_cast(nan_if_bad(v), spec.fmt), s_st, None
 
 
-def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
-    cb = codebook(spec.fmt, xg.device)  # [16]
+def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts, table=None):
+    cb = codebook(spec.fmt, xg.device) if table is None else table.to(xg.device)  # [2^bits]
     if spec.rule == "signed":
         s_raw = _reduce(xg, "ext", spec) * ratio / cb.min()
     elif spec.rule == "rms":  # Lloyd-Max levels are in RMS units
@@ -162,9 +162,9 @@ def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts):
     return err.argmin(-1).to(torch.uint8), s_st, None
 
 
-def _values(u, s_st, m_st, spec: KVQuantSpec, ts):
+def _values(u, s_st, m_st, spec: KVQuantSpec, ts, table=None):
     """Dequantized float32 group values from unpacked codes u [..., G] and stored scales
-    (s_st, m_st broadcastable to u: [..., 1] per group or one value)."""
+    (s_st, m_st broadcastable to u: [..., 1] per group or one value); `table`: a calibrated codebook's levels."""
     if spec.fmt == "int":
         b = spec.bits
         if spec.sym:
@@ -174,7 +174,7 @@ def _values(u, s_st, m_st, spec: KVQuantSpec, ts):
     elif spec.fmt in FP8_MAX:
         c = fp8_value(u, spec.fmt)
     else:
-        c = codebook(spec.fmt, u.device)[u.long()]
+        c = (codebook(spec.fmt, u.device) if table is None else table.to(u.device))[u.long()]
     if s_st is None:
         return c
     s = scale_value(s_st, spec.scale_dtype)  # keepdim: broadcasts over the group
@@ -186,23 +186,48 @@ def _values(u, s_st, m_st, spec: KVQuantSpec, ts):
 
 
 # ---- public API ------------------------------------------------------------------------------
-def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> QTensor:
+def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None) -> QTensor:
     """Quantize x [..., T, D] (float32/16/bf16, any device) with `spec` -> `QTensor`.
 
     `scale` fixes the static scale of an axis-tensor spec (calibrated, as vLLM's k_scale);
-    `tensor_scale` fixes NVFP4's fp32 second-level scale (default: amax / (6 * 448) of x).
+    `tensor_scale` fixes NVFP4's fp32 second-level scale (default: amax / (6 * 448) of x);
+    `codebook` gives a calibrated spec's (`cal`) levels: float [2^bits] (`fit_codebook`), required for it.
     """
-    return _quantize(x, spec, scale, tensor_scale, packed=True)
+    return _quantize(x, spec, scale, tensor_scale, packed=True, table=codebook)
 
 
-def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None) -> torch.Tensor:
     """dequantize(quantize(x, spec)) without packing the codes (bit-identical, faster)."""
-    return _quantize(x, spec, scale, tensor_scale, packed=False)
+    return _quantize(x, spec, scale, tensor_scale, packed=False, table=codebook)
 
 
-def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
+def check_codebook(table, spec: KVQuantSpec) -> torch.Tensor:
+    """A calibrated spec's level table as float32 [2^bits]: ValueError unless the spec is calibrated and the table
+    is 2^bits finite levels, ascending (the last copies of a kernel table's padding are dropped)."""
+    if not spec.calibrated:
+        if table is not None:
+            raise ValueError(f"codebook= gives calibrated levels; spec {spec} is not calibrated (add ':cal' to a "
+                             "Lloyd-Max format)")
+        return None
+    if table is None:
+        raise ValueError(f"spec {spec} is calibrated (cal): pass its levels, codebook= float [{2 ** spec.bits}] "
+                         "(kvlab.quant.fit_codebook, or the pool's pages['codebook'])")
+    t = torch.as_tensor(table).reshape(-1)
+    n = 2 ** spec.bits
+    if t.numel() == 16 and n < 16:
+        t = t[:n]  # a kernel table: the levels, then copies of the last one
+    if t.numel() != n or not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+        raise ValueError(f"codebook for {spec} must be {n} finite float levels, got {tuple(t.shape)} {t.dtype}")
+    t = t.float()
+    if n > 1 and not bool((t[1:] > t[:-1]).all()):
+        raise ValueError(f"codebook levels must be strictly ascending, got {t.tolist()}")
+    return t
+
+
+def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool, table=None):
     spec = as_spec(spec)
     check_input(x, spec)
+    table = check_codebook(table, spec)
     shape, dtype = tuple(x.shape), x.dtype
     if spec.is_float_storage:
         if not packed:
@@ -224,29 +249,29 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool):
             return _quant_int(xg, spec, ratio, scale)
         if spec.fmt in FP8_MAX:
             return _quant_fp8(xg, spec, ratio, scale)
-        return _quant_codebook(xg, spec, ratio, ts)
+        return _quant_codebook(xg, spec, ratio, ts, table)
 
     if scale is not None and not (spec.static_scale and spec.sym and spec.fmt in ("int", *FP8_MAX)):
         raise ValueError("scale= fixes a static per-tensor scale; it needs a symmetric int or fp8 spec with axis "
                          "tensor and a scale rule")
     u, s_st, m_st = run(1.0)
     if spec.rule == "mse" and scale is None and spec.has_scale:  # a static scale leaves nothing to search
-        u, s_st, m_st = _mse_search(run, xg, spec, ts, u, s_st, m_st)
+        u, s_st, m_st = _mse_search(run, xg, spec, ts, u, s_st, m_st, table=table)
     if not packed:
-        y = ungroup(_values(u, s_st, m_st, spec, ts), spec, shape)
+        y = ungroup(_values(u, s_st, m_st, spec, ts, table), spec, shape)
         return (unrotate(y) if spec.rotation == "had" else y).to(dtype)
     squeeze = (lambda t: None if t is None else (t.reshape(()) if spec.axis == "tensor" else t.squeeze(-1)))
-    return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype)
+    return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype, table)
 
 
-def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 << 27):
+def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 << 27, table=None):
     """rule=mse: per group (or per tensor), the clipping ratio in MSE_RATIOS with the least squared
     error, the first one on ties (same result as trying them one by one). Ratios are evaluated
     several at a time as a leading batch dimension [R, ...] (one set of kernels per chunk, not per
     ratio); R is chosen so the chunk's largest temporary (a codebook's [.., G, 16] distance table)
     stays within `budget` float32 values."""
     tensor = spec.axis == "tensor"
-    best = ((_values(u, s_st, m_st, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [..., A, B, 1]
+    best = ((_values(u, s_st, m_st, spec, ts, table) - xg) ** 2).sum(-1, keepdim=True)  # [..., A, B, 1]
     if tensor:
         best = best.sum()
     rest = MSE_RATIOS[1:]
@@ -255,7 +280,7 @@ def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 <
     for i in range(0, len(rest), chunk):
         r = torch.tensor(rest[i:i + chunk], dtype=torch.float32, device=xg.device).view(-1, *[1] * xg.dim())
         u2, s2, m2 = run(r)                                                  # [R, ..., A, B, G]
-        err = ((_values(u2, s2, m2, spec, ts) - xg) ** 2).sum(-1, keepdim=True)  # [R, ..., A, B, 1]
+        err = ((_values(u2, s2, m2, spec, ts, table) - xg) ** 2).sum(-1, keepdim=True)  # [R, ..., A, B, 1]
         if tensor:
             tot = torch.stack([e.sum() for e in err])  # [R]; each summed as the one-by-one search sums it
             j = int(tot.argmin())                                            # first minimum
@@ -290,7 +315,7 @@ def dequantize(q: QTensor) -> torch.Tensor:
     u = unpack(q.codes, spec, G)  # [..., A, B, G]
     s = q.scales if q.scales is None or q.scales.dim() == 0 else q.scales.unsqueeze(-1)
     m = q.zeros if q.zeros is None or q.zeros.dim() == 0 else q.zeros.unsqueeze(-1)
-    xg = _values(u, s, m, spec, q.tensor_scale)
+    xg = _values(u, s, m, spec, q.tensor_scale, check_codebook(q.codebook, spec))
     x = ungroup(xg, spec, q.shape)
     if spec.rotation == "had":
         x = unrotate(x)

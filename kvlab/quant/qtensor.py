@@ -22,6 +22,7 @@ class QTensor:
     tensor_scale: 0-d float32 second-level scale (NVFP4), else None
     spec:         the `KVQuantSpec`
     shape, dtype: shape and dtype of the original tensor
+    codebook:     float32 [2^bits] levels of a calibrated spec (`cal`), else None
     """
 
     codes: torch.Tensor
@@ -31,11 +32,12 @@ class QTensor:
     spec: KVQuantSpec
     shape: tuple
     dtype: torch.dtype
+    codebook: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes stored: codes + scales + zeros (+ 4 for a tensor scale)."""
-        n = self.codes.numel()
+        """Bytes stored: codes + scales + zeros (+ 4 for a tensor scale, + 4 per calibrated level)."""
+        n = self.codes.numel() + (4 * self.codebook.numel() if self.codebook is not None else 0)
         for t in (self.scales, self.zeros):
             if t is not None:
                 n += t.numel() * t.element_size()
@@ -44,4 +46,4 @@ class QTensor:
     def to(self, device) -> "QTensor":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return QTensor(self.codes.to(device), mv(self.scales), mv(self.zeros), mv(self.tensor_scale),
-                       self.spec, self.shape, self.dtype)
+                       self.spec, self.shape, self.dtype, mv(self.codebook))

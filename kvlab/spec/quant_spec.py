@@ -57,6 +57,9 @@ class KVQuantSpec:
     pre_rope:    quantize keys before RoPE (K only; the reader applies RoPE after dequantizing)
     twos:        symmetric sub-byte codes stored two's complement (FreeToken) instead of offset binary
                  (GGML, code + 2^(b-1)); 8-bit symmetric codes are always two's complement
+    calibrated:  a Lloyd-Max format (lm2..lm4) whose 2^bits levels (RMS units) are calibrated per layer and
+                 tensor (weighted k-means, `kvlab.quant.fit_codebook`) instead of the fixed Gaussian ones; the
+                 table travels beside the pages (`pages["codebook"]`) and every reader and writer takes it
     """
 
     fmt: str = "int"
@@ -73,6 +76,7 @@ class KVQuantSpec:
     tensor_scale: bool = False
     pre_rope: bool = False
     twos: bool = False
+    calibrated: bool = False
 
     def __post_init__(self) -> None:
         _allowed("format", self.fmt, FORMATS)
@@ -131,6 +135,9 @@ class KVQuantSpec:
         if self.twos and not (self.fmt == "int" and self.sym and self.bits < 8):
             raise ValueError("twos (two's-complement sub-byte codes) needs a symmetric int format of 2..7 bits "
                              "(8-bit symmetric codes are always two's complement)")
+        if self.calibrated and self.fmt not in LLOYD_MAX:
+            raise ValueError(f"cal (a calibrated codebook) applies to the Lloyd-Max formats {', '.join(LLOYD_MAX)}, "
+                             f"whose levels are in RMS units; got {self.fmt}")
         if self.pack == "ggml" and self.axis != "tok":
             raise ValueError("pack ggml describes per-token GGML blocks; it needs axis tok")
 
@@ -154,6 +161,11 @@ class KVQuantSpec:
     def needs_tensor_scale(self) -> bool:
         """Readers need one per-tensor float beside the pages: the static scale or NVFP4's second level."""
         return self.static_scale or self.tensor_scale
+
+    @property
+    def needs_codebook(self) -> bool:
+        """Readers and writers need the calibrated level table (`pages["codebook"]`, `quantize(codebook=)`)."""
+        return self.calibrated
 
     @property
     def planes(self) -> tuple[int, ...]:

@@ -122,6 +122,16 @@ def tables(k_fmt: str | None, v_fmt: str | None, device) -> torch.Tensor:
                         device=device)
 
 
+def table_words_of(table: torch.Tensor) -> torch.Tensor:
+    """int32 [8]: `cb_table_words` of a float32 [16] table on its device (a calibrated codebook's pages["codebook"]),
+    with tensor ops only: no host sync, so a CUDA graph replays it and reads the table as it is then."""
+    h = table.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    lo, hi = (h & 0xFF).view(4, 4), (h >> 8).view(4, 4)
+    sh = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=table.device)
+    w = torch.cat([(lo << sh).sum(1), (hi << sh).sum(1)])
+    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
+
+
 def _bits(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length() - 1)]
 
@@ -502,8 +512,15 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
     tab = tables(k_spec.fmt if kcodec == CB else None, v_spec.fmt if vcodec == CB else None, q.device)
+    cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
+                                                                         (vcodec, v_spec, kv.v_pages)))
+           if c == CB and spec.calibrated]
+    if cal:
+        tab = tab.clone()
 
     def launch():
+        for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
+            tab[8 * i:8 * i + 8] = table_words_of(table)
         qr, kf, vf = q, kv.k_fp, kv.v_fp
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
             qr = q.float() @ hadamard(D, q.device)

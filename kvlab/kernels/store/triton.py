@@ -610,7 +610,8 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     ts = tensor_scale if tensor_scale is not None else dummy
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
-    args = (x, codes, scales, zeros, slots, static, ts, _codebook(spec.fmt, x.device), T, *x.stride())
+    lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
+    args = (x, codes, scales, zeros, slots, static, ts, lut, T, *x.stride())
     const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), **p)
     if config is None and interpreting():
         config = StoreConfig(block_r=min(16, max(4, next_pow2(n_rows))), num_warps=4)

@@ -29,7 +29,7 @@ def _tile(spec, D: int, word_max: int, asm: bool, device: str, rowfirst: bool = 
 
 def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, rowfirst: bool = False) -> dict:
     """Kernel arguments of one cache tensor: codes viewed in their widest load unit ("c"), scales ("s"),
-    zeros ("z"), codebook ("lut"), column permutation ("perm"), per-tensor scale ("ts", float32 [1] or
+    zeros ("z"), codebook ("lut": the format's, or a calibrated spec's pages["codebook"]), column permutation ("perm"), per-tensor scale ("ts", float32 [1] or
     None), the TileCfg ("cfg") and code / scale strides ("cs", "ss")."""
     codes = pages["codes"]
     word, view = 4, codes
@@ -41,6 +41,8 @@ def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, ro
             except RuntimeError:
                 word //= 2
     cfg, perm, lut = _tile(spec, D, word, asm, str(device), rowfirst)
+    if spec.calibrated:  # a calibrated codebook: the layer's own levels, kept beside its pages
+        lut = pages["codebook"]
     if cfg.word != word and not spec.is_float_storage:
         view = codes.view(_UNIT[cfg.word])
     scales, zeros = pages.get("scales"), pages.get("zeros")

@@ -11,6 +11,8 @@ import torch
 
 import kvlab
 from kvlab.cache.layout import PageLayout
+from kvlab.cache.paging import codebook_table
+from kvlab.quant import fit_codebook
 from kvlab.spec import KVQuantSpec
 
 NAN_BYTES = {torch.uint8: 255, torch.float8_e4m3fn: float("nan")}
@@ -18,6 +20,14 @@ NAN_BYTES = {torch.uint8: 255, torch.float8_e4m3fn: float("nan")}
 
 def _poison(t: torch.Tensor) -> None:
     t.fill_(NAN_BYTES.get(t.dtype, float("nan")))
+
+
+def calibrated_levels(spec: KVQuantSpec, D: int, seed: int = 0) -> torch.Tensor:
+    """Levels of a calibrated spec fitted to heavy-tailed sample data (cubed normals): far from the Lloyd-Max
+    ones, so a kernel that read the format's fixed table instead of the pages' would fail."""
+    g = torch.Generator().manual_seed(seed + 7)
+    x = torch.randn(2, 4 * max(spec.group, 16), D, generator=g) ** 3
+    return fit_codebook(x, spec)
 
 
 def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_lens=None, fp_width=0, seed=0,
@@ -38,6 +48,9 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
             if t is not None:
                 _poison(t) if t.dtype != torch.uint8 or t is not pages["codes"] else t.random_(0, 256, generator=g)
         xs = [torch.randn(Hk, n * P, D, generator=g) * (1 + torch.rand(1, 1, D, generator=g) * 3) for n in npages]
+        cb = calibrated_levels(spec, D, seed) if spec.calibrated else None
+        if cb is not None:  # a calibrated codebook: its table beside the pages (poisoned with NaN above)
+            pages["codebook"].copy_(codebook_table(cb))
         ts = None
         if spec.tensor_scale:
             ts = torch.stack([x.abs().amax() for x in xs if x.numel()]).amax() / (6 * 448)
@@ -45,7 +58,7 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
             if n == 0:
                 continue
             ids = indices[indptr[b]:indptr[b + 1]].long()
-            qt = kvlab.quantize(x, spec, tensor_scale=ts)
+            qt = kvlab.quantize(x, spec, tensor_scale=ts, codebook=cb)
             if spec.is_float_storage:
                 pages["codes"][ids] = x.to(lay.code_dtype).reshape(Hk, n, P, D).transpose(0, 1)
             else:

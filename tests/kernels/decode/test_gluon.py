@@ -476,6 +476,7 @@ EMU_CASES = [
     ("nf4", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),      # 16-entry codebooks through PRMT tables
     ("iq4nl", [40, 130], 8, 2, 16, 2, 4, 32),
     ("k=lm4:rot=had,v=nf4:g32:pack=ggml", [33, 90], 16, 2, 32, 1, 4, 16),
+    ("k=lm4:g32:cal,v=lm4:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
     ("k=iq4nl,v=q4_1", [17, 100], 8, 2, 16, 2, 2, 32),
     ("int3:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),   # bit planes (2 + 1)
     ("int3:g32:sym", [40, 130], 16, 2, 32, 2, 4, 32),

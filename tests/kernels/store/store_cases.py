@@ -42,6 +42,11 @@ def make_input(spec, T=17, Hk=2, D=64, P=16, n_pages=None, seed=0, scale=3.0, dt
         kw["scale"] = s
     if ts is not None:
         kw["tensor_scale"] = ts
+    if spec.calibrated:  # levels fitted to this input: the store reads them from pages["codebook"]
+        from kvlab.quant import fit_codebook
+        xs = x.transpose(0, 1)
+        kw["codebook"] = fit_codebook(xs[:, :xs.shape[1] // spec.group * spec.group] if spec.axis == "chan" else xs,
+                                      spec)
     return x.to(DEV), slots.to(DEV), lay, n_pages, kw
 
 
@@ -56,6 +61,10 @@ def run_store(x, slots, lay, n_pages, spec, backend, **kw):
     for t in pages.values():
         if t is not None:
             t.view(torch.uint8).fill_(POISON)
+    cb = kw.pop("codebook", None)
+    if cb is not None:
+        from kvlab.cache.paging import codebook_table
+        pages["codebook"].copy_(codebook_table(cb))
     used = store(x, pages, slots, spec, backend=backend, **kw)
     return pages, used
 

@@ -92,7 +92,8 @@ def test_only_given_slots_written():
 
 
 LLOYD_MAX = [s.k for s in kvlab.grid("lm{2,3,4}:g{32,64}")] + [spec_of(t) for t in (
-    "lm4:head", "lm3:g32:rot=had", "lm2:g16:chan", "lm4:g32:s=bf16", "lm3:g64:chan")]
+    "lm4:head", "lm3:g32:rot=had", "lm2:g16:chan", "lm4:g32:s=bf16", "lm3:g64:chan",
+    "lm3:g64:rot=had:cal", "lm2:g16:chan:cal", "lm4:g32:cal")]  # cal: levels fitted to the input, in pages["codebook"]
 
 
 @pytest.mark.parametrize("spec", LLOYD_MAX, ids=[f"T33-H2-D64-{spec_id(s)}" for s in LLOYD_MAX])

@@ -1,0 +1,67 @@
+"""Calibrated codebooks (`lm2..lm4:cal`): per-layer level tables fitted to calibration data.
+
+A Lloyd-Max format stores each group as codes into 2^bits levels in units of the group's RMS. Its fixed levels are
+the optimum for Gaussian coordinates (what a random rotation makes of most data); `cal` replaces them with levels
+fitted to a layer's own keys or values, as KVQuant's non-uniform datatype: a weighted k-means (Lloyd's algorithm)
+over the calibration values divided by their group's stored RMS scale, each value weighted by the square of that
+scale (so the fit minimises the absolute squared error the cache makes) times an optional per-element weight (for
+keys: the mean square of the matching query channel, so errors where queries are large cost more). Started from the
+Lloyd-Max levels, deterministic, on any device.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..spec import KVQuantSpec, as_spec
+from .formats import codebook, scale_value, store_scale
+from .oracle import _reduce, check_input, group
+from .rotation import rotate
+
+MAX_SAMPLES = 1 << 22  # values a fit uses (an even stride over larger samples)
+
+
+def fit_codebook(x: torch.Tensor, spec, weights: torch.Tensor | None = None, iters: int = 40) -> torch.Tensor:
+    """Levels float32 [2^bits], strictly ascending, for a calibrated spec from sample tokens x [..., T, D].
+
+    weights: None, or non-negative weights broadcastable to x, in the spec's rotated domain when it rotates (for
+    keys, E[(H q)_c^2] per channel c). Values whose group is all zero or not finite are left out. ValueError for a
+    spec that is not `cal`, an input the spec cannot group, or a sample with no usable value."""
+    spec = as_spec(spec)
+    if not isinstance(spec, KVQuantSpec) or not spec.calibrated:
+        raise ValueError(f"fit_codebook fits a calibrated Lloyd-Max spec (lm2..lm4 with ':cal'), got {spec}")
+    check_input(x, spec)
+    xf = x.float()
+    if spec.rotation == "had":
+        xf = rotate(xf)
+    xg = group(xf, spec)                                            # [..., A, B, G]
+    r = scale_value(store_scale(_reduce(xg, "rms", spec), spec.scale_dtype), spec.scale_dtype)  # as stored
+    w = r.pow(2).expand(xg.shape)
+    if weights is not None:
+        wt = torch.as_tensor(weights, dtype=torch.float32, device=x.device)
+        if bool((wt < 0).any()) or not bool(torch.isfinite(wt).all()):
+            raise ValueError("weights must be finite and non-negative")
+        w = w * group(wt.expand(xf.shape).contiguous(), spec)
+    ok = torch.isfinite(r) & (r > 0)
+    u = (xg / torch.where(ok, r, torch.ones_like(r)))[ok.expand(xg.shape)]
+    w = w[ok.expand(xg.shape)]
+    if u.numel() == 0 or float(w.sum()) <= 0:
+        raise ValueError("no usable calibration values (every group is zero or not finite, or weights are all zero)")
+    if u.numel() > MAX_SAMPLES:
+        step = -(-u.numel() // MAX_SAMPLES)
+        u, w = u[::step], w[::step]
+    levels = codebook(spec.fmt, x.device)                           # the Lloyd-Max start
+    n = levels.numel()
+    for _ in range(iters):
+        idx = (u[:, None] - levels[None]).abs().argmin(-1)          # nearest level, the first on ties
+        num = torch.zeros(n, device=x.device).index_add_(0, idx, u * w)
+        den = torch.zeros(n, device=x.device).index_add_(0, idx, w)
+        new = torch.where(den > 0, num / den.clamp_min(1e-30), levels)  # an empty level stays where it was
+        new = new.sort().values
+        if torch.equal(new, levels):
+            break
+        levels = new
+    gap = torch.diff(levels)
+    if n > 1 and not bool((gap > 0).all()):  # collapsed levels (a degenerate sample): keep them distinct
+        eps = 1e-4 * float(levels.abs().max().clamp_min(1.0))
+        levels = levels + eps * torch.arange(n, dtype=torch.float32, device=x.device)
+    return levels.float()
