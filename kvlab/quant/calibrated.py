@@ -17,7 +17,7 @@ from .formats import codebook, scale_value, store_scale
 from .oracle import _reduce, check_input, group
 from .rotation import rotate
 
-MAX_SAMPLES = 1 << 22  # values a fit uses (an even stride over larger samples)
+MAX_SAMPLES = 1 << 20  # values a fit uses (an even stride over larger samples)
 
 
 def fit_codebook(x: torch.Tensor, spec, weights: torch.Tensor | None = None, iters: int = 40) -> torch.Tensor:

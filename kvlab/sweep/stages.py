@@ -23,36 +23,48 @@ def _model(name: str, device: str):
     return load_model(name, device=device, dtype=torch.float32)
 
 
-@functools.lru_cache(maxsize=4)
-def _captured(name: str, device: str, text: str, tokens: int):
-    from ..eval.attention import capture_qkv
+def _tokens(name: str, device: str, text: str, tokens: int) -> torch.Tensor:
+    """The first `tokens` tokens of `text` as the evaluation feeds the model (Gemma 3: its BOS first)."""
     from ..eval.perplexity import bos_prefix, text_tokens
-    model, tok = _model(name, device)
+    _, tok = _model(name, device)
     ids = text_tokens(tok, text)
     if ids.numel() < tokens:
         raise ValueError(f"text {text!r} has {ids.numel()} tokens, fewer than the {tokens} requested")
-    head = bos_prefix(tok)  # as the evaluation feeds the model (Gemma 3: its BOS first)
-    ids = torch.cat([torch.tensor(head, dtype=ids.dtype), ids[:tokens - len(head)]])
-    cap = capture_qkv(model, ids)
+    head = bos_prefix(tok)
+    return torch.cat([torch.tensor(head, dtype=ids.dtype), ids[:tokens - len(head)]])
+
+
+@functools.lru_cache(maxsize=4)
+def _captured(name: str, device: str, text: str, tokens: int):
+    from ..eval.attention import capture_qkv
+    model, _ = _model(name, device)
+    cap = capture_qkv(model, _tokens(name, device, text, tokens))
     return {k: ([t.float() for t in v] if isinstance(v, list) else v) for k, v in cap.items()}
 
 
 def _roundtrip(sch, p, device):
     d = p["distribution"]
     out = {}
+    cal = sch.k.calibrated or sch.v.calibrated  # calibrated codebooks fit on other data: license text / seed + 1
+
+    def real(text):
+        cap = _captured(p["model"], device, text, min(p["tokens"], 1024))
+        t = {"k": torch.cat(cap["k"], 1)[0], "k_pre": torch.cat(cap["k_pre"], 1)[0], "v": torch.cat(cap["v"], 1)[0]}
+        return {"k": t["k_pre"] if sch.k.pre_rope else t["k"], "v": t["v"]}  # [L*Hk, T, D]
     if d == "real":
-        cap = _captured(p["model"], device, "pydoc", min(p["tokens"], 1024))
-        tensors = {"k": torch.cat(cap["k"], 1)[0], "k_pre": torch.cat(cap["k_pre"], 1)[0], "v": torch.cat(cap["v"], 1)[0]}
-        xs = {"k": tensors["k_pre"] if sch.k.pre_rope else tensors["k"], "v": tensors["v"]}  # [L*Hk, T, D]
+        xs, cs = real("pydoc"), (real("license") if cal else None)
     else:
         x = sample(d, p["tokens"], p["head_dim"], p["seed"], device)
         xs = {"k": x, "v": x}
+        c = sample(d, p["tokens"], p["head_dim"], p["seed"] + 1, device) if cal else None
+        cs = {"k": c, "v": c} if cal else None
     for name, spec in (("k", sch.k), ("v", sch.v)):
-        x = xs[name]
+        x, c = xs[name], (cs[name] if cs else None)
         if spec.axis == "chan":
             x = x[..., : x.shape[-2] - x.shape[-2] % spec.group, :]
+            c = None if c is None else c[..., : c.shape[-2] - c.shape[-2] % spec.group, :]
         try:
-            r = roundtrip(x.float(), spec)
+            r = roundtrip(x.float(), spec, None if c is None else c.float())
         except ValueError as e:
             raise Skip(str(e)) from None
         out.update({f"{name}_{k}": v for k, v in r.items()})
@@ -64,9 +76,15 @@ def _roundtrip(sch, p, device):
 
 def _attention(sch, p, device):
     from ..eval.attention import attention_delta
+    from ..eval.faithful import calibrate, needs_calibration
     model, _ = _model(p["model"], device)
     _check_model_fit(sch, model)
-    r = attention_delta(model, _captured(p["model"], device, p["text"], p["tokens"]), sch)
+    calib = None
+    if any(needs_calibration(s) for layer in range(model.config.n_layers) for s in sch.for_layer(
+            layer, model.config.n_layers)):  # static scales and calibrated codebooks: from other text
+        other = "license" if p["text"] != "license" else "pydoc"
+        calib = calibrate(model, _tokens(p["model"], device, other, p["tokens"])[None], sch)
+    r = attention_delta(model, _captured(p["model"], device, p["text"], p["tokens"]), sch, calib)
     c = model.config
     return {"attn_k_rel_l2": r["k"], "attn_v_rel_l2": r["v"], "attn_kv_rel_l2": r["kv"],
             "bits_per_element": sch.bits_per_element(c.head_dim),

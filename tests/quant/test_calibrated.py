@@ -132,3 +132,17 @@ def test_faithful_calibration_fits_tables_on_other_text(tiny_llama):
         DecodeFaithfulBackend(sch, model.config.n_layers)
     out = model(toks, backend=DecodeFaithfulBackend(sch, model.config.n_layers, cal))
     assert torch.isfinite(out).all()
+
+
+def test_roundtrip_fits_calibrated_levels_on_other_data():
+    """The sweep's round trip: a calibrated spec's levels come from another sample (seed + 1), never the scored
+    one; without other data it is an error."""
+    from kvlab.eval.distributions import sample
+    from kvlab.eval.roundtrip import roundtrip, roundtrip_scheme
+    spec = kvlab.parse_spec("lm3:g64:cal")
+    r = roundtrip_scheme("lm3:cal", "student_t4", n=512, d=64, seed=3)
+    x, other = sample("student_t4", 512, 64, 3, "cpu"), sample("student_t4", 512, 64, 4, "cpu")
+    assert r["k_rel_l2"] == pytest.approx(roundtrip(x, spec, other)["rel_l2"], rel=1e-6)
+    assert r["k_rel_l2"] < roundtrip_scheme("lm3", "student_t4", n=512, d=64, seed=3)["k_rel_l2"]
+    with pytest.raises(ValueError, match="give calib_x"):
+        roundtrip(x, spec)
