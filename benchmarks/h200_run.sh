@@ -14,6 +14,8 @@
 #   bash benchmarks/h200_run.sh fused  # the Gluon decode's fused split merge: GPU tests, fused vs separate merge
 #   bash benchmarks/h200_run.sh winners  # issue 18: the quality winners' decode step (every layer) through the public
 #                                        # decode, plus every search candidate at each model's shape (CANDIDATES)
+#   bash benchmarks/h200_run.sh winners-tune  # issue 18: tune the winners' Triton pairs (TUNE64 / TUNE256, ';'-separated
+#                                             # scheme text), merge into the packaged configs, then mode winners again
 #   bash benchmarks/h200_run.sh generate  # benchmarks/generate_bench.py on the staged SmolLM2 GGUF (carry m1..m3
 #                                         # first), with the tuned file of tune-smollm2 when there is one
 # What a call carries (device tool `carry`) is staged into /tmp/kvstage and kept for the next call on the
@@ -92,6 +94,18 @@ winners)   # issue 18: decode_ms_h200 of winners.csv's schemes and the pairs of 
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${BENCH_S:-580}" python3 benchmarks/winners_decode.py --out "$OUT/winners" --candidates "${CANDIDATES:-}" \
     --budget "${BENCH_BUDGET:-520}" 2>&1 | tee "$OUT/winners.log" | tail -60
+  ;;
+winners-tune)   # issue 18: tune the winners' slow (Triton) pairs at SmolLM2's and Gemma 3's shapes (B 32), merge the
+                # results into the packaged configs on this machine, then time the winners and candidates again
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${TUNE_S:-230}" python3 benchmarks/tune_buckets.py --out "$OUT/tune64" --shape smollm2 --batches 32 \
+    --schemes "${TUNE64:-lm3:rot=had}" --budget "${TUNE64_BUDGET:-200}" 2>&1 | tee "$OUT/tune64.log" | tail -12
+  timeout "${TUNE_S:-200}" python3 benchmarks/tune_buckets.py --out "$OUT/tune256" --shape gemma3 --batches 32 \
+    --schemes "${TUNE256:-lm3:rot=had}" --budget "${TUNE256_BUDGET:-150}" 2>&1 | tee "$OUT/tune256.log" | tail -12
+  for t in tune64 tune256; do [ -f "$OUT/$t/tuned_configs.json" ] && python3 benchmarks/merge_tuned.py \
+    "$OUT/$t/tuned_configs.json" --only-faster | tee -a "$OUT/merge.log" | tail -12; done
+  timeout "${BENCH_S:-200}" python3 benchmarks/winners_decode.py --out "$OUT/winners" --candidates "${CANDIDATES:-}" \
+    --budget "${BENCH_BUDGET:-170}" 2>&1 | tee "$OUT/winners.log" | tail -5
   ;;
 codecs-bench)   # the decode table for those schemes (tuned file of the codecs mode when this machine kept it)
   T=/tmp/kvstage/tuned_codecs.json; [ -f "$T" ] || T=""
