@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--sink", type=int, default=0, help="first tokens kept full precision in every layer")
-    p.add_argument("--sensitivity", default=None, help="reuse a sensitivity.csv of an earlier run (same candidates)")
+    p.add_argument("--sensitivity", default=None, help="reuse a sensitivity.csv of an earlier run (same calibration "
+                   "text and tokens): its candidates' columns are reused, the others measured and added")
     p.add_argument("--nominal-bits", action="store_true", help="budget in nominal bits (default: effective bits at "
                    "--tokens, full-precision tokens counted, as the evaluation reports them)")
     p.add_argument("--speed-table", default=None, help="pairs.csv of measured decode times (benchmarks/"
@@ -74,6 +75,31 @@ def decode_budget(table: str, config, cands: list[str], context: int, sink: int,
     return ms, value * sum(r[0] for r in ref)
 
 
+def reuse_sensitivity(path: str, cands: list[str], model, tok, calib_text: str, calib_tokens: int, sink: int,
+                      bar) -> list[list[float]]:
+    """The sensitivity table for `cands` from an earlier run's sensitivity.csv: its columns are reused, candidates it
+    lacks are measured now (the same way: KL on `calib_tokens` of `calib_text`) and added. The earlier run must have
+    measured on the same calibration text, token count and sinks (the caller's arguments; not checked)."""
+    from ..eval.perplexity import bos_prefix, segments, text_tokens
+    from ..eval.search import layer_sensitivity
+    with open(path) as f:
+        head, *lines = f.read().split("\n")
+    have = head.split(",")[1:]
+    table = [[float(v) for v in ln.split(",")[1:]] for ln in lines if ln.strip()]
+    if len(table) != model.config.n_layers:
+        raise ValueError(f"{path} has {len(table)} layers; this model has {model.config.n_layers}")
+    missing = [c for c in cands if c not in have]
+    bar.total = model.config.n_layers * len(missing)
+    bar.refresh()
+    got = {}
+    if missing:
+        segs = segments(text_tokens(tok, calib_text), calib_tokens, 1, prefix=bos_prefix(tok))
+        new = layer_sensitivity(model, segs, missing, bar.update, sink)
+        got = {c: [row[i] for row in new] for i, c in enumerate(missing)}
+    col = {c: [row[have.index(c)] for row in table] if c in have else got[c] for c in cands}
+    return [[col[c][layer] for c in cands] for layer in range(model.config.n_layers)]
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     import torch
@@ -94,11 +120,7 @@ def main(argv=None) -> int:
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
         sens = None
         if a.sensitivity:
-            with open(a.sensitivity) as f:
-                head, *lines = f.read().split("\n")
-            if head.split(",")[1:] != cands:
-                raise ValueError(f"{a.sensitivity} holds candidates {head.split(',')[1:]}, not {cands}")
-            sens = [[float(v) for v in ln.split(",")[1:]] for ln in lines if ln.strip()]
+            sens = reuse_sensitivity(a.sensitivity, cands, model, tok, a.calib_text, a.calib_tokens, a.sink, bar)
         ms = ms_budget = None
         if a.speed_table:
             ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget)

@@ -161,3 +161,29 @@ def test_decode_budget_option(tmp_path, capsys):
         decode_budget(str(f), cfg, ["lm3:rot=had"], 8192, 0, "fast")
     assert main(["search", "--budget", "3", "--speed-table", str(f)]) == 2
     assert "--speed-table and --decode-budget go together" in capsys.readouterr().err
+
+
+def test_sensitivity_table_reused_and_extended(smollm2, tmp_path, monkeypatch):
+    """--sensitivity with a table that lacks some candidates: its columns are reused as they are, only the missing
+    candidates are measured, and the result follows the requested candidate order."""
+    import kvlab.eval.search as es
+    from kvlab.sweep.search_cli import reuse_sensitivity
+    model, tok = smollm2
+    n = model.config.n_layers
+    f = tmp_path / "sensitivity.csv"
+    f.write_text("layer,a,b\n" + "".join(f"{i},{i * 0.1:.6g},{i * 0.2:.6g}\n" for i in range(n)))
+    asked = []
+
+    def fake(model_, segs, cands, progress=None, sink=0):
+        asked.append(list(cands))
+        return [[1000.0 + i + j for j in range(len(cands))] for i in range(n)]
+    monkeypatch.setattr(es, "layer_sensitivity", fake)
+    bar = type("Bar", (), {"total": 0, "refresh": lambda self: None, "update": lambda self, k=1: None})()
+    t = reuse_sensitivity(str(f), ["c", "b", "a"], model, tok, "license", 64, 0, bar)
+    assert asked == [["c"]] and bar.total == n
+    assert t[3] == [1003.0, pytest.approx(0.6), pytest.approx(0.3)]
+    assert reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, bar)[2] == [pytest.approx(0.2)]
+    assert asked == [["c"]]  # nothing measured when the table has every candidate
+    f.write_text("layer,a\n0,1\n")
+    with pytest.raises(ValueError, match="has 1 layers"):
+        reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, bar)
