@@ -72,22 +72,29 @@ class _Ref:
 
 
 _REF_CACHE: dict = {}
+_BIG = "large"  # the key of the one cached segment whose logits exceed LOGITS_BUDGET / 4
 LOGITS_BUDGET = 1 << 29  # float32 logits elements scored at once (2 GiB); Gemma 3's 262K vocabulary needs this
 
 
 @torch.no_grad()
 def reference_logits(model, seg: torch.Tensor) -> _Ref:
-    """Full-precision logits of a segment (cached per model and segment while they fit LOGITS_BUDGET / 4: Gemma 3's
-    [2048, 262144] logits are recomputed per scheme instead of held across them)."""
+    """Full-precision logits of a segment, cached per model and segment: every segment while their logits fit
+    LOGITS_BUDGET / 4, and above that the last large one alone (Gemma 3's [1024, 262144] calibration logits, scored
+    once per layer and candidate by the search, are computed once; a new large segment replaces it)."""
     key = (id(model), seg.numel(), hash(tuple(seg[:64].tolist())), hash(tuple(seg[-64:].tolist())))
     if key in _REF_CACHE:
         return _REF_CACHE[key]
+    if _BIG in _REF_CACHE and _REF_CACHE[_BIG][0] == key:
+        return _REF_CACHE[_BIG][1]
     dev = next(model.parameters()).device
+    _REF_CACHE.pop(_BIG, None)  # free the last large entry before computing another
     lg = model(seg[None].to(dev))[0].float()
     # kept in the model's dtype: the logits come out of its LM head, so this is lossless
     ref = _Ref(lg.to(next(model.parameters()).dtype), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
     if lg.numel() <= LOGITS_BUDGET // 4:
         _REF_CACHE[key] = ref
+    else:
+        _REF_CACHE[_BIG] = (key, ref)
     return ref
 
 

@@ -187,3 +187,21 @@ def test_sensitivity_table_reused_and_extended(smollm2, tmp_path, monkeypatch):
     f.write_text("layer,a\n0,1\n")
     with pytest.raises(ValueError, match="has 1 layers"):
         reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, bar)
+
+
+def test_large_reference_logits_are_computed_once(tiny_llama, monkeypatch):
+    """Segments whose logits exceed LOGITS_BUDGET / 4 are cached one at a time: scoring the same segment again (the
+    search's layer x candidate loop) runs the full-precision forward once; another large segment replaces it."""
+    import kvlab.eval.perplexity as pp
+    model = tiny_llama()
+    monkeypatch.setattr(pp, "LOGITS_BUDGET", 64)
+    monkeypatch.setattr(pp, "_REF_CACHE", {})
+    calls = []
+    fwd = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (calls.append(1), fwd(*a, **k))[1])
+    a, b = torch.arange(40) % 64, (torch.arange(40) * 7) % 64
+    r1 = pp.reference_logits(model, a)
+    assert pp.reference_logits(model, a) is r1 and len(calls) == 1
+    pp.reference_logits(model, b)
+    assert len(calls) == 2 and len(pp._REF_CACHE) == 1
+    assert torch.equal(pp.reference_logits(model, a).logits, r1.logits) and len(calls) == 3
