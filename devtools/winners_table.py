@@ -7,7 +7,8 @@
 Each DIR/search.json row gives the chosen scheme, its held-out evaluation (PPL delta +- sd over segments, KL,
 effective bits) and both texts; decode_ms_h200 is one decode step's attention summed over the model's layers from
 the GPU pairs table (benchmarks/winners_decode.py; empty where a layer's pair was not timed). budget_bits says how the
-budget counted bits, and names the decode-time budget when the search had one.
+budget counted bits, and names the decode-time budget when the search had one; bf16_decode_ms_h200 is the same step
+with a bf16 cache, from the same table.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["model", "scheme", "eff_bits", "ppl_delta_pct", "ppl_delta_pct_sd", "kl", "segments", "tokens", "text",
-           "calib_text", "decode_ms_h200", "budget", "budget_bits", "source"]
+           "calib_text", "decode_ms_h200", "budget", "budget_bits", "source", "bf16_decode_ms_h200"]
 NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma-3-270M"}
 
 
@@ -35,6 +36,8 @@ def rows_of(search_dir: Path) -> list[dict]:
     runs = json.loads((search_dir / "search.json").read_text())
     out = []
     for r in runs:
+        if "eval" not in r:  # an infeasible budget (search.json says why): no winner
+            continue
         ev = r["eval"]
         kind = "effective" if r.get("context") else "nominal"
         if r.get("decode_budget_ms") is not None:
@@ -61,10 +64,11 @@ def main(argv=None) -> int:
     rows = [row for d in a.search for row in rows_of(Path(d).resolve())]
     times = wd.read_pairs(a.pairs)
     timed = wd.summarize([r for r in rows if r["model"] in wd.MODELS], times, {}, a.batch, a.context)
-    ms = {(t["model"], t["scheme"]): t.get("decode_ms_h200") for t in timed}
+    ms = {(t["model"], t["scheme"]): (t.get("decode_ms_h200"), t.get("bf16_ms")) for t in timed}
     for r in rows:
-        v = ms.get((r["model"], r["scheme"]))
+        v, ref = ms.get((r["model"], r["scheme"]), (None, None))
         r["decode_ms_h200"] = "" if v is None else round(v, 4)
+        r["bf16_decode_ms_h200"] = "" if ref is None else round(ref, 4)  # a bf16 cache's step in the same table
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()

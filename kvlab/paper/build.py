@@ -30,6 +30,8 @@ FILES = {
     "llama_verify": f"{R}/engines/llama_cpp_verify.csv",
     "published": f"{R}/published/findings.csv",
     "freetoken_rt": f"{R}/cpu/freetoken_roundtrip.csv",
+    "winners": f"{R}/quality/winners.csv",
+    "calibrated": f"{R}/quality/calibrated_eval.json",
 }
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
@@ -46,6 +48,8 @@ COMMANDS = {
     "llama_verify": "python -m kvlab.export verify --engine llama.cpp (CPU, llama-cpp-python 0.3.36)",
     "published": "transcribed from the cited sources",
     "freetoken_rt": "python -m kvlab.paper --refresh-data (CPU)",
+    "winners": "python -m kvlab.sweep search ... (CPU; each row's source), then python devtools/winners_table.py",
+    "calibrated": "python -m kvlab.eval --scheme lm3:rot=had --scheme lm3:rot=had:cal ... --json FILE (CPU)",
 }
 
 
@@ -299,8 +303,9 @@ class Paper:
                 f"{c(pub.loc['kvquant_4bit', 'bits'], 'g', 'published', 'kvquant_4bit / bits')} bits and "
                 f"{c(pub.loc['kvquant_3bit', 'value'], 'g', 'published', 'kvquant_3bit / value')}% at about "
                 f"{c(pub.loc['kvquant_3bit', 'bits'], 'g', 'published', 'kvquant_3bit / bits')} bits on models fifty "
-                "times larger, with calibrated non-uniform codebooks and outliers, which kvlab's sweep does not have "
-                "yet (issue #18); small models are also known to be more fragile.", ""]
+                "times larger, with calibrated non-uniform codebooks and outliers; section 6 gives what kvlab's "
+                "search and its calibrated codebooks reach on these small models, which are known to be more "
+                "fragile.", ""]
         h4, t4 = "int4:g32:asym:rot=had", "int4:g32:asym"
         h3, t3 = "int3:g32:asym:rot=had", "int3:g32:asym"
         vr = self.t["llama_verify"].set_index(["cache_k", "rotation"])
@@ -342,10 +347,46 @@ class Paper:
                 "cache.", ""]
         return out
 
+    def quality(self):
+        """Section 6: the searched schemes per budget on both models, and what the calibrated codebooks bought."""
+        w = self.t["winners"]
+        c = self.c
+        rows = ["| model | budget (bits) | decode budget | effective bits | PPL delta % (sd) | KL | decode ms (H200) |",
+                "|---|---|---|---|---|---|---|"]
+        for r in w.itertuples():
+            key = f"{r.model} / {r.budget} / {r.budget_bits}"
+            fast = "<= bf16" if "decode" in r.budget_bits else "-"
+            ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
+            rows.append(f"| {r.model} | {c(r.budget, 'g', 'winners', f'{key} / budget')} | {fast} | "
+                        f"{c(r.eff_bits, '.2f', 'winners', f'{key} / eff_bits')} | "
+                        f"{c(r.ppl_delta_pct, '+.2f', 'winners', f'{key} / ppl_delta_pct')} "
+                        f"({c(r.ppl_delta_pct_sd, '.2f', 'winners', f'{key} / ppl_delta_pct_sd')}) | "
+                        f"{c(r.kl, '.4f', 'winners', f'{key} / kl')} | {ms} |")
+        cal = {r["scheme"]: r for r in self.t["calibrated"]}
+
+        def ppl(s):
+            return c(cal[s]["ppl_delta_pct"], "+.2f", "calibrated", f"{s} / ppl_delta_pct")
+        return ["## 6. Best accuracy per stored bit: searched schemes", "",
+                "`python -m kvlab.sweep search` measures each layer's KL when that layer alone holds a candidate "
+                "(K spec, V spec), on the license text, then picks one candidate per layer under a budget of "
+                "effective bits (scales, zeros and full-precision tokens counted at the evaluated length) by an exact "
+                "knapsack, optionally under a decode-time budget from the H200's measured per-layer kernel times as "
+                "well, and evaluates the choice on held-out pydoc text. The candidates mix channel-axis int keys "
+                "(KIVI) with Lloyd-Max codebook values after a Hadamard rotation (TurboQuant's grid), whole-layer "
+                "codebooks and q8_0. Decode time is one step's attention over every layer (`benchmarks/winners_decode.py`: "
+                "`--batch 32 --context 8192`, Gemma's sliding layers holding their window) through the default "
+                "dispatch; a decode budget of `<= bf16` means no slower than a bf16 cache in the same table.", "",
+                *rows, "",
+                f"Calibrated codebooks (levels fitted per layer by a weighted k-means, KVQuant's non-uniform datatype) "
+                f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
+                f"{ppl('lm3:g64:rot=had')}% against {ppl('lm3:g64:rot=had:cal')}% calibrated. Without the rotation they "
+                f"recover much of the loss of the fixed grid ({ppl('lm3:g64')}% against {ppl('lm3:g64:cal')}%) but stay "
+                "behind the rotation.", ""]
+
     def limitations(self):
-        return ["## 6. Limitations", "",
-                "One small model (SmolLM2-135M) and one text (pydoc), so absolute costs are larger than on large models "
-                "and rankings may shift; `Gemma 3` is the next model (issue #18). Engine profiles model arithmetic "
+        return ["## 7. Limitations", "",
+                "Two small models (`SmolLM2-135M`, `Gemma 3 270M`) and one evaluation text (pydoc), so absolute costs are "
+                "larger than on large models and rankings may shift. Engine profiles model arithmetic "
                 "read from source, verified end to end only for llama.cpp on the CPU; vLLM's and SGLang's GPU "
                 "kernels (FA3's handling of P with fp8 V, FlashInfer's NVFP4 quantizer) were not read. Speed is "
                 "measured on one GPU (H200); decode of the sub-byte formats is bound by the instructions that unpack "
@@ -401,7 +442,7 @@ class Paper:
                  "*Generated by `python -m kvlab.paper` from the committed results under `sweeps/results/`; do not "
                  "edit by hand.*", ""]
         for sec in (self.abstract, self.dsl, self.kernels, self.protocol, self.results, self.reproductions,
-                    self.limitations, self.appendix):
+                    self.quality, self.limitations, self.appendix):
             parts += sec()
         md = "\n".join(parts) + "\n"
         bad = self.n.unsourced(md)

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         ms = ms_budget = None
         if a.speed_table:
             ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget)
-        res = search(model, tok, cands, budgets[0], calib_text=a.calib_text, calib_tokens=a.calib_tokens,
+        res = search(model, tok, cands, max(budgets), calib_text=a.calib_text, calib_tokens=a.calib_tokens,
                      progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens,
                      ms=ms, decode_budget_ms=ms_budget)
         bar.close()
@@ -136,7 +136,14 @@ def main(argv=None) -> int:
                 for layer, row in enumerate(res["sens"]):
                     f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
         for budget in budgets:
-            r = res if budget == budgets[0] else choose(res, budget, model.config.head_dim)
+            try:
+                r = res if budget == max(budgets) else choose(res, budget, model.config.head_dim)
+            except ValueError as e:  # this budget is infeasible (e.g. no candidates that cheap and that fast)
+                print(f"no choice under {budget} bits/element: {e}", flush=True)
+                runs.append({"budget": budget, "model": a.model, "infeasible": str(e)})
+                if a.out:
+                    (Path(a.out) / "search.json").write_text(json.dumps(runs, indent=1))
+                continue
             print(f"chosen under {budget} bits/element ({r['bits_per_element']:.3f}): {r['scheme']}")
             print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {r['predicted_kl']:.4f}")
             if "decode_ms" in r:
