@@ -303,9 +303,9 @@ class Paper:
                 f"{c(pub.loc['kvquant_4bit', 'bits'], 'g', 'published', 'kvquant_4bit / bits')} bits and "
                 f"{c(pub.loc['kvquant_3bit', 'value'], 'g', 'published', 'kvquant_3bit / value')}% at about "
                 f"{c(pub.loc['kvquant_3bit', 'bits'], 'g', 'published', 'kvquant_3bit / bits')} bits on models fifty "
-                "times larger, with calibrated non-uniform codebooks and outliers; section 6 gives what kvlab's "
-                "search and its calibrated codebooks reach on these small models, which are known to be more "
-                "fragile.", ""]
+                "times larger, with calibrated non-uniform codebooks and outliers; the next section gives what "
+                "kvlab's search and its calibrated codebooks reach on these small models, which are known to be "
+                "more fragile.", ""]
         h4, t4 = "int4:g32:asym:rot=had", "int4:g32:asym"
         h3, t3 = "int3:g32:asym:rot=had", "int3:g32:asym"
         vr = self.t["llama_verify"].set_index(["cache_k", "rotation"])
@@ -351,18 +351,20 @@ class Paper:
         """Section 6: the searched schemes per budget on both models, and what the calibrated codebooks bought."""
         w = self.t["winners"]
         c = self.c
-        rows = ["| model | budget (bits) | decode budget | effective bits | PPL delta % (sd) | KL | decode ms (H200) |",
-                "|---|---|---|---|---|---|---|"]
+        rows = ["| model | budget (bits) | decode budget | effective bits | PPL delta % (sd) | KL | decode ms (H200) | "
+                "bf16 cache ms |", "|---|---|---|---|---|---|---|---|"]
         for r in w.itertuples():
             key = f"{r.model} / {r.budget} / {r.budget_bits}"
             fast = "<= bf16" if "decode" in r.budget_bits else "-"
             ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
+            ref = (c(r.bf16_decode_ms_h200, ".2f", "winners", f"{key} / bf16_decode_ms_h200")
+                   if pd.notna(r.bf16_decode_ms_h200) else "-")
             rows.append(f"| {r.model} | {c(r.budget, 'g', 'winners', f'{key} / budget')} | {fast} | "
                         f"{c(r.eff_bits, '.2f', 'winners', f'{key} / eff_bits')} | "
                         f"{c(r.ppl_delta_pct, '+.2f', 'winners', f'{key} / ppl_delta_pct')} "
                         f"({c(r.ppl_delta_pct_sd, '.2f', 'winners', f'{key} / ppl_delta_pct_sd')}) | "
-                        f"{c(r.kl, '.4f', 'winners', f'{key} / kl')} | {ms} |")
-        cal = {r["scheme"]: r for r in self.t["calibrated"]}
+                        f"{c(r.kl, '.4f', 'winners', f'{key} / kl')} | {ms} | {ref} |")
+        cal = {r["scheme"]: r for r in self.t["calibrated"]["rows"]}
 
         def ppl(s):
             return c(cal[s]["ppl_delta_pct"], "+.2f", "calibrated", f"{s} / ppl_delta_pct")
