@@ -97,11 +97,9 @@ def needed_pairs(winners: list[dict], candidates: list[str], context: int) -> li
 
 
 def read_pairs(path) -> dict:
-    """pairs.csv -> {pair key: graph ms (None where not timed)}."""
-    with open(path) as f:
-        return {(r["k_spec"], r["v_spec"], int(r["window"]), int(r["sink"]), int(r["context"]), int(r["heads_q"]),
-                 int(r["heads_kv"]), int(r["head_dim"])): float(r["graph_ms"]) if r["graph_ms"] else None
-                for r in csv.DictReader(f)}
+    """pairs.csv -> {pair key: graph ms (None where not timed)}: the reader the search's --speed-table uses."""
+    from kvlab.eval.search import read_speed_table
+    return read_speed_table(path)
 
 
 def summarize(winners: list[dict], times: dict, cudnn: dict, batch: int, context: int) -> list[dict]:

@@ -126,15 +126,21 @@ def layer_contexts(config, context: int) -> list[int]:
     return out
 
 
+def read_speed_table(pairs_csv) -> dict:
+    """A pairs.csv of benchmarks/winners_decode.py -> {(K spec text, V spec text, window, sink, context, Hq, Hk, D):
+    graph-replay ms, or None where the pair was not timed}."""
+    import csv
+    with open(pairs_csv) as f:
+        return {(r["k_spec"], r["v_spec"], int(r["window"]), int(r["sink"]), int(r["context"]), int(r["heads_q"]),
+                 int(r["heads_kv"]), int(r["head_dim"])): float(r["graph_ms"]) if r["graph_ms"] else None
+                for r in csv.DictReader(f)}
+
+
 def decode_ms_table(pairs_csv, config, candidates: list[str], context: int, sink: int = 0) -> list[list[float | None]]:
     """ms[l][c]: measured decode time of candidate c's (K spec, V spec) at layer l of a model with `config`, at the
     layer's context (`layer_contexts`), from a pairs.csv of benchmarks/winners_decode.py (None where the table has
     no timed row for it). Candidate "bf16" gives the full-precision cache's times."""
-    import csv
-    with open(pairs_csv) as f:
-        rows = {(r["k_spec"], r["v_spec"], int(r["window"]), int(r["sink"]), int(r["context"]), int(r["heads_q"]),
-                 int(r["heads_kv"]), int(r["head_dim"])): float(r["graph_ms"]) if r["graph_ms"] else None
-                for r in csv.DictReader(f)}
+    rows = read_speed_table(pairs_csv)
     shape = (config.n_heads, config.n_kv_heads, config.head_dim)
     ctx = layer_contexts(config, context)
     specs = [pair(c) for c in candidates]

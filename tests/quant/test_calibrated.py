@@ -17,12 +17,11 @@ def _heavy(seed=0, shape=(2, 96, 64)):
 
 
 def _wmse(x, spec, levels, w=None):
-    from kvlab.quant.oracle import group
-    err = (fake_quantize(x, spec, codebook=levels) - x) ** 2 if spec.calibrated else (fake_quantize(x, spec) - x) ** 2
-    if spec.rotation == "had":
-        from kvlab.quant import rotate
-        err = (rotate(fake_quantize(x, spec, codebook=levels)) - rotate(x)) ** 2
-    return float((err * (1 if w is None else w)).sum())
+    """Weighted squared error of the cache's copy of x, in the spec's (rotated) domain where the fit measures it."""
+    from kvlab.quant import rotate
+    y = fake_quantize(x, spec, codebook=levels) if spec.calibrated else fake_quantize(x, spec)
+    a, b = (rotate(y), rotate(x)) if spec.rotation == "had" else (y, x)
+    return float(((a - b) ** 2 * (1 if w is None else w)).sum())
 
 
 def test_spec_option_round_trips_and_is_checked():
