@@ -15,18 +15,12 @@ their rows, new tokens fill freed rows first, and remaining holes are filled fro
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 
 def chan_group(scheme, n_layers: int) -> int:
     """lcm of the channel-axis group sizes over every layer's K and V spec (1 if none)."""
-    g = 1
-    for layer in range(n_layers):
-        for spec in scheme.for_layer(layer, n_layers):
-            if spec.axis == "chan":
-                g = math.lcm(g, spec.group)
-    return g
+    return scheme.chan_group(n_layers)
 
 
 @dataclass(frozen=True)

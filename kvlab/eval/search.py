@@ -35,11 +35,26 @@ def pair(candidate: str) -> tuple:
     return as_spec(ks), as_spec(vs if bar else ks)
 
 
-def _spec_bits(candidate: str, head_dim: int, context: int | None = None, sink: int = 0) -> float:
-    """A layer's bits per element in `candidate`: nominal, or with `context` effective (sinks and a channel-axis
-    key's unfinished group kept full precision, amortized over `context` tokens, as `evaluate_scheme` counts)."""
+def _spec_bits(candidate: str, head_dim: int, context: int | None = None, sink: int = 0,
+               chan_group: int | None = None) -> float:
+    """A layer's bits per element in `candidate`: nominal, or with `context` effective (sinks and the unfinished
+    channel group of Gc - 1 tokens kept full precision, amortized over `context` tokens, as `evaluate_scheme`
+    counts; Gc: `chan_group`, the lcm of the whole scheme's channel groups, which every layer pays)."""
     ks, vs = pair(candidate)
-    return KVScheme(k=ks, v=vs, sink=sink).bits_per_element(head_dim, context=context)
+    return KVScheme(k=ks, v=vs, sink=sink).bits_per_element(head_dim, context=context, chan_group=chan_group)
+
+
+def regimes(candidates: list[str], context: int | None) -> list[tuple[int, list[int]]]:
+    """[(Gc, candidate indices)]: the pool keeps one full-precision policy for all layers, so a scheme with any
+    channel-axis layer holds the last up-to Gc - 1 tokens of every layer in bf16. The search therefore prices the
+    candidates twice: without channel-axis candidates (Gc = 1) and with all of them (Gc = their lcm), and keeps the
+    better allocation. Nominal bits (no `context`) need no split."""
+    groups = [KVScheme(*pair(c)).chan_group() for c in candidates]
+    g_all = math.lcm(*groups)
+    if context is None or g_all == 1:
+        return [(g_all, list(range(len(candidates))))]
+    plain = [i for i, g in enumerate(groups) if g == 1]
+    return ([(1, plain)] if plain else []) + [(g_all, list(range(len(candidates))))]
 
 
 @torch.no_grad()
@@ -159,14 +174,28 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVSche
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
     """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting, and
-    decode-time table and budget when it has them)."""
-    bits = [_spec_bits(c, head_dim, res.get("context"), res.get("sink", 0)) for c in res["candidates"]]
+    decode-time table and budget when it has them): the best of the `regimes`."""
+    cands, sink, ctx = res["candidates"], res.get("sink", 0), res.get("context")
     ms, ms_budget = res.get("ms"), res.get("decode_budget_ms")
-    choice = allocate(res["sens"], bits, budget, ms, ms_budget)
-    out = {**res, "scheme": str(scheme_of(choice, res["candidates"], res.get("sink", 0))),
-           "choice": [res["candidates"][c] for c in choice],
-           "predicted_kl": sum(res["sens"][layer][c] for layer, c in enumerate(choice)),
-           "bits_per_element": sum(bits[c] for c in choice) / len(choice)}
+    best, err = None, None
+    for g, idx in regimes(cands, ctx):
+        bits = [_spec_bits(cands[i], head_dim, ctx, sink, g) for i in idx]
+        sens = [[row[i] for i in idx] for row in res["sens"]]
+        sub_ms = None if ms is None else [[row[i] for i in idx] for row in ms]
+        try:
+            sub = allocate(sens, bits, budget, sub_ms, ms_budget)
+        except ValueError as e:
+            err = e
+            continue
+        choice = [idx[c] for c in sub]
+        kl = sum(res["sens"][layer][c] for layer, c in enumerate(choice))
+        if best is None or kl < best[1]:
+            best = (choice, kl, g, sum(bits[c] for c in sub) / len(sub))
+    if best is None:
+        raise err
+    choice, kl, g, mean_bits = best
+    out = {**res, "scheme": str(scheme_of(choice, cands, sink)), "choice": [cands[c] for c in choice],
+           "predicted_kl": kl, "bits_per_element": mean_bits, "chan_group": g}
     if ms is not None:
         out["decode_ms"] = sum(ms[layer][c] for layer, c in enumerate(choice))
     return out

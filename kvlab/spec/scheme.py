@@ -73,16 +73,32 @@ class KVScheme:
     def is_uniform(self) -> bool:
         return self.k == self.v
 
-    def bits_per_element(self, head_dim: int = 128, context: int | None = None, n_layers: int | None = None) -> float:
-        """Mean stored bits per K/V element. With `context`, the full-precision window and sinks
-        (kept bf16) are amortized over that many tokens; with `n_layers`, overrides count too."""
+    def chan_group(self, n_layers: int | None = None) -> int:
+        """The pool's channel-group lcm Gc: lcm of the channel-axis group sizes of every K and V spec (of every layer
+        when `n_layers` is given; 1 without channel axes). Every layer keeps its last up-to Gc - 1 tokens full
+        precision beside the window (`kvlab.cache.window.FpPolicy`), so one block table serves all layers."""
+        import math
+        pairs = [(self.k, self.v)] if n_layers is None else [self.for_layer(i, n_layers) for i in range(n_layers)]
+        g = 1
+        for pair in pairs:
+            for spec in pair:
+                if spec.axis == "chan":
+                    g = math.lcm(g, spec.group)
+        return g
+
+    def bits_per_element(self, head_dim: int = 128, context: int | None = None, n_layers: int | None = None,
+                         chan_group: int | None = None) -> float:
+        """Mean stored bits per K/V element. With `context`, the tokens the pool holds in full precision at worst
+        (bf16: sinks, the window and an unfinished channel group of Gc - 1 tokens, Gc = `chan_group()` of the whole
+        scheme, which every layer pays) are amortized over that many tokens; with `n_layers`, overrides count too.
+        `chan_group`: Gc of a larger scheme this one is a layer of (the search prices candidates with it)."""
+        g = self.chan_group(n_layers) if chan_group is None else chan_group
+        fp = 0 if context is None else min(context, self.sink + self.window + g - 1)
+
         def per_layer(k: KVQuantSpec, v: KVQuantSpec) -> float:
             q = (k.bits_per_element_at(head_dim) + v.bits_per_element_at(head_dim)) / 2
             if context is None:
                 return q
-            fp = min(context, self.window + self.sink)
-            if k.axis == "chan":  # the unfinished channel group also stays full precision (worst case)
-                fp = min(context, fp + k.group - 1) if self.window == 0 else fp
             return (fp * 16 + (context - fp) * q) / context
         if n_layers is None:
             return per_layer(self.k, self.v)

@@ -45,6 +45,40 @@ def test_allocation_spends_bits_where_layers_are_sensitive():
         allocate(sens, [2.0, 4.0], budget=1.9)
 
 
+def test_mixed_scheme_pays_the_channel_groups_fp_tokens_in_every_layer():
+    """The pool keeps the last up-to Gc - 1 tokens of every layer in bf16 once any layer has a channel-axis spec
+    (one policy, one block table), so the effective bits of a mixed scheme count them in its token-axis layers too;
+    the worst case includes the window (window + Gc - 1 tokens)."""
+    mixed = kvlab.scheme("lm2:g64:rot=had,L1=int2:g32:chan:asym|lm2:g64:rot=had")
+    q = kvlab.scheme("lm2:g64:rot=had").bits_per_element(64)
+    assert mixed.chan_group(4) == 32 and kvlab.scheme("lm2:g64:rot=had").chan_group(4) == 1
+    q1 = kvlab.scheme("k=int2:g32:chan:asym,v=lm2:g64:rot=had").bits_per_element(64)
+    assert (q, q1) == (2.25, (3 + 2.25) / 2)
+    assert mixed.bits_per_element(64, context=2048, n_layers=4) == pytest.approx(
+        (31 * 16 + 2017 * (3 * q + q1) / 4) / 2048)
+    kivi = kvlab.scheme("kivi4")  # window 128 + an unfinished group of up to 31 tokens
+    qk = kivi.bits_per_element(128)
+    assert kivi.bits_per_element(128, context=2048) == pytest.approx((159 * 16 + 1889 * qk) / 2048)
+
+
+def test_search_prices_token_axis_candidates_with_the_schemes_fp_tail():
+    """choose() keeps the better of an all-token-axis allocation (no fp tail) and one over every candidate with the
+    channel group's tail charged to every layer; its reported bits are what the evaluated scheme counts."""
+    from kvlab.eval.search import choose, regimes
+    cands = ["lm2:g64:rot=had", "lm3:g64:rot=had", "int2:g32:chan:asym|lm2:g64:rot=had"]
+    assert regimes(cands, 2048) == [(1, [0, 1]), (32, [0, 1, 2])]
+    assert regimes(cands, None) == [(32, [0, 1, 2])]
+    n, ctx = 4, 2048
+    for sens, want_g in (([[1.0, 0.5, 0.9]] * n, 1),      # the chan candidate barely helps: no tail
+                         ([[1.0, 0.95, 0.01]] * n, 32)):  # it is much better: pay the tail everywhere
+        res = choose({"sens": sens, "candidates": cands, "context": ctx, "sink": 0}, 2.7, 64)
+        assert res["chan_group"] == want_g
+        sch = kvlab.scheme(res["scheme"])
+        assert sch.chan_group(n) == want_g
+        assert res["bits_per_element"] == pytest.approx(sch.bits_per_element(64, context=ctx, n_layers=n))
+        assert sch.bits_per_element(64, context=ctx, n_layers=n) <= 2.7 + 1e-9
+
+
 def test_scheme_of_is_one_line_that_round_trips():
     cands = ["lm2:rot=had", "lm4:rot=had"]
     sch = scheme_of([0, 1, 0, 0], cands)
