@@ -9,6 +9,7 @@
 #                                             # kept in /tmp/kvstage/tuned_smollm2.json for `generate`
 #   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
+#   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
 #   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
 #                                                      # the decode table with that tuned file
 #   bash benchmarks/h200_run.sh fused  # the Gluon decode's fused split merge: GPU tests, fused vs separate merge
@@ -127,6 +128,11 @@ generate)
 extend-tests)   # extend (fused + dense prefix) and store tests on the GPU
   timeout "${PYTEST_S:-300}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE tests/kernels/extend \
     tests/kernels/store tests/kernels/test_nonfinite_kernels.py tests/test_layers.py 2>&1 | tee "$OUT/pytest_extend.log" | tail -8
+  ;;
+extend-profile)   # extend GPU tests, then where an extend call's time goes (with and without host-side lengths)
+  timeout "${PYTEST_S:-240}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE tests/kernels/extend \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -4
+  timeout "${PROF_S:-300}" python3 benchmarks/profile_extend.py --out "$OUT" 2>&1 | grep "^==" 
   ;;
 extend-bench)   # benchmarks/run.py extend case (default dispatch, fused kernel, fused sweep, peers)
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-560}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \

@@ -28,7 +28,9 @@ def main() -> None:
     from kvlab.kernels.extend import extend
     from torch.profiler import ProfilerActivity, profile
     lines = []
-    for sname, name, backend in (("p32k_b1", "bf16", "auto"), ("p32k_b1", "q4_0", "auto"), ("smollm2_p8k", "q4_0", "auto"),
+    for sname, name, backend in (("p32k_b1", "bf16", "auto"), ("p32k_b1", "bf16", "auto_host"),
+                                 ("p32k_b1", "q4_0", "auto"), ("p32k_b1", "q4_0", "auto_host"),
+                                 ("p32k_b8", "q4_0", "auto_host"), ("smollm2_p8k", "q4_0", "auto_host"),
                                  ("p32k_b1", "q4_0", "triton")):
         shape = EXTEND_SHAPES[sname]
         sch = kvlab.scheme(SCHEMES[name])
@@ -39,10 +41,13 @@ def main() -> None:
         kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
 
+        hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if backend == "auto_host" else None
+        bk = "auto" if backend == "auto_host" else backend
+
         def fn():
             return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
                           c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                          max_qo_len=C, backend=backend)
+                          max_qo_len=C, backend=bk, host_lens=hl)
         for _ in range(3):
             fn()
         torch.cuda.synchronize()

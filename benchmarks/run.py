@@ -279,8 +279,9 @@ def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()
 
 
-def extend_cell(sch, shape: dict, backend: str, config=None) -> float:
-    """Median ms of one extend call through the public API (eager: prefill is not graph-captured)."""
+def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False) -> float:
+    """Median ms of one extend call through the public API (eager: prefill is not graph-captured). host: the lengths
+    passed on the host (`host_lens`, as the pool's prefill passes them), so the call never synchronizes."""
     import triton
 
     from kvlab.eval.speed import fp_tokens_of
@@ -299,11 +300,12 @@ def extend_cell(sch, shape: dict, backend: str, config=None) -> float:
     kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
+    hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
 
     def fn():
         return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
                       c["kv_last_page_len"], sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"],
-                      v_tensor_scale=c["v_ts"], max_qo_len=C, backend=backend, config=config, out=out)
+                      v_tensor_scale=c["v_ts"], max_qo_len=C, backend=backend, config=config, out=out, host_lens=hl)
     fn()
     torch.cuda.synchronize()
     first = triton.testing.do_bench(fn, warmup=1, rep=20, return_mode="median")
@@ -371,6 +373,8 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                 if backend == "auto_flash":  # the dense prefix through flash instead of cuDNN
                     os.environ["KVLAB_DENSE_ATTN"] = "flash"
                     backend = "auto"
+                host = backend == "auto_host"  # default dispatch with the lengths on the host (no synchronization)
+                backend = "auto" if host else backend
                 try:
                     first_shape = sname == args.extend_shapes.split(",")[0]
                     if row["backend"] == "auto" and first_shape and name in args.fresh.split(","):
@@ -384,7 +388,7 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                         if not row["gate_rel_err"] <= GATE_TOL:
                             emit({**row, "error": perr + f"gate failed: rel err {row['gate_rel_err']:.3g}; not timed"})
                             continue
-                    ms = extend_cell(sch, shape, backend, cfg)
+                    ms = extend_cell(sch, shape, backend, cfg, host=host)
                     row.update(median_ms=ms, ratio_vs_cudnn=ms / cudnn if cudnn else None, tflops=flops / ms / 1e9)
                 except Exception as e:  # noqa: BLE001 - one failing cell must not end the run
                     row["error"] = perr + f"{type(e).__name__}: {str(e)[:300]}"
@@ -414,7 +418,7 @@ def main(argv=None) -> Path:
                     help="schemes whose fused-kernel configs are swept (FUSED_SWEEP) at --extend-sweep-shape")
     ap.add_argument("--extend-sweep-shape", default="p32k_b1")
     ap.add_argument("--fresh", default="bf16,q4_0", help="schemes timed on prefixes of new lengths (auto_fresh rows)")
-    ap.add_argument("--extend-backends", default="auto,triton,auto_flash",
+    ap.add_argument("--extend-backends", default="auto,auto_host,triton,auto_flash",
                     help="extend rows per scheme: auto (default dispatch), triton (the fused kernel alone), auto_flash "
                          "(the dense part through flash instead of cuDNN; bf16, q4_0, kivi4 only)")
     ap.add_argument("--extend-budget", type=float, default=420.0, help="seconds of extend timing before cells are skipped")

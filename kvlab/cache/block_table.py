@@ -22,6 +22,7 @@ class BlockTable:
     kv_indices: torch.Tensor
     kv_last_page_len: torch.Tensor
     page_size: int
+    host: tuple | None = None  # (kv_indptr, kv_last_page_len) as host lists: `extend(host_lens=...)` plans from them
 
     @property
     def batch_size(self) -> int:
@@ -56,7 +57,8 @@ def build_block_table(page_lists: list[list[int]], n_tokens: list[int], page_siz
     indices = [p for c, pl in zip(counts, page_lists) for p in pl[:c]]
     last = [n - (c - 1) * page_size if c else 0 for n, c in zip(n_tokens, counts)]
     i32 = dict(dtype=torch.int32, device=device)
-    return BlockTable(torch.tensor(indptr, **i32), torch.tensor(indices, **i32), torch.tensor(last, **i32), page_size)
+    return BlockTable(torch.tensor(indptr, **i32), torch.tensor(indices, **i32), torch.tensor(last, **i32), page_size,
+                      host=(indptr, last))
 
 
 def slots_of(pages: list[int], start: int, stop: int, page_size: int) -> list[int]:

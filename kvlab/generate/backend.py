@@ -75,7 +75,9 @@ class PagedBackend:
         flat = (lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], D).to(dt).contiguous())  # noqa: E731
         qo = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device)
         kw["backend"] = "auto" if self.kernels == "triton" else self.kernels  # extend's default dispatch (dense prefix)
-        out = extend(flat(q), flat(k), flat(v), qo, *args, **kw, max_qo_len=T)  # [B*T, Hq, D]
+        bt = self._block_table(layer)  # the lengths on the host too: the dense prefix plans without a device read
+        out = extend(flat(q), flat(k), flat(v), qo, *args, **kw, max_qo_len=T,
+                     host_lens=(list(range(0, B * T + 1, T)), *bt.host))  # [B*T, Hq, D]
         for b, s in enumerate(self.seq_ids):
             self.pool.append(s, layer, k[b].transpose(0, 1), v[b].transpose(0, 1))  # [T, Hk, D]
         return out.reshape(B, T, Hq, D).transpose(1, 2).to(q.dtype)

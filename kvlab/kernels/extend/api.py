@@ -34,7 +34,7 @@ DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8 and 16-entry codebook
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
            k_spec, v_spec, page_size: int, *, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None,
            v_tensor_scale=None, sm_scale=None, backend: str = "auto", max_qo_len: int | None = None,
-           config=None, out=None, dense_bucket: int = 2048):
+           config=None, out=None, dense_bucket: int = 2048, host_lens=None):
     """Chunked-prefill attention.
 
     q:            [C, Hq, D] float32/float16/bfloat16, the chunk queries of all sequences (CSR by qo_indptr)
@@ -46,6 +46,10 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                   prefix; needs a GPU, or TRITON_INTERPRET=1 on the CPU) or "reference" (float32 torch)
     dense_bucket: backend="dense" only: the dense part covers whole buckets of this many prefix tokens (auto: 2048)
     config:       an `ExtendConfig` or its dict (default: the tuned store's entry, else ExtendConfig())
+    host_lens:    optional host copies (lists or CPU tensors) of (qo_indptr, kv_indptr, kv_last_page_len), equal to
+                  the device tensors, as FlashInfer's `plan` takes them: the dense path then plans without reading
+                  the lengths back from the device (no synchronization, so the host runs ahead of the GPU); a pool
+                  knows them on the host. Also gives max_qo_len when that is None.
     Returns [C, Hq, D] in q.dtype. Query i of a chunk sees the whole prefix and chunk keys 0..i.
     """
     need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
@@ -64,6 +68,10 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     need(qo_indptr.device == q.device, f"qo_indptr is on {qo_indptr.device}, q is on {q.device}")
     sm_scale = check_sm_scale(sm_scale, D)
     check_out(out, q)
+    if host_lens is not None:
+        host_lens = check_host_lens(host_lens, qo_indptr, kv)
+        if max_qo_len is None:
+            max_qo_len = max((b - a for a, b in zip(host_lens[0], host_lens[0][1:])), default=0)
     if backend == "reference":
         from . import reference
         return reference.run(q, k_new, v_new, qo_indptr, kv, sm_scale)
@@ -82,12 +90,12 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
              f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group {G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
-        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0)
+        prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0, host_lens)
     elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not _capturing(q)
           and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)):
         min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
-                                   dense.BUCKET, min_flops)
+                                   dense.BUCKET, min_flops, host_lens)
     return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix)
 
 
@@ -122,6 +130,27 @@ def slow_in_fused(spec) -> bool:
             or spec.fmt in ("nf4", "iq4nl"))
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, q):
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q):
     return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
-                                 min_flops=min_flops)
+                                 min_flops=min_flops, host_lens=host_lens)
+
+
+def check_host_lens(host_lens, qo_indptr, kv) -> tuple[list, list, list]:
+    """host_lens as three int lists (qo_indptr [B+1], kv_indptr [B+1], kv_last_page_len [B]) with the device tensors'
+    sizes; on the CPU (no synchronization to save) also their values."""
+    names = ("qo_indptr", "kv_indptr", "kv_last_page_len")
+    dev = (qo_indptr, kv.kv_indptr, kv.kv_last_page_len)
+    need(isinstance(host_lens, (tuple, list)) and len(host_lens) == 3,
+         f"host_lens must be ({', '.join(names)}) as lists or CPU tensors, got {type(host_lens).__name__}")
+    out = []
+    for nm, h, d in zip(names, host_lens, dev):
+        if isinstance(h, torch.Tensor):
+            need(h.device.type == "cpu" and h.dim() == 1, f"host_lens {nm} must be a 1-d CPU tensor or a list")
+            h = h.tolist()
+        need(isinstance(h, (list, tuple)) and all(isinstance(x, int) for x in h),
+             f"host_lens {nm} must be a list of ints")
+        need(len(h) == d.shape[0], f"host_lens {nm} has {len(h)} entries, the device tensor {d.shape[0]}")
+        if not d.is_cuda:
+            need(list(h) == d.tolist(), f"host_lens {nm} {list(h)[:8]} differs from the device tensor {d.tolist()[:8]}")
+        out.append(list(h))
+    return tuple(out)

@@ -157,7 +157,7 @@ def _host_lists(qo_indptr, kv: PagedKV) -> tuple[list, list, list]:
 
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
-                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0):
+                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None):
     """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
     whose pages hold at least max(min_prefix, bucket) tokens and whose prefix attention costs at least `min_flops`
     (4 x Hq x chunk x prefix x D), its chunk's queries (the G heads of a KV head
@@ -167,11 +167,13 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
 
     q [C, Hq, D] (rotated already for Hadamard K specs). Returns None when no sequence qualifies, else
     (covered [B] int32 on q's device, o0 [Hk, G x C, D] in V's tile column order, lse0 [Hk, G x C] float32 natural
-    log); rows of sequences not covered are left unset. The fused kernel reads the rest (`triton.run(prefix=...)`)."""
+    log); rows of sequences not covered are left unset. The fused kernel reads the rest (`triton.run(prefix=...)`).
+    host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
+    the device (one synchronization)."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
-    qo, indptr, last = _host_lists(qo_indptr, kv)
+    qo, indptr, last = host_lens if host_lens is not None else _host_lists(qo_indptr, kv)
     P = kv.page_size
     B = len(qo) - 1
     covered = [0] * B
@@ -208,4 +210,5 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
         o0[:, G * a:G * e] = o[:, :rows]
         lse0[:, G * a:G * e] = lse[:, :rows]
-    return torch.tensor(covered, dtype=torch.int32).to(q.device), o0, lse0
+    cov = torch.tensor(covered, dtype=torch.int32, pin_memory=q.is_cuda)
+    return cov.to(q.device, non_blocking=True), o0, lse0

@@ -176,3 +176,32 @@ def test_slow_in_fused_families():
                                                            "mxfp4", "nvfp4", "int3:g32:asym")}
     assert slow == {"fp8_e4m3": True, "q8_0": True, "nf4": True, "iq4nl": True, "q4_0": False, "bf16": False,
                     "kivi4": False, "mxfp4": False, "nvfp4": False, "int3:g32:asym": False}
+
+
+def test_host_lens_plan_without_a_device_read(monkeypatch):
+    """With the lengths given on the host (as a pool knows them), the dense path never reads them back from the
+    device and gives the same result; host lengths that disagree with the device tensors, or are malformed, are
+    refused with what was wrong."""
+    c = ([40, 300, 17], [2, 40, 30], 8, 2, 64, 16, "q4_0", [3, 0, 5])
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=2)
+    host = (qo.tolist(), args[2].tolist(), args[4].tolist())  # qo_indptr, kv_indptr, kv_last_page_len
+    want = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                  config={"block_m": 16, "block_n": 16})
+
+    def no_read(*a, **k):
+        raise AssertionError("the lengths were read back from the device")
+    monkeypatch.setattr(dense, "_host_lists", no_read)
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                 config={"block_m": 16, "block_n": 16}, host_lens=host)
+    assert torch.equal(got, want)
+    cpu = tuple(torch.tensor(h) for h in host)
+    assert torch.equal(extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                              config={"block_m": 16, "block_n": 16}, host_lens=cpu), want)
+    for bad, msg in (((host[0], host[1]), "host_lens must be"),
+                     ((host[0][:-1], host[1], host[2]), "qo_indptr has 3 entries"),
+                     ((host[0], host[1], [x + 1 for x in host[2]]), "kv_last_page_len .* differs"),
+                     ((host[0], [0.5] * 4, host[2]), "list of ints")):
+        if DEV == "cuda" and "differs" in msg:
+            continue  # on a GPU the values are trusted (checking them would be the synchronization saved)
+        with pytest.raises(ValueError, match=msg):
+            extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", host_lens=bad)
