@@ -130,9 +130,9 @@ def slow_in_fused(spec) -> bool:
             or spec.fmt in ("nf4", "iq4nl"))
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, k_new, v_new):
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q):
     return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
-                                 min_flops=min_flops, host_lens=host_lens, k_new=k_new, v_new=v_new)
+                                 min_flops=min_flops, host_lens=host_lens)
 
 
 def check_host_lens(host_lens, qo_indptr, kv) -> tuple[list, list, list]:

@@ -138,35 +138,6 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
 
 
-def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
-    """Causal attention of a chunk over its own keys with the log-sum-exp: q, k, v [H, C, D] (query i sees keys
-    0..i) -> (out [H, C, D], lse [H, C] float32 natural log). Rows are zero-padded to a multiple of ROW_BUCKET, so
-    cuDNN reuses one plan across chunk lengths (padded keys lie after every real query: causally invisible)."""
-    H, C, D = q.shape
-    if not q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q[None], k[None], v[None], 0.0, True,
-                                                                            scale=sm_scale)[:2]
-        return out[0], lse.reshape(H, C)
-    Cp = -(-C // ROW_BUCKET) * ROW_BUCKET
-    if Cp != C:
-        pad = lambda t: torch.cat([t, t.new_zeros(H, Cp - C, D)], 1)  # noqa: E731
-        q, k, v = pad(q), pad(k), pad(v)
-    order = tuple(os.environ.get("KVLAB_DENSE_ATTN", ATTN_ORDER).split(","))
-    for name in order:
-        try:
-            if name == "cudnn":
-                res = torch.ops.aten._scaled_dot_product_cudnn_attention(q[None], k[None], v[None], None, True, 0.0,
-                                                                          True, False, scale=sm_scale)
-            else:
-                res = torch.ops.aten._scaled_dot_product_flash_attention(q[None], k[None], v[None], 0.0, True, False,
-                                                                          scale=sm_scale)
-        except RuntimeError:
-            continue
-        if res[0].shape[1:] == (H, Cp, D) and res[1].numel() >= H * Cp:
-            return res[0][0, :, :C], res[1].reshape(H, -1)[:, :C].float()
-    raise RuntimeError(f"no dense attention kernel runs a causal head_dim {D} chunk in {q.dtype} on {q.device}")
-
-
 def _merge(o, lse, o2, lse2):
     """Two partial attentions over disjoint keys -> one (out fp32, lse); NaN stays NaN."""
     m = torch.maximum(lse, lse2)
@@ -186,8 +157,7 @@ def _host_lists(qo_indptr, kv: PagedKV) -> tuple[list, list, list]:
 
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
-                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None, *,
-                    k_new, v_new):
+                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None):
     """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
     whose pages hold at least max(min_prefix, bucket) tokens and whose prefix attention costs at least `min_flops`
     (4 x Hq x chunk x prefix x D), its chunk's queries (the G heads of a KV head
@@ -199,9 +169,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     (covered [B] int32 on q's device, o0 [Hk, G x C, D] in V's tile column order, lse0 [Hk, G x C] float32 natural
     log); rows of sequences not covered are left unset. The fused kernel reads the rest (`triton.run(prefix=...)`).
     host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
-    the device (one synchronization). k_new, v_new [C, Hk, D] (rotated as q): the chunk's own keys; a covered
-    sequence's causal chunk part is attended here too (`attend_causal`, merged by log-sum-exp), and the fused kernel
-    skips it (it reads only the partial bucket and the full-precision buffer of covered sequences)."""
+    the device (one synchronization)."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
@@ -223,8 +191,8 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     unit = P * bucket // math.gcd(P, bucket)  # pieces start on a page and a bucket boundary
     piece = max(unit, MAX_PIECE // unit * unit)
     ops = page_inputs(kv, D, q.device)
-    kperm, vperm = ops[0]["perm"].long(), ops[1]["perm"].long()
-    o0 = torch.empty(Hk, G * C, D, dtype=torch.float32, device=q.device)
+    kperm = ops[0]["perm"].long()
+    o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
     lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
     for b in range(B):
         if not covered[b]:
@@ -240,12 +208,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
             k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
             op, lp = attend_dense(qs, k, v, sm_scale)
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
-        qc = q[a:e, :, kperm].to(adt).transpose(0, 1)  # [Hq, Cb, D], K's tile column order
-        kc = k_new[a:e][:, :, kperm].to(adt).transpose(0, 1).repeat_interleave(G, 0)
-        vc = v_new[a:e][:, :, vperm].to(adt).transpose(0, 1).repeat_interleave(G, 0)  # output in V's tile order
-        oc, lc = attend_causal(qc.contiguous(), kc.contiguous(), vc.contiguous(), sm_scale)
-        o, lse = _merge(o[:, :rows], lse[:, :rows], oc.reshape(Hk, rows, D), lc.reshape(Hk, rows))
-        o0[:, G * a:G * e] = o
+        o0[:, G * a:G * e] = o[:, :rows]
         lse0[:, G * a:G * e] = lse[:, :rows]
     cov = torch.tensor(covered, dtype=torch.int32, pin_memory=q.is_cuda)
     return cov.to(q.device, non_blocking=True), o0, lse0

@@ -76,8 +76,6 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                 kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
                 m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
         hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
-        if HAS_INIT:  # a sequence the dense pass covered had its chunk's causal part attended there too
-            hi = tl.where(T0 != 0, 0, hi)
         for j0 in range(0, hi, BN):
             j = j0 + tl.arange(0, BN)
             jm = j < hi
@@ -99,10 +97,10 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         prefix=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q, k_new, v_new) -> None | (covered [B] int32, o0 [Hk, G x C, D], lse0 [Hk, G x C]
-    natural log) given the rotated queries and chunk keys / values, that attends the first covered[b] prefix tokens
-    and the causal chunk of some sequences itself (`dense.attend_prefixes`); the kernel reads the rest of their
-    prefix and their full-precision buffer, continuing from that softmax state."""
+    prefix: None, or a callable (q) -> None | (covered [B] int32, o0 [Hk, G x C, D], lse0 [Hk, G x C] natural log)
+    given the rotated queries, that attends the first covered[b] prefix tokens of some sequences itself
+    (`dense.attend_prefixes`); the kernel reads the rest of their prefix, their full-precision buffer and chunk,
+    continuing from that softmax state."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -122,7 +120,7 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     R = max(16, triton.next_power_of_2(QB * group))
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    init = prefix(q, k_new, v_new) if prefix is not None and B and max_qo_len else None
+    init = prefix(q) if prefix is not None and B and max_qo_len else None
     if B and max_qo_len:
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],

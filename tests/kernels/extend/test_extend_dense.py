@@ -70,17 +70,16 @@ def test_dense_prefix_matches_reference(c):
 
 
 def test_mixed_batch_some_sequences_dense_some_fused():
-    """Sequences below the row threshold keep the fused path inside the same launch; covered sequences have their
-    causal chunk attended densely too and continue in the fused kernel past their last whole bucket (and over the
-    full-precision buffer); all are right."""
+    """Sequences below the row threshold keep the fused path inside the same launch; covered sequences continue
+    in the fused kernel past their last whole bucket; all are right."""
     c = ([40, 300, 17], [2, 40, 30], 8, 2, 64, 16, "q4_0", [3, 0, 5])
     sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=1)
     kv = check_prefix(q, *args, sch.k, sch.v, P, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw.get("k_tensor_scale"),
                       kw.get("v_tensor_scale"), 3)
     calls = []
 
-    def prefix(qq, kk, vv):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
-        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16, k_new=kk, v_new=vv)
+    def prefix(qq):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16)
         calls.append(st[0].tolist())
         return st
 
@@ -165,11 +164,10 @@ def test_min_flops_leaves_small_prefixes_to_the_fused_kernel():
     sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=6)
     kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, None, None, 2)
     work = [4 * 8 * 40 * L * 64 for L in (40, 300)]  # Hq x chunk x prefix x D of each sequence
-    got = dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=16, min_flops=work[0] + 1,
-                                k_new=kn, v_new=vn)
+    got = dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=16, min_flops=work[0] + 1)
     assert got[0].tolist() == [0, 288]  # whole buckets of 16 tokens of the second sequence only
     assert dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=16,
-                                 min_flops=work[1] + 1, k_new=kn, v_new=vn) is None
+                                 min_flops=work[1] + 1) is None
 
 
 def test_slow_in_fused_families():
