@@ -87,7 +87,7 @@ def allocate(sens: list[list[float]], bits: list[float], budget: float, ms: list
     rounded up, so a choice never exceeds the time budget; it may miss a choice within one unit per layer of
     it). ValueError when even the cheapest candidates exceed a budget."""
     import numpy as np
-    n, units = len(sens), [round(b * UNIT) for b in bits]
+    n, units = len(sens), [math.ceil(b * UNIT - 1e-9) for b in bits]  # up: a choice never exceeds the budget
     cap = math.floor(budget * UNIT * n + 1e-9)
     if min(units) * n > cap:
         raise ValueError(f"budget {budget} bits/element is below the cheapest candidate ({min(bits):.3f})")
