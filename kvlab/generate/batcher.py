@@ -124,17 +124,23 @@ class Batcher:
     # ---- admission ----------------------------------------------------------------------------
     def _prefill(self, group: list[Request], t_start: float) -> None:
         """Prefill requests of one prompt length together; their first tokens go to their slots."""
-        seqs = [self.pool.add_sequence(row=r.slot) for r in group]
-        for r, s in zip(group, seqs):
-            r.seq = s
-        be = PagedBackend(self.pool, seqs, self.kernels)
-        prompts = torch.stack([r.prompt for r in group]).to(self.dev)
-        T = prompts.shape[1]
-        logits = None
-        for i in range(0, T, self.chunk):
-            j = min(T, i + self.chunk)
-            logits = self.model(prompts[:, i:j], positions=torch.arange(i, j, device=self.dev), backend=be, last=1,
-                                max_position=j - 1)
+        seqs = []
+        try:
+            for r in group:
+                seqs.append(self.pool.add_sequence(row=r.slot))
+                r.seq = seqs[-1]
+            be = PagedBackend(self.pool, seqs, self.kernels)
+            prompts = torch.stack([r.prompt for r in group]).to(self.dev)
+            T = prompts.shape[1]
+            logits = None
+            for i in range(0, T, self.chunk):
+                j = min(T, i + self.chunk)
+                logits = self.model(prompts[:, i:j], positions=torch.arange(i, j, device=self.dev), backend=be,
+                                    last=1, max_position=j - 1)
+        except BaseException:  # a failed prefill gives its sequences' pages and fp rows back
+            for s in seqs:
+                self.pool.free(s)
+            raise
         first = logits[:, -1].argmax(-1)  # [g]
         slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=self.dev)
         self.tokens_in.index_copy_(0, slots, first)

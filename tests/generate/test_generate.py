@@ -121,3 +121,26 @@ def test_compiled_decode_layers_match_the_eager_ones(tiny_model):
     logits_ref = model.forward(tokens[:, :1], backend=DecodeFaithfulBackend("q8_0", model.config.n_layers))
     model._step_fns = fns
     assert (logits_e - logits_ref).abs().max() / logits_ref.abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_tensor_scaled_scheme_prefills_and_a_failed_prefill_frees_its_sequences(tiny_model, monkeypatch):
+    """NVFP4 keeps an fp32 tensor scale per layer, calibrated from the layer's first tokens: a chunked prefill
+    takes it before its first attention (it used to fail with 'k_tensor_scale is required'), and its result equals
+    appending first and reading the same scale. A prefill that raises gives its pages and fp rows back."""
+    model = tiny_model
+    prompts = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(5))
+    pool = _pool(model, "nvfp4")
+    r = generate(model, pool, prompts, 3, chunk=8, kernels="reference")
+    assert r["tokens"].shape == (2, 3)
+    ts = pool.layer_cache(0).k_tensor_scale
+    assert ts is not None and torch.isfinite(ts).all()
+    pool = _pool(model, "q4_0")
+    n_free = pool.n_free_pages
+
+    def boom(*a, **k):
+        raise RuntimeError("kernel failed")
+    monkeypatch.setattr(PagedBackend, "attend", boom)
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        generate(model, pool, prompts, 2, chunk=8, kernels="reference")
+    assert pool.seq_ids == [] and pool.n_free_pages == n_free
