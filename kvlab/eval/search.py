@@ -36,12 +36,14 @@ def pair(candidate: str) -> tuple:
 
 
 def _spec_bits(candidate: str, head_dim: int, context: int | None = None, sink: int = 0,
-               chan_group: int | None = None) -> float:
+               chan_group: int | None = None, window: int = 0) -> float:
     """A layer's bits per element in `candidate`: nominal, or with `context` effective (sinks and the unfinished
     channel group of Gc - 1 tokens kept full precision, amortized over `context` tokens, as `evaluate_scheme`
-    counts; Gc: `chan_group`, the lcm of the whole scheme's channel groups, which every layer pays)."""
+    counts; Gc: `chan_group`, the lcm of the whole scheme's channel groups, which every layer pays; `window` recent
+    tokens full precision too)."""
     ks, vs = pair(candidate)
-    return KVScheme(k=ks, v=vs, sink=sink).bits_per_element(head_dim, context=context, chan_group=chan_group)
+    return KVScheme(k=ks, v=vs, sink=sink, window=window).bits_per_element(head_dim, context=context,
+                                                                          chan_group=chan_group)
 
 
 def regimes(candidates: list[str], context: int | None) -> list[tuple[int, list[int]]]:
@@ -59,9 +61,10 @@ def regimes(candidates: list[str], context: int | None) -> list[tuple[int, list[
 
 @torch.no_grad()
 def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], progress=None,
-                      sink: int = 0) -> list[list[float]]:
+                      sink: int = 0, window: int = 0) -> list[list[float]]:
     """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16 (the first
-    `sink` tokens of every layer full precision, as the searched scheme will keep them)."""
+    `sink` tokens and the `window` most recent ones of every layer full precision, as the searched scheme will keep
+    them)."""
     n = model.config.n_layers
     specs = [pair(c) for c in candidates]
     fp = as_scheme("bf16")
@@ -69,7 +72,7 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
     for layer in range(n):
         row = []
         for spec in specs:
-            sch = KVScheme(k=fp.k, v=fp.v, sink=sink, overrides=((layer, *spec),))
+            sch = KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, overrides=((layer, *spec),))
             rows = score_segments(model, segs, sch)
             row.append(sum(r["kl"] for r in rows) / len(rows))
             if progress is not None:
@@ -151,7 +154,8 @@ def read_speed_table(pairs_csv) -> dict:
                 for r in csv.DictReader(f)}
 
 
-def decode_ms_table(pairs_csv, config, candidates: list[str], context: int, sink: int = 0) -> list[list[float | None]]:
+def decode_ms_table(pairs_csv, config, candidates: list[str], context: int, sink: int = 0,
+                    window: int = 0) -> list[list[float | None]]:
     """ms[l][c]: measured decode time of candidate c's (K spec, V spec) at layer l of a model with `config`, at the
     layer's context (`layer_contexts`), from a pairs.csv of benchmarks/winners_decode.py (None where the table has
     no timed row for it). Candidate "bf16" gives the full-precision cache's times."""
@@ -159,27 +163,27 @@ def decode_ms_table(pairs_csv, config, candidates: list[str], context: int, sink
     shape = (config.n_heads, config.n_kv_heads, config.head_dim)
     ctx = layer_contexts(config, context)
     specs = [pair(c) for c in candidates]
-    return [[rows.get((str(ks), str(vs), 0, sink, ctx[layer], *shape)) for ks, vs in specs]
+    return [[rows.get((str(ks), str(vs), window, sink, ctx[layer], *shape)) for ks, vs in specs]
             for layer in range(config.n_layers)]
 
 
-def scheme_of(choice: list[int], candidates: list[str], sink: int = 0) -> KVScheme:
+def scheme_of(choice: list[int], candidates: list[str], sink: int = 0, window: int = 0) -> KVScheme:
     """The DSL scheme of a per-layer choice: the most used candidate as base, the others as `L<i>=` overrides
-    (and `sink` full-precision first tokens)."""
+    (and `sink` full-precision first tokens, `window` full-precision recent tokens)."""
     base = max(set(choice), key=lambda c: (choice.count(c), -c))
     ks, vs = pair(candidates[base])
     over = tuple((layer, *pair(candidates[c])) for layer, c in enumerate(choice) if c != base)
-    return KVScheme(k=ks, v=vs, sink=sink, overrides=over)
+    return KVScheme(k=ks, v=vs, sink=sink, window=window, overrides=over)
 
 
 def choose(res: dict, budget: float, head_dim: int) -> dict:
     """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting, and
     decode-time table and budget when it has them): the best of the `regimes`."""
-    cands, sink, ctx = res["candidates"], res.get("sink", 0), res.get("context")
+    cands, sink, ctx, window = res["candidates"], res.get("sink", 0), res.get("context"), res.get("window", 0)
     ms, ms_budget = res.get("ms"), res.get("decode_budget_ms")
     best, err = None, None
     for g, idx in regimes(cands, ctx):
-        bits = [_spec_bits(cands[i], head_dim, ctx, sink, g) for i in idx]
+        bits = [_spec_bits(cands[i], head_dim, ctx, sink, g, window) for i in idx]
         sens = [[row[i] for i in idx] for row in res["sens"]]
         sub_ms = None if ms is None else [[row[i] for i in idx] for row in ms]
         try:
@@ -194,7 +198,7 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
     if best is None:
         raise err
     choice, kl, g, mean_bits = best
-    out = {**res, "scheme": str(scheme_of(choice, cands, sink)), "choice": [cands[c] for c in choice],
+    out = {**res, "scheme": str(scheme_of(choice, cands, sink, window)), "choice": [cands[c] for c in choice],
            "predicted_kl": kl, "bits_per_element": mean_bits, "chan_group": g}
     if ms is not None:
         out["decode_ms"] = sum(ms[layer][c] for layer, c in enumerate(choice))
@@ -203,11 +207,12 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
 
 @torch.no_grad()
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
-           calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0,
+           calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0, window: int = 0,
            context: int | None = None, sens: list | None = None, ms: list | None = None,
            decode_budget_ms: float | None = None) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` bits per element (mean over layers:
-    nominal, or effective at `context` tokens; `sink` first tokens kept full precision in every layer; `sens`: a
+    nominal, or effective at `context` tokens; `sink` first tokens and `window` recent ones kept full precision in every
+    layer, priced in the bits and present when sensitivities are measured; `sens`: a
     sensitivity table measured before, reused; `ms` [layer][candidate] measured decode times (`decode_ms_table`)
     with `decode_budget_ms`: the layers' summed decode time stays within it). Returns {"scheme": text, "choice":
     [candidate per layer], "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates",
@@ -223,11 +228,11 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
         raise ValueError("a decode-time budget needs the decode-time table (ms) and the table needs the budget")
     if sens is None:
         segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments, prefix=bos_prefix(tokenizer))
-        sens = layer_sensitivity(model, segs, candidates, progress, sink)
+        sens = layer_sensitivity(model, segs, candidates, progress, sink, window)
     elif len(sens) != model.config.n_layers or any(len(r) != len(candidates) for r in sens):
         raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")
     base = {"sens": sens, "candidates": candidates, "calib_text": calib_text, "calib_tokens": calib_tokens,
-            "calib_segments": calib_segments, "sink": sink, "context": context}
+            "calib_segments": calib_segments, "sink": sink, "window": window, "context": context}
     if ms is not None:
         base.update(ms=ms, decode_budget_ms=decode_budget_ms)
     return choose(base, budget, D)

@@ -2,7 +2,7 @@
 
     python -m kvlab.sweep search --budget 3.5[,2.5,...] [--candidates lm2:rot=had,lm3:rot=had,lm4:rot=had]
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
-                                 [--segments 4] [--sink N] [--nominal-bits] [--sensitivity CSV]
+                                 [--segments 4] [--sink N] [--window N] [--nominal-bits] [--sensitivity CSV]
                                  [--speed-table PAIRS_CSV --decode-budget 1.0x|MS] [--speed-context 8192]
                                  [--model smollm2] [--device cpu|cuda] [--out DIR]
 
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--sink", type=int, default=0, help="first tokens kept full precision in every layer")
+    p.add_argument("--window", type=int, default=0, help="recent tokens kept full precision in every layer (KIVI's "
+                   "residual): priced in the effective bits and present when sensitivities are measured; a reused "
+                   "--sensitivity table must have been measured with the same window")
     p.add_argument("--sensitivity", default=None, help="reuse a sensitivity.csv of an earlier run (same calibration "
                    "text and tokens): its candidates' columns are reused, the others measured and added")
     p.add_argument("--nominal-bits", action="store_true", help="budget in nominal bits (default: effective bits at "
@@ -54,11 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def decode_budget(table: str, config, cands: list[str], context: int, sink: int, budget: str) -> tuple:
+def decode_budget(table: str, config, cands: list[str], context: int, sink: int, budget: str, window: int = 0) -> tuple:
     """(ms[layer][candidate], budget in ms) from a speed table; budget "NUMx" is NUM times the bf16 cache's
     summed time from the same table."""
     from ..eval.search import decode_ms_table
-    ms = decode_ms_table(table, config, cands, context, sink)
+    ms = decode_ms_table(table, config, cands, context, sink, window)
     missing = sorted({cands[c] for row in ms for c, v in enumerate(row) if v is None})
     if missing:
         raise ValueError(f"{table} has no timed row at this model's shape and context {context} for: "
@@ -76,10 +79,10 @@ def decode_budget(table: str, config, cands: list[str], context: int, sink: int,
 
 
 def reuse_sensitivity(path: str, cands: list[str], model, tok, calib_text: str, calib_tokens: int, sink: int,
-                      bar) -> list[list[float]]:
+                      window: int, bar) -> list[list[float]]:
     """The sensitivity table for `cands` from an earlier run's sensitivity.csv: its columns are reused, candidates it
     lacks are measured now (the same way: KL on `calib_tokens` of `calib_text`) and added. The earlier run must have
-    measured on the same calibration text, token count and sinks (the caller's arguments; not checked)."""
+    measured on the same calibration text, token count, sinks and window (the caller's arguments; not checked)."""
     from ..eval.perplexity import bos_prefix, segments, text_tokens
     from ..eval.search import layer_sensitivity
     with open(path) as f:
@@ -94,7 +97,7 @@ def reuse_sensitivity(path: str, cands: list[str], model, tok, calib_text: str, 
     got = {}
     if missing:
         segs = segments(text_tokens(tok, calib_text), calib_tokens, 1, prefix=bos_prefix(tok))
-        new = layer_sensitivity(model, segs, missing, bar.update, sink)
+        new = layer_sensitivity(model, segs, missing, bar.update, sink, window)
         got = {c: [row[i] for row in new] for i, c in enumerate(missing)}
     col = {c: [row[have.index(c)] for row in table] if c in have else got[c] for c in cands}
     return [[col[c][layer] for c in cands] for layer in range(model.config.n_layers)]
@@ -120,12 +123,15 @@ def main(argv=None) -> int:
         bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
         sens = None
         if a.sensitivity:
-            sens = reuse_sensitivity(a.sensitivity, cands, model, tok, a.calib_text, a.calib_tokens, a.sink, bar)
+            sens = reuse_sensitivity(a.sensitivity, cands, model, tok, a.calib_text, a.calib_tokens, a.sink, a.window,
+                                     bar)
         ms = ms_budget = None
         if a.speed_table:
-            ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget)
+            ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget,
+                                          a.window)
         res = search(model, tok, cands, max(budgets), calib_text=a.calib_text, calib_tokens=a.calib_tokens,
-                     progress=bar.update, sink=a.sink, context=None if a.nominal_bits else a.tokens, sens=sens,
+                     progress=bar.update, sink=a.sink, window=a.window, context=None if a.nominal_bits else a.tokens,
+                     sens=sens,
                      ms=ms, decode_budget_ms=ms_budget)
         bar.close()
         if a.out:  # the measured table first: an evaluation that fails later must not lose it

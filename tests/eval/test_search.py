@@ -79,6 +79,22 @@ def test_search_prices_token_axis_candidates_with_the_schemes_fp_tail():
         assert sch.bits_per_element(64, context=ctx, n_layers=n) <= 2.7 + 1e-9
 
 
+def test_search_with_a_window_prices_it_and_keeps_it_in_the_scheme():
+    """A full-precision window is part of every candidate's price (window + Gc - 1 tokens at worst) and of the chosen
+    scheme's text; the evaluated scheme counts the same bits."""
+    from kvlab.eval.search import choose
+    cands = ["lm2:g64:rot=had", "lm3:g64:rot=had", "int2:g32:chan:asym|lm2:g64:rot=had"]
+    n, ctx = 4, 2048
+    for sens in ([[1.0, 0.5, 0.9]] * n, [[1.0, 0.95, 0.01]] * n):
+        res = choose({"sens": sens, "candidates": cands, "context": ctx, "sink": 0, "window": 16}, 2.8, 64)
+        sch = kvlab.scheme(res["scheme"])
+        assert sch.window == 16 and "window=16" in res["scheme"]
+        assert res["bits_per_element"] == pytest.approx(sch.bits_per_element(64, context=ctx, n_layers=n))
+        assert res["bits_per_element"] <= 2.8 + 1e-9
+    with pytest.raises(ValueError, match="below the cheapest"):  # 16 + 31 bf16 tokens leave no room at 2.4 bits
+        choose({"sens": [[1.0, 0.5, 0.9]] * n, "candidates": cands, "context": ctx, "sink": 0, "window": 32}, 2.4, 64)
+
+
 def test_scheme_of_is_one_line_that_round_trips():
     cands = ["lm2:rot=had", "lm4:rot=had"]
     sch = scheme_of([0, 1, 0, 0], cands)
@@ -199,19 +215,19 @@ def test_sensitivity_table_reused_and_extended(smollm2, tmp_path, monkeypatch):
     f.write_text("layer,a,b\n" + "".join(f"{i},{i * 0.1:.6g},{i * 0.2:.6g}\n" for i in range(n)))
     asked = []
 
-    def fake(model_, segs, cands, progress=None, sink=0):
+    def fake(model_, segs, cands, progress=None, sink=0, window=0):
         asked.append(list(cands))
         return [[1000.0 + i + j for j in range(len(cands))] for i in range(n)]
     monkeypatch.setattr(es, "layer_sensitivity", fake)
     bar = type("Bar", (), {"total": 0, "refresh": lambda self: None, "update": lambda self, k=1: None})()
-    t = reuse_sensitivity(str(f), ["c", "b", "a"], model, tok, "license", 64, 0, bar)
+    t = reuse_sensitivity(str(f), ["c", "b", "a"], model, tok, "license", 64, 0, 0, bar)
     assert asked == [["c"]] and bar.total == n
     assert t[3] == [1003.0, pytest.approx(0.6), pytest.approx(0.3)]
-    assert reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, bar)[2] == [pytest.approx(0.2)]
+    assert reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, 0, bar)[2] == [pytest.approx(0.2)]
     assert asked == [["c"]]  # nothing measured when the table has every candidate
     f.write_text("layer,a\n0,1\n")
     with pytest.raises(ValueError, match="has 1 layers"):
-        reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, bar)
+        reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, 0, bar)
 
 
 def test_large_reference_logits_are_computed_once(tiny_llama, monkeypatch):
