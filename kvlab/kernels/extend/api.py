@@ -9,9 +9,10 @@ backend="auto" takes the dense prefix on a GPU for a sequence whose chunk has at
 rows per KV head, whose prefix holds at least one 2048-token bucket, and whose prefix attention costs at least
 DENSE_MIN_FLOPS (4 x Hq x chunk x prefix x D), or DENSE_MIN_FLOPS_SLOW for the families the fused kernel dequantizes
 slowly (`slow_in_fused`); the fused kernel otherwise. The thresholds come from the H200 table
-(sweeps/results/h200/extend.csv): the dense path carries about 1 ms of fixed cost per call, so it wins at a 32K prefix
-(B = 1: 2.1-3.3x cuDNN against the fused 2.5-23x) and loses at 8K for the fast codecs (q4_0 6.5x against 4.0x) and at
-head_dim 64 (13-24x against 3-9x).
+(sweeps/results/h200/runs/extend-6259b1c): the dense path carried about 1 ms of fixed cost per call, so it won at a
+32K prefix (B = 1: 2.1-3.3x cuDNN against the fused 2.5-23x) and lost at 8K for the fast codecs (q4_0 6.5x against
+4.0x) and at head_dim 64 (13-24x against 3-9x). Most of that cost was a device-to-host read of the lengths, which
+`host_lens` removes (B = 1 x 32K: 1.4-2.1x cuDNN, sweeps/results/h200/extend.csv); the thresholds were not re-derived.
 """
 from __future__ import annotations
 
