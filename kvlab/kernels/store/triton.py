@@ -50,7 +50,7 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
 # the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "E2M1"]
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS"]
 
 
 @triton.jit
@@ -146,9 +146,11 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-           HW: tl.constexpr, E2M1: tl.constexpr):
+           HW: tl.constexpr, CBS: tl.constexpr):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
-    E2M1: the codebook is fp4 e2m1 in GGML order (a bracket instead of the 16-entry search)."""
+    CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a bracket over magnitudes),
+    N >= 2 an ascending codebook of N levels (a binary search over the scaled levels); both with the search as a rare
+    exact fallback."""
     if FMT == 0:
         if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
             nz = s_raw == 0
@@ -196,10 +198,15 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             _, u = narrow_float(y, 3, -6, 8, 8, 0x7F)
         else:
             _, u = narrow_float(y, 2, -14, 15, 8, 0x7F)
-    elif E2M1:  # fp4 e2m1 (GGML index order): bracket |x| between two scaled magnitudes, as the search picks
+    elif CBS == 1:  # fp4 e2m1 (GGML index order): bracket |x| between two scaled magnitudes, as the search picks
         u = _e2m1_codes(x, s_eff, cb_ptr)
         if RARE_PATHS:
             if tl.max(_e2m1_odd(x, s_eff, cb_ptr).to(tl.int32)) > 0:  # rare: an odd scale or |x| far past 6 s
+                u = _cb_search(x, s_eff, cb_ptr)
+    elif CBS >= 2:  # an ascending codebook of CBS levels (nf4, iq4nl, Lloyd-Max): a binary search, as the search picks
+        u = _sorted_codes(x, s_eff, cb_ptr, CBS)
+        if RARE_PATHS:
+            if tl.max(_sorted_odd(x, s_eff, cb_ptr, CBS).to(tl.int32)) > 0:  # rare: an odd scale, |x| far out of range
                 u = _cb_search(x, s_eff, cb_ptr)
     else:
         u = _cb_search(x, s_eff, cb_ptr)
@@ -257,6 +264,97 @@ def _e2m1_codes(x, s, cb_ptr):
 
 
 @triton.jit
+def _level(cb_ptr, s, j):
+    """s * cb[j] (s [.., 1] per group): the scaled level as `_cb_search` computes it."""
+    return s * tl.load(cb_ptr + j)
+
+
+@triton.jit
+def _sorted_codes(x, s, cb_ptr, N: tl.constexpr):
+    """Index of the nearest s * cb[j] over the first N (4, 8 or 16) entries of an ascending codebook, equal to
+    `_cb_search` where `_sorted_odd` is 0. A negative s flips x and s (s * cb[j] - x = -(|s| cb[j] - (-x)) exactly),
+    so the scaled levels a_j = |s| cb[j] ascend. A binary search (log2 N compares; each level's threshold picked by
+    selects over the previous answers) brackets a_i <= x' < a_i+1 (i = 0 below a_1, N - 1 from a_N-1 on); the
+    farther levels' float32 errors are strictly larger (levels at least 2^-16 of the largest apart, |x| within twice
+    the largest: rounding is ~2^-22 of it), so only the two neighbours' errors, computed as the search computes them,
+    decide, a tie keeping the lower index as the search's first index does; NaN x gives 0 as the search. x [..],
+    s [.., 1]."""
+    neg = s < 0
+    sa = tl.abs(s)
+    xs = tl.where(neg, -x, x)
+    zero = xs * 0.0
+    idx = tl.zeros(x.shape, tl.int32)
+    lo = _level(cb_ptr, sa, 0) + zero
+    hi = _level(cb_ptr, sa, N - 1) + zero
+    if N == 16:
+        t = _level(cb_ptr, sa, 8) + zero
+        ge1 = xs >= t
+        lo = tl.where(ge1, t, lo)
+        hi = tl.where(ge1, hi, t)
+        t = tl.where(ge1, _level(cb_ptr, sa, 12), _level(cb_ptr, sa, 4))
+        ge2 = xs >= t
+        lo = tl.where(ge2, t, lo)
+        hi = tl.where(ge2, hi, t)
+        t = tl.where(ge1, tl.where(ge2, _level(cb_ptr, sa, 14), _level(cb_ptr, sa, 10)),
+                     tl.where(ge2, _level(cb_ptr, sa, 6), _level(cb_ptr, sa, 2)))
+        ge3 = xs >= t
+        lo = tl.where(ge3, t, lo)
+        hi = tl.where(ge3, hi, t)
+        t = tl.where(ge1, tl.where(ge2, tl.where(ge3, _level(cb_ptr, sa, 15), _level(cb_ptr, sa, 13)),
+                                   tl.where(ge3, _level(cb_ptr, sa, 11), _level(cb_ptr, sa, 9))),
+                     tl.where(ge2, tl.where(ge3, _level(cb_ptr, sa, 7), _level(cb_ptr, sa, 5)),
+                              tl.where(ge3, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1))))
+        ge4 = xs >= t
+        lo = tl.where(ge4, t, lo)
+        hi = tl.where(ge4, hi, t)
+        idx = ge1.to(tl.int32) * 8 + ge2.to(tl.int32) * 4 + ge3.to(tl.int32) * 2 + ge4.to(tl.int32)
+    elif N == 8:
+        t = _level(cb_ptr, sa, 4) + zero
+        ge1 = xs >= t
+        lo = tl.where(ge1, t, lo)
+        hi = tl.where(ge1, hi, t)
+        t = tl.where(ge1, _level(cb_ptr, sa, 6), _level(cb_ptr, sa, 2))
+        ge2 = xs >= t
+        lo = tl.where(ge2, t, lo)
+        hi = tl.where(ge2, hi, t)
+        t = tl.where(ge1, tl.where(ge2, _level(cb_ptr, sa, 7), _level(cb_ptr, sa, 5)),
+                     tl.where(ge2, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1)))
+        ge3 = xs >= t
+        lo = tl.where(ge3, t, lo)
+        hi = tl.where(ge3, hi, t)
+        idx = ge1.to(tl.int32) * 4 + ge2.to(tl.int32) * 2 + ge3.to(tl.int32)
+    else:  # N == 4
+        t = _level(cb_ptr, sa, 2) + zero
+        ge1 = xs >= t
+        lo = tl.where(ge1, t, lo)
+        hi = tl.where(ge1, hi, t)
+        t = tl.where(ge1, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1))
+        ge2 = xs >= t
+        lo = tl.where(ge2, t, lo)
+        hi = tl.where(ge2, hi, t)
+        idx = ge1.to(tl.int32) * 2 + ge2.to(tl.int32)
+    up = (tl.abs(hi - xs) < tl.abs(lo - xs)) & (idx < N - 1)
+    return idx + up.to(tl.int32)
+
+
+@triton.jit
+def _sorted_odd(x, s, cb_ptr, N: tl.constexpr):
+    """1 where `_sorted_codes` may differ from the full search: |s| outside [2^-100, 2^100] (zero, NaN, inf,
+    subnormal products), |x| past twice the largest scaled level, or a codebook whose levels are not at least 2^-16
+    of its largest magnitude apart (a calibrated table may be anything ascending)."""
+    sa = tl.abs(s)
+    ok = (sa >= 7.888609052210118e-31) & (sa <= 1.2676506002282294e30)
+    c0 = tl.load(cb_ptr)
+    c1 = tl.load(cb_ptr + N - 1)
+    m = tl.maximum(tl.abs(c0), tl.abs(c1))
+    gap = tl.load(cb_ptr + 1) - c0
+    for j in tl.static_range(2, N):
+        gap = tl.minimum(gap, tl.load(cb_ptr + j) - tl.load(cb_ptr + j - 1))
+    close = tl.where(gap >= m * 1.52587890625e-05, 0, 1)  # 2^-16; NaN levels count as close
+    return ((~ok | ~(tl.abs(x) <= sa * m * 2.0)).to(tl.int32) + close) > 0
+
+
+@triton.jit
 def _e2m1_odd(x, s, cb_ptr):
     """1 where `_e2m1_codes` may differ from the full search: the group scale outside [2^-100, 2^100] (zero, NaN,
     inf, subnormal products), or |x| > 2 * 6 s (a scale saturated below the group's range)."""
@@ -270,7 +368,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
            OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr,
-           E2M1: tl.constexpr):
+           CBS: tl.constexpr):
     """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -281,7 +379,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
     xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
     x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
-               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1)
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
     j3 = tl.arange(0, NBP)[None, None, :]
     tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
@@ -329,7 +427,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
-                ST: tl.constexpr, HW: tl.constexpr, E2M1: tl.constexpr, BLOCK_R: tl.constexpr):
+                ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -406,12 +504,12 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1)
+    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
     if K >= 2:
-        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << W)
+        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << W)
     if K == 4:
-        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << 4)
-        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, E2M1) << 6)
+        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << 4)
+        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << 6)
     tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
 
 
@@ -425,14 +523,14 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
-                  HW: tl.constexpr, E2M1: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HW: tl.constexpr, CBS: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
-                    W0, ST0, HW, E2M1, BLOCK_R)
+                    W0, ST0, HW, CBS, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -470,15 +568,15 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, gok, SYM, STATIC, RULE,
                                           SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
-               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW, E2M1)
+               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW, CBS)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XORC, G * BITS // 8, HW, E2M1)
+                   XORC, G * BITS // 8, HW, CBS)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XORC, G * BITS // 8, HW, E2M1)
+                   QMAX, XORC, G * BITS // 8, HW, CBS)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -490,7 +588,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False, E2M1=False)
+                    FLAT=False, CBS=0)
     fmt, b = spec.fmt, spec.bits
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
@@ -512,7 +610,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
-             E2M1=fmt == "fp4_e2m1" and spec.rule != "rms")
+             CBS=_search_mode(fmt, spec.rule))
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
     # one plane holding whole codes, token rows: the group-row path (`_store_rows`): int codes (GGML's reciprocal,
@@ -523,6 +621,19 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
                  and b in (2, 4, 8)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
+
+
+def _search_mode(fmt: str, rule: str) -> int:
+    """The store's CBS constexpr: 1 for fp4 e2m1 in GGML order (its magnitude bracket; that order is not ascending),
+    the number of levels of an ascending codebook of 4, 8 or 16 levels (nf4, iq4nl, Lloyd-Max), 0 (the full search)
+    otherwise."""
+    if fmt == "fp4_e2m1":
+        return 1 if rule != "rms" else 0
+    cb = CODEBOOKS.get(fmt)
+    if cb is None:
+        return 0
+    n = len(cb)
+    return n if n in (4, 8, 16) and all(a < b for a, b in zip(cb, cb[1:])) else 0
 
 
 def _prune(configs, named_args, **kw):

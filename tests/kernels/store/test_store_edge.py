@@ -271,3 +271,46 @@ def test_e2m1_bracket_exact(ts):
         ref, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "reference", **kw)
         tri, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "triton", **kw)
         assert_same_pages(ref, tri, f"{name} ts={ts}")
+
+
+SORTED_CB = ["nf4", "iq4nl", "nf4:g32:s=e4m3", "lm2:g64", "lm3:g64", "lm4:g32", "lm3:g64:rot=had"]
+
+
+@pytest.mark.parametrize("name", SORTED_CB)
+def test_sorted_codebook_bracket_exact(name, monkeypatch):
+    """Codes of an ascending codebook by binary search over the scaled levels equal the 16-entry search: values on
+    every level and every midpoint with an exact power-of-two scale (the two neighbours' errors tie: the lower index
+    wins), negative scales (iq4nl's signed rule), zero groups; and, in their own call (one odd group sends its whole
+    tile to the search), a NaN element, an outlier far past the range, tiny (subnormal-product) scales. On the
+    interpreter the ordinary groups are also stored with the fallback switched off: the fast path alone is exact."""
+    import kvlab.kernels.store.triton as st
+    from kvlab.quant.formats import CODEBOOKS
+    spec = spec_of(name)
+    cb = torch.tensor(CODEBOOKS[spec.fmt])
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)
+    pts = torch.cat([cb, (cb[1:] + cb[:-1]) / 2]) / cb.abs().max()
+    D, T = 64, 24
+    x = pts[torch.randint(0, len(pts), (T, 1, D), generator=g)]
+    x[:, 0, 0] = 1.0  # the largest level: absmax scales are exact powers of two below
+    x *= 2.0 ** torch.randint(-3, 4, (T, 1, 1), generator=g).float()
+    x[0] = -x[0]
+    x[1, 0, :32] = 0.0
+    x[2:6] = torch.randn(4, 1, D, generator=g) * torch.exp(torch.randn(4, 1, 1, generator=g))
+    odd = torch.randn(4, 1, D, generator=g)
+    odd[0, 0, 5] = float("nan")
+    odd[1, 0, 7] = 1e30
+    odd[2] *= 1e-38
+    lay = PageLayout(spec, D, 16, 1)
+    for data, n_pages in ((x, 3), (odd, 2)):
+        slots = torch.arange(data.shape[0], device=DEV)
+        ref, _ = run_store(data.to(DEV), slots, lay, n_pages, spec, "reference")
+        tri, _ = run_store(data.to(DEV), slots, lay, n_pages, spec, "triton")
+        assert_same_pages(ref, tri, name)
+    assert st.kernel_params(spec, D)["CBS"] == len(CODEBOOKS[spec.fmt])
+    if DEV == "cpu":  # the interpreter reads the global at run time
+        monkeypatch.setattr(st, "RARE_PATHS", False)
+        y = x[2:]  # without the zero groups of row 1 (a zero scale is the fallback's)
+        slots = torch.arange(T - 2, device=DEV)
+        ref, _ = run_store(y.to(DEV), slots, lay, 3, spec, "reference")
+        tri, _ = run_store(y.to(DEV), slots, lay, 3, spec, "triton")
+        assert_same_pages(ref, tri, name + " without the fallback")
