@@ -47,16 +47,19 @@ def _spec_bits(candidate: str, head_dim: int, context: int | None = None, sink: 
 
 
 def regimes(candidates: list[str], context: int | None) -> list[tuple[int, list[int]]]:
-    """[(Gc, candidate indices)]: the pool keeps one full-precision policy for all layers, so a scheme with any
-    channel-axis layer holds the last up-to Gc - 1 tokens of every layer in bf16. The search therefore prices the
-    candidates twice: without channel-axis candidates (Gc = 1) and with all of them (Gc = their lcm), and keeps the
-    better allocation. Nominal bits (no `context`) need no split."""
+    """[(Gc, candidate indices)]: the pool keeps one full-precision policy for all layers, so a scheme whose
+    channel-axis groups have lcm Gc holds the last up-to Gc - 1 tokens of every layer in bf16. The search therefore
+    prices the candidates once per reachable Gc (the lcm of each subset of the candidates' channel groups, 1 for
+    none), each time with the candidates whose groups divide it, and keeps the best allocation. Nominal bits (no
+    `context`) need no split."""
     groups = [KVScheme(*pair(c)).chan_group() for c in candidates]
-    g_all = math.lcm(*groups)
-    if context is None or g_all == 1:
-        return [(g_all, list(range(len(candidates))))]
-    plain = [i for i, g in enumerate(groups) if g == 1]
-    return ([(1, plain)] if plain else []) + [(g_all, list(range(len(candidates))))]
+    if context is None or max(groups) == 1:
+        return [(math.lcm(*groups), list(range(len(candidates))))]
+    reach = {1}
+    for g in sorted(set(groups) - {1}):
+        reach |= {math.lcm(r, g) for r in reach}
+    return [(gc, [i for i, g in enumerate(groups) if gc % g == 0]) for gc in sorted(reach)
+            if any(gc % g == 0 for g in groups)]
 
 
 @torch.no_grad()
@@ -194,12 +197,16 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
         choice = [idx[c] for c in sub]
         kl = sum(res["sens"][layer][c] for layer, c in enumerate(choice))
         if best is None or kl < best[1]:
-            best = (choice, kl, g, sum(bits[c] for c in sub) / len(sub))
+            best = (choice, kl)
     if best is None:
         raise err
-    choice, kl, g, mean_bits = best
-    out = {**res, "scheme": str(scheme_of(choice, cands, sink, window)), "choice": [cands[c] for c in choice],
-           "predicted_kl": kl, "bits_per_element": mean_bits, "chan_group": g}
+    choice, kl = best
+    sch, n = scheme_of(choice, cands, sink, window), len(choice)
+    # the chosen scheme's own count (its Gc divides the regime's: never more than the priced bits)
+    mean_bits = sch.bits_per_element(head_dim, context=ctx, n_layers=n) if ctx else \
+        sum(_spec_bits(cands[c], head_dim) for c in choice) / n
+    out = {**res, "scheme": str(sch), "choice": [cands[c] for c in choice],
+           "predicted_kl": kl, "bits_per_element": mean_bits, "chan_group": sch.chan_group(n)}
     if ms is not None:
         out["decode_ms"] = sum(ms[layer][c] for layer, c in enumerate(choice))
     return out

@@ -140,6 +140,8 @@ class Batcher:
         except BaseException:  # a failed prefill gives its sequences' pages and fp rows back
             for s in seqs:
                 self.pool.free(s)
+            for r in group:
+                r.seq = None
             raise
         first = logits[:, -1].argmax(-1)  # [g]
         slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=self.dev)
@@ -151,31 +153,8 @@ class Batcher:
         for r in group:
             r.first_token_s = now
 
-    @torch.no_grad()
-    def run(self) -> dict:
-        """Serve every queued request. Returns {"requests": [Request] in submission order (tokens filled),
-        "prefill_s", "decode_s", "decode_tokens" (tokens made by decode steps), "decode_tokens_per_s",
-        "steps", "mean_busy_slots", "graphs"}."""
-        free = list(range(self.B))
-        for s in self.pool.seq_ids:  # rows held by sequences already in the pool are not free slots
-            row = self.pool._seq(s).row
-            if row in free:
-                free.remove(row)
-        active: dict[int, Request] = {}
-        done: list[Request] = []
-        history: list[Tensor] = []
-        prefill_s, busy = 0.0, 0
-        t0 = time.perf_counter()
-
-        def finish(r: Request) -> None:
-            del active[r.slot]
-            r.done_s = time.perf_counter() - t0
-            done.append(r)
-            if not self.keep:
-                self.pool.free(r.seq)
-                free.append(r.slot)
-                free.sort()
-
+    def _serve(self, free: list, active: dict, done: list, history: list, t0: float, finish) -> None:
+        """`run`'s loop: admit (prefill) while slots are free, then one decode step for every active request."""
         while self._queue or active:
             admit = []
             while self._queue and free:
@@ -197,21 +176,56 @@ class Batcher:
                         active[r.slot] = r
                         if r.max_new == 1:
                             finish(r)
-                prefill_s += time.perf_counter() - tp
+                self._prefill_s += time.perf_counter() - tp
             if not active:
                 continue
             if self.graphs and self._graph is None:
                 tp = time.perf_counter()
                 self._capture()
-                prefill_s += time.perf_counter() - tp  # a one-time cost, kept out of decode throughput
+                self._prefill_s += time.perf_counter() - tp  # a one-time cost, kept out of decode throughput
             self.step.plan({b: r.seq for b, r in active.items()})
             self._decode_step()
             history.append(self.out.clone())
-            busy += len(active)
+            self._busy += len(active)
             for b, r in list(active.items()):
                 r._steps.append((len(history) - 1, b))
                 if 1 + len(r._steps) == r.max_new:
                     finish(r)
+
+    @torch.no_grad()
+    def run(self) -> dict:
+        """Serve every queued request. Returns {"requests": [Request] in submission order (tokens filled),
+        "prefill_s", "decode_s", "decode_tokens" (tokens made by decode steps), "decode_tokens_per_s",
+        "steps", "mean_busy_slots", "graphs"}."""
+        free = list(range(self.B))
+        for s in self.pool.seq_ids:  # rows held by sequences already in the pool are not free slots
+            row = self.pool._seq(s).row
+            if row in free:
+                free.remove(row)
+        active: dict[int, Request] = {}
+        done: list[Request] = []
+        history: list[Tensor] = []
+        self._prefill_s, self._busy = 0.0, 0
+        t0 = time.perf_counter()
+
+        def finish(r: Request) -> None:
+            del active[r.slot]
+            r.done_s = time.perf_counter() - t0
+            done.append(r)
+            if not self.keep:
+                self.pool.free(r.seq)
+                free.append(r.slot)
+                free.sort()
+
+        try:
+            self._serve(free, active, done, history, t0, finish)
+        except BaseException:  # nothing this run admitted stays held: free the unfinished requests' sequences
+            for r in list(active.values()):
+                if r.seq is not None and r.seq in self.pool._seqs:
+                    self.pool.free(r.seq)
+                r.seq = None
+            raise
+        prefill_s, busy = self._prefill_s, self._busy
         _sync(self.dev)
         total = time.perf_counter() - t0
         H = torch.stack(history).cpu() if history else None

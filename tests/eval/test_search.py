@@ -79,6 +79,19 @@ def test_search_prices_token_axis_candidates_with_the_schemes_fp_tail():
         assert sch.bits_per_element(64, context=ctx, n_layers=n) <= 2.7 + 1e-9
 
 
+def test_regimes_cover_every_channel_group_lcm():
+    """Candidates with channel groups 32 and 128: a scheme of g32 layers only pays 31 bf16 tokens, not 127; the
+    search prices each reachable lcm with the candidates that fit it and reports the chosen scheme's own bits."""
+    from kvlab.eval.search import choose, regimes
+    cands = ["lm2:g64:rot=had", "int2:g32:chan:asym|lm2:g64:rot=had", "int2:g128:chan:asym|lm2:g64:rot=had"]
+    assert regimes(cands, 2048) == [(1, [0]), (32, [0, 1]), (128, [0, 1, 2])]
+    res = choose({"sens": [[1.0, 0.01, 0.02]] * 4, "candidates": cands, "context": 2048, "sink": 0}, 3.0, 64)
+    sch = kvlab.scheme(res["scheme"])
+    assert res["choice"] == [cands[1]] * 4 and res["chan_group"] == 32 == sch.chan_group(4)
+    assert res["bits_per_element"] == pytest.approx(sch.bits_per_element(64, context=2048, n_layers=4))
+    assert res["bits_per_element"] < 3.0
+
+
 def test_search_with_a_window_prices_it_and_keeps_it_in_the_scheme():
     """A full-precision window is part of every candidate's price (window + Gc - 1 tokens at worst) and of the chosen
     scheme's text; the evaluated scheme counts the same bits."""

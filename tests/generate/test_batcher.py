@@ -65,3 +65,27 @@ def test_submit_checks_its_request(tiny_model):
         b.submit(list(range(60)), 8)
     with pytest.raises(ValueError, match="graphs=True needs"):
         Batcher(model, pool, graphs=True)
+
+
+def test_a_failing_prefill_leaves_nothing_held(tiny_model, monkeypatch):
+    """A request whose prefill raises while others are already decoding: the error reaches the caller, and every
+    sequence this run admitted (the running ones and the failing group) gives its pages and fp rows back."""
+    from kvlab.generate.backend import PagedBackend
+    model = tiny_model
+    c = model.config
+    pool = KVPool("q4_0", c.n_layers, c.n_kv_heads, c.head_dim, 64, 16, max_seqs=3)
+    gen = torch.Generator().manual_seed(7)
+    b = Batcher(model, pool, slots=2, max_tokens=128, kernels="reference", chunk=16)
+    b.submit(torch.randint(0, 64, (9,), generator=gen), 8)  # decodes for a while
+    b.submit(torch.randint(0, 64, (12,), generator=gen), 1)  # done at once: its slot frees the third request's
+    b.submit(torch.randint(0, 64, (21,), generator=gen), 4)  # prefill of 21 tokens fails
+    real = PagedBackend.attend
+
+    def attend(self, layer, q, *a, **k):
+        if q.shape[2] > 1 and self.pool.seq_len(self.seq_ids[0], layer) + q.shape[2] > 16:  # 21 tokens: 2nd chunk
+            raise RuntimeError("kernel failed")
+        return real(self, layer, q, *a, **k)
+    monkeypatch.setattr(PagedBackend, "attend", attend)
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        b.run()
+    assert pool.seq_ids == [] and pool.n_free_pages == pool.n_pages

@@ -189,3 +189,21 @@ def test_speed_store_closure_writes_through_the_public_store(name):
         if v is not None:
             assert torch.equal(fn.pages[k].view(torch.uint8), v.view(torch.uint8)), k
     assert fn.bytes == fn.x.numel() * 2 + sum(v.numel() * v.element_size() for v in want.values() if v is not None)
+
+
+def test_pareto_recounts_effective_bits_of_older_rows():
+    """Rows stored under an older count (a window that absorbed the unfinished channel group) are recounted from the
+    scheme text and the cell's token count: window + Gc - 1 bf16 tokens at worst; unknown models with overrides keep
+    the stored value."""
+    import kvlab
+    from kvlab.sweep.pareto import _amortized
+    sch = kvlab.scheme("kivi4")  # window 128, channel groups of 32
+    q = sch.bits_per_element(64)
+    params = json.dumps({"model": "smollm2", "tokens": 2048})
+    got = _amortized("kivi4", q, params, stored=(128 * 16 + 1920 * q) / 2048)  # the old count
+    assert got == pytest.approx((159 * 16 + 1889 * q) / 2048)
+    over = "q4_0,L0=int4:g32:chan:asym|int4:g32:asym"
+    b = kvlab.scheme(over).bits_per_element(64)
+    assert _amortized(over, b, params) == pytest.approx(
+        kvlab.scheme(over).bits_per_element(64, context=2048, n_layers=30))
+    assert _amortized(over, b, json.dumps({"model": "other", "tokens": 2048}), stored=4.75) == 4.75

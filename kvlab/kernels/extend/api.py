@@ -17,6 +17,7 @@ slowly (`slow_in_fused`); the fused kernel otherwise. The thresholds come from t
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 
@@ -70,7 +71,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     sm_scale = check_sm_scale(sm_scale, D)
     check_out(out, q)
     if host_lens is not None:
-        host_lens = check_host_lens(host_lens, qo_indptr, kv)
+        host_lens = check_host_lens(host_lens, qo_indptr, kv, C)
         if max_qo_len is None:
             max_qo_len = max((b - a for a, b in zip(host_lens[0], host_lens[0][1:])), default=0)
     if backend == "reference":
@@ -136,9 +137,10 @@ def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, 
                                  min_flops=min_flops, host_lens=host_lens)
 
 
-def check_host_lens(host_lens, qo_indptr, kv) -> tuple[list, list, list]:
+def check_host_lens(host_lens, qo_indptr, kv, qo_indptr_total: int) -> tuple[list, list, list]:
     """host_lens as three int lists (qo_indptr [B+1], kv_indptr [B+1], kv_last_page_len [B]) with the device tensors'
-    sizes; on the CPU (no synchronization to save) also their values."""
+    sizes, offsets that start at 0, do not decrease and stay within the chunk (C) and the page list, last-page lengths
+    within a page; on the CPU (no synchronization to save) also their values."""
     names = ("qo_indptr", "kv_indptr", "kv_last_page_len")
     dev = (qo_indptr, kv.kv_indptr, kv.kv_last_page_len)
     need(isinstance(host_lens, (tuple, list)) and len(host_lens) == 3,
@@ -148,10 +150,16 @@ def check_host_lens(host_lens, qo_indptr, kv) -> tuple[list, list, list]:
         if isinstance(h, torch.Tensor):
             need(h.device.type == "cpu" and h.dim() == 1, f"host_lens {nm} must be a 1-d CPU tensor or a list")
             h = h.tolist()
-        need(isinstance(h, (list, tuple)) and all(isinstance(x, int) for x in h),
-             f"host_lens {nm} must be a list of ints")
+        need(isinstance(h, (list, tuple)) and all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                                                   for x in h), f"host_lens {nm} must be a list of ints")
         need(len(h) == d.shape[0], f"host_lens {nm} has {len(h)} entries, the device tensor {d.shape[0]}")
+        out.append([int(x) for x in h])
+    qo, ind, last = out  # what the host can check for free on any device
+    for nm, ptr, total in (("qo_indptr", qo, qo_indptr_total), ("kv_indptr", ind, kv.kv_indices.shape[0])):
+        need(ptr[0] == 0 and all(a <= b for a, b in zip(ptr, ptr[1:])) and ptr[-1] <= total,
+             f"host_lens {nm} must start at 0, not decrease and end within {total}: {ptr[:8]}")
+    need(all(0 <= x <= kv.page_size for x in last), f"host_lens kv_last_page_len must lie in [0, {kv.page_size}]")
+    for nm, h, d in zip(names, out, dev):
         if not d.is_cuda:
-            need(list(h) == d.tolist(), f"host_lens {nm} {list(h)[:8]} differs from the device tensor {d.tolist()[:8]}")
-        out.append(list(h))
+            need(h == d.tolist(), f"host_lens {nm} {h[:8]} differs from the device tensor {d.tolist()[:8]}")
     return tuple(out)

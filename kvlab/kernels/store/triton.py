@@ -350,7 +350,7 @@ def _sorted_odd(x, s, cb_ptr, N: tl.constexpr):
     gap = tl.load(cb_ptr + 1) - c0
     for j in tl.static_range(2, N):
         gap = tl.minimum(gap, tl.load(cb_ptr + j) - tl.load(cb_ptr + j - 1))
-    close = tl.where(gap >= m * 1.52587890625e-05, 0, 1)  # 2^-16; NaN levels count as close
+    close = tl.where((gap >= m * 1.52587890625e-05) & (gap > 0), 0, 1)  # 2^-16; NaN or all-equal levels: close
     return ((~ok | ~(tl.abs(x) <= sa * m * 2.0)).to(tl.int32) + close) > 0
 
 

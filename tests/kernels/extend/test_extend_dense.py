@@ -200,7 +200,9 @@ def test_host_lens_plan_without_a_device_read(monkeypatch):
     for bad, msg in (((host[0], host[1]), "host_lens must be"),
                      ((host[0][:-1], host[1], host[2]), "qo_indptr has 3 entries"),
                      ((host[0], host[1], [x + 1 for x in host[2]]), "kv_last_page_len .* differs"),
-                     ((host[0], [0.5] * 4, host[2]), "list of ints")):
+                     ((host[0], [0.5] * 4, host[2]), "list of ints"),
+                     ((host[0], [0, 9, 3, host[1][-1]], host[2]), "kv_indptr must start at 0, not decrease"),
+                     (([0, 2, 42, 10 ** 6], host[1], host[2]), "qo_indptr must start at 0")):
         if DEV == "cuda" and "differs" in msg:
             continue  # on a GPU the values are trusted (checking them would be the synchronization saved)
         with pytest.raises(ValueError, match=msg):
