@@ -26,6 +26,7 @@ FILES = {
     "decode_before": f"{R}/h200/runs/final-b2961af/decode.csv",
     "store": f"{R}/h200/store.csv",
     "extend": f"{R}/h200/extend.csv",
+    "extend_before": f"{R}/h200/runs/extend-6259b1c+8d7ff85/extend.csv",
     "flashinfer": f"{R}/h200/flashinfer_fp8/flashinfer_fp8.csv",
     "options": f"{R}/engines/options.csv",
     "llama_verify": f"{R}/engines/llama_cpp_verify.csv",
@@ -43,7 +44,8 @@ COMMANDS = {
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
     "dispatch_header": "written with its decode.csv",
     "store": "python benchmarks/run.py --cases store (H200)",
-    "extend": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
+    "extend": "python benchmarks/run.py --cases extend --extend-backends auto,auto_host (H200; commit column)",
+    "extend_before": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
     "llama_verify": "python -m kvlab.export verify --engine llama.cpp (CPU, llama-cpp-python 0.3.36)",
@@ -200,20 +202,24 @@ class Paper:
         """Prefill over a quantized prefix: the dense-prefix path against cuDNN on dense bf16 K/V."""
         c = self.c
         e = self.t["extend"]
-        sel = e[(e.backend == "auto") & (e.dense_attention == "cudnn") & (e.commit == "6259b1c") & (e.batch == 8)
-                & (e.prefix == 32768)]
-        fused = e[(e.backend == "triton") & (e.batch == 8) & (e.prefix == 32768)].set_index("scheme")
+        sel = e[(e.backend == "auto_host") & (e.batch == 8) & (e.prefix == 32768)]
+        auto = e[(e.backend == "auto") & (e.batch == 8) & (e.prefix == 32768)]
+        b = self.t["extend_before"]
+        fused = b[(b.backend == "triton") & (b.batch == 8) & (b.prefix == 32768)].set_index("scheme")
         lo, hi = sel.ratio_vs_cudnn.min(), sel.ratio_vs_cudnn.max()
         r0 = sel.iloc[0]
         return (f"Prefill (a {c(int(r0.chunk), 'd', 'extend', 'chunk')}-token chunk per sequence over a quantized "
                 f"{c(int(r0.prefix) // 1024, 'd', 'extend', 'prefix (K)')}K prefix, batch "
                 f"{c(int(r0.batch), 'd', 'extend', 'batch')}): dequantizing the "
                 "prefix once into a workspace for cuDNN and merging the chunk's causal part by log-sum-exps runs at "
-                f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto B8 32K')}-"
-                f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto B8 32K')}x cuDNN on dense bf16 K/V for all "
-                f"{len(sel)} schemes, where the fused kernel alone takes "
-                f"{c(fused.loc['q4_0', 'ratio_vs_cudnn'], '.2f', 'extend', 'q4_0 triton B8 32K / ratio_vs_cudnn')}x "
-                f"for q4_0 and {c(fused.loc['fp8_e4m3', 'ratio_vs_cudnn'], '.2f', 'extend', 'fp8_e4m3 triton B8 32K / ratio_vs_cudnn')}x for fp8.")
+                f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B8 32K')}-"
+                f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B8 32K')}x cuDNN on dense bf16 K/V for all "
+                f"{len(sel)} schemes when the caller gives the lengths on the host (as the pool's prefill does; "
+                f"{c(auto.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto B8 32K')}-"
+                f"{c(auto.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto B8 32K')}x when extend "
+                "reads them back from the device), where the fused kernel alone took "
+                f"{c(fused.loc['q4_0', 'ratio_vs_cudnn'], '.2f', 'extend_before', 'q4_0 triton B8 32K / ratio_vs_cudnn')}x "
+                f"for q4_0 and {c(fused.loc['fp8_e4m3', 'ratio_vs_cudnn'], '.2f', 'extend_before', 'fp8_e4m3 triton B8 32K / ratio_vs_cudnn')}x for fp8.")
 
     def protocol(self):
         v = self.t["llama_verify"]
