@@ -364,7 +364,7 @@ class Paper:
             key = f"{r.model} / {r.budget} / {r.budget_bits}"
             fast = "<= bf16" if "decode" in r.budget_bits else "-"
             win = re.search(r"window (\d+)", r.budget_bits)
-            win = win.group(1) if win else "0"
+            win = f"`{win.group(1)}`" if win else "none"  # read from the row's budget_bits text
             ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
             ref = (c(r.bf16_decode_ms_h200, ".2f", "winners", f"{key} / bf16_decode_ms_h200")
                    if pd.notna(r.bf16_decode_ms_h200) else "-")
@@ -383,15 +383,15 @@ class Paper:
                 "effective bits (scales, zeros and full-precision tokens counted at the evaluated length) by an exact "
                 "knapsack, optionally under a decode-time budget from the H200's measured per-layer kernel times as "
                 "well, and evaluates the choice on held-out pydoc text. The pool keeps one full-precision policy for "
-                "all layers, so once any layer stores channel-axis keys every layer holds its last up-to 31 tokens in "
-                "bf16; the count charges them to every layer (at 2.5 bits an earlier count that charged only the "
+                "all layers, so once any layer stores channel-axis keys every layer holds the tokens of its unfinished "
+                "channel group in bf16; the count charges them to every layer (at 2.5 bits an earlier count that charged only the "
                 "channel-axis layers had reported a scheme whose token-axis layers read that tail for free), and "
                 "the search prices the candidates with and without channel-axis layers. The candidates mix channel-axis int keys "
                 "(KIVI) with Lloyd-Max codebook values after a Hadamard rotation (TurboQuant's grid), whole-layer "
                 "codebooks and q8_0. Decode time is one step's attention over every layer (`benchmarks/winners_decode.py`: "
                 "`--batch 32 --context 8192`, Gemma's sliding layers holding their window) through the default "
                 "dispatch; a decode budget of `<= bf16` means no slower than a bf16 cache in the same table. An fp "
-                "window of 32 keeps the 32 most recent tokens of every layer in bf16, present while the "
+                "window keeps that many most recent tokens of every layer in bf16, present while the "
                 "sensitivities are measured and charged in the bits; it buys more than any per-layer upgrade at "
                 "every budget, and its decode times are not measured yet.", "",
                 *rows, "",
