@@ -190,6 +190,14 @@ class KVPool(PoolViews):
             pages["codebook"].copy_(codebook_table(check_codebook(val, spec)).to(self.device))
             st[key] = True
 
+    def calibrate_from(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Fix a layer's unset static scales and calibrated codebooks from k, v [T, Hk, D], exactly as its first append
+        would from the same tokens (taken in fp_dtype); nothing when they are set. A prefill that attends before it
+        appends (the chunk's own attention needs NVFP4's tensor scale) calls this first."""
+        layer = self._layer(layer)
+        if not self._static[layer]["set"]:
+            self._calibrate(layer, k.detach().to(self.fp_dtype), v.detach().to(self.fp_dtype))
+
     def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         st = self._static[layer]
         for key, x, spec in (("k", k, self.specs[layer][0]), ("v", v, self.specs[layer][1])):
@@ -253,8 +261,8 @@ class KVPool(PoolViews):
         if sum(need) > len(self._free):
             raise ValueError(f"out of pages: this append needs {sum(need)} more pages of {P} tokens, "
                              f"{len(self._free)} of {self.n_pages} are free; free sequences or build a larger pool")
-        if not self._static[layer]["set"]:
-            self._calibrate(layer, torch.cat([k for _, k, _ in items]), torch.cat([v for _, _, v in items]))
+        if not self._static[layer]["set"]:  # (checked first: the concatenation is skipped once set)
+            self.calibrate_from(layer, torch.cat([k for _, k, _ in items]), torch.cat([v for _, _, v in items]))
         for (s, _, _), n in zip(items, need):
             self._seqs[s].pages.extend(self._free.pop() for _ in range(n))
         kf, vf = self.k_fp[layer], self.v_fp[layer]

@@ -71,9 +71,9 @@ class PagedBackend:
             self.pool.append_batch(self.seq_ids, layer, k[:, :, 0], v[:, :, 0])  # [B, Hk, D]
             args, kw = self._prefix(layer)
             return decode(q[:, :, 0].to(dt).contiguous(), *args, **kw)[:, :, None].to(q.dtype)
-        if not self.pool._static[layer]["set"]:  # static / tensor scales come from the layer's first append: take
-            self.pool._calibrate(layer, k[0].transpose(0, 1).to(dt), v[0].transpose(0, 1).to(dt))  # them now (the
-            # same tokens that append would use), so this chunk's attention already has them (NVFP4's tensor scale)
+        # static / tensor scales come from the layer's first append (of sequence 0 below): take them now from the same
+        # tokens, so this chunk's attention already has them (NVFP4's tensor scale)
+        self.pool.calibrate_from(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [T, Hk, D] views
         args, kw = self._prefix(layer)
         flat = (lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], D).to(dt).contiguous())  # noqa: E731
         qo = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device)

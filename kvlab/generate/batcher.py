@@ -153,8 +153,10 @@ class Batcher:
         for r in group:
             r.first_token_s = now
 
-    def _serve(self, free: list, active: dict, done: list, history: list, t0: float, finish) -> None:
-        """`run`'s loop: admit (prefill) while slots are free, then one decode step for every active request."""
+    def _serve(self, free: list, active: dict, history: list, t0: float, finish) -> tuple[float, int]:
+        """`run`'s loop: admit (prefill) while slots are free, then one decode step for every active request.
+        Returns (seconds spent in prefill and capture, decode tokens made)."""
+        prefill_s, busy = 0.0, 0
         while self._queue or active:
             admit = []
             while self._queue and free:
@@ -176,21 +178,22 @@ class Batcher:
                         active[r.slot] = r
                         if r.max_new == 1:
                             finish(r)
-                self._prefill_s += time.perf_counter() - tp
+                prefill_s += time.perf_counter() - tp
             if not active:
                 continue
             if self.graphs and self._graph is None:
                 tp = time.perf_counter()
                 self._capture()
-                self._prefill_s += time.perf_counter() - tp  # a one-time cost, kept out of decode throughput
+                prefill_s += time.perf_counter() - tp  # a one-time cost, kept out of decode throughput
             self.step.plan({b: r.seq for b, r in active.items()})
             self._decode_step()
             history.append(self.out.clone())
-            self._busy += len(active)
+            busy += len(active)
             for b, r in list(active.items()):
                 r._steps.append((len(history) - 1, b))
                 if 1 + len(r._steps) == r.max_new:
                     finish(r)
+        return prefill_s, busy
 
     @torch.no_grad()
     def run(self) -> dict:
@@ -205,7 +208,6 @@ class Batcher:
         active: dict[int, Request] = {}
         done: list[Request] = []
         history: list[Tensor] = []
-        self._prefill_s, self._busy = 0.0, 0
         t0 = time.perf_counter()
 
         def finish(r: Request) -> None:
@@ -218,14 +220,13 @@ class Batcher:
                 free.sort()
 
         try:
-            self._serve(free, active, done, history, t0, finish)
+            prefill_s, busy = self._serve(free, active, history, t0, finish)
         except BaseException:  # nothing this run admitted stays held: free the unfinished requests' sequences
             for r in list(active.values()):
                 if r.seq is not None and r.seq in self.pool._seqs:
                     self.pool.free(r.seq)
                 r.seq = None
             raise
-        prefill_s, busy = self._prefill_s, self._busy
         _sync(self.dev)
         total = time.perf_counter() - t0
         H = torch.stack(history).cpu() if history else None

@@ -16,6 +16,7 @@ blocks and `engine` carries what the engine does around them (channel order, rot
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -77,7 +78,6 @@ class KVScheme:
         """The pool's channel-group lcm Gc: lcm of the channel-axis group sizes of every K and V spec (of every layer
         when `n_layers` is given; 1 without channel axes). Every layer keeps its last up-to Gc - 1 tokens full
         precision beside the window (`kvlab.cache.window.FpPolicy`), so one block table serves all layers."""
-        import math
         pairs = [(self.k, self.v)] if n_layers is None else [self.for_layer(i, n_layers) for i in range(n_layers)]
         g = 1
         for pair in pairs:

@@ -270,6 +270,13 @@ def _level(cb_ptr, s, j):
 
 
 @triton.jit
+def _narrow(xs, t, lo, hi):
+    """One step of `_sorted_codes`' bisection at threshold t: (xs >= t, the bracket's new lower and upper levels)."""
+    ge = xs >= t
+    return ge, tl.where(ge, t, lo), tl.where(ge, hi, t)
+
+
+@triton.jit
 def _sorted_codes(x, s, cb_ptr, N: tl.constexpr):
     """Index of the nearest s * cb[j] over the first N (4, 8 or 16) entries of an ascending codebook, equal to
     `_cb_search` where `_sorted_odd` is 0. A negative s flips x and s (s * cb[j] - x = -(|s| cb[j] - (-x)) exactly),
@@ -283,55 +290,30 @@ def _sorted_codes(x, s, cb_ptr, N: tl.constexpr):
     sa = tl.abs(s)
     xs = tl.where(neg, -x, x)
     zero = xs * 0.0
-    idx = tl.zeros(x.shape, tl.int32)
     lo = _level(cb_ptr, sa, 0) + zero
     hi = _level(cb_ptr, sa, N - 1) + zero
     if N == 16:
-        t = _level(cb_ptr, sa, 8) + zero
-        ge1 = xs >= t
-        lo = tl.where(ge1, t, lo)
-        hi = tl.where(ge1, hi, t)
-        t = tl.where(ge1, _level(cb_ptr, sa, 12), _level(cb_ptr, sa, 4))
-        ge2 = xs >= t
-        lo = tl.where(ge2, t, lo)
-        hi = tl.where(ge2, hi, t)
+        ge1, lo, hi = _narrow(xs, _level(cb_ptr, sa, 8) + zero, lo, hi)
+        ge2, lo, hi = _narrow(xs, tl.where(ge1, _level(cb_ptr, sa, 12), _level(cb_ptr, sa, 4)), lo, hi)
         t = tl.where(ge1, tl.where(ge2, _level(cb_ptr, sa, 14), _level(cb_ptr, sa, 10)),
                      tl.where(ge2, _level(cb_ptr, sa, 6), _level(cb_ptr, sa, 2)))
-        ge3 = xs >= t
-        lo = tl.where(ge3, t, lo)
-        hi = tl.where(ge3, hi, t)
+        ge3, lo, hi = _narrow(xs, t, lo, hi)
         t = tl.where(ge1, tl.where(ge2, tl.where(ge3, _level(cb_ptr, sa, 15), _level(cb_ptr, sa, 13)),
                                    tl.where(ge3, _level(cb_ptr, sa, 11), _level(cb_ptr, sa, 9))),
                      tl.where(ge2, tl.where(ge3, _level(cb_ptr, sa, 7), _level(cb_ptr, sa, 5)),
                               tl.where(ge3, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1))))
-        ge4 = xs >= t
-        lo = tl.where(ge4, t, lo)
-        hi = tl.where(ge4, hi, t)
+        ge4, lo, hi = _narrow(xs, t, lo, hi)
         idx = ge1.to(tl.int32) * 8 + ge2.to(tl.int32) * 4 + ge3.to(tl.int32) * 2 + ge4.to(tl.int32)
     elif N == 8:
-        t = _level(cb_ptr, sa, 4) + zero
-        ge1 = xs >= t
-        lo = tl.where(ge1, t, lo)
-        hi = tl.where(ge1, hi, t)
-        t = tl.where(ge1, _level(cb_ptr, sa, 6), _level(cb_ptr, sa, 2))
-        ge2 = xs >= t
-        lo = tl.where(ge2, t, lo)
-        hi = tl.where(ge2, hi, t)
+        ge1, lo, hi = _narrow(xs, _level(cb_ptr, sa, 4) + zero, lo, hi)
+        ge2, lo, hi = _narrow(xs, tl.where(ge1, _level(cb_ptr, sa, 6), _level(cb_ptr, sa, 2)), lo, hi)
         t = tl.where(ge1, tl.where(ge2, _level(cb_ptr, sa, 7), _level(cb_ptr, sa, 5)),
                      tl.where(ge2, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1)))
-        ge3 = xs >= t
-        lo = tl.where(ge3, t, lo)
-        hi = tl.where(ge3, hi, t)
+        ge3, lo, hi = _narrow(xs, t, lo, hi)
         idx = ge1.to(tl.int32) * 4 + ge2.to(tl.int32) * 2 + ge3.to(tl.int32)
     else:  # N == 4
-        t = _level(cb_ptr, sa, 2) + zero
-        ge1 = xs >= t
-        lo = tl.where(ge1, t, lo)
-        hi = tl.where(ge1, hi, t)
-        t = tl.where(ge1, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1))
-        ge2 = xs >= t
-        lo = tl.where(ge2, t, lo)
-        hi = tl.where(ge2, hi, t)
+        ge1, lo, hi = _narrow(xs, _level(cb_ptr, sa, 2) + zero, lo, hi)
+        ge2, lo, hi = _narrow(xs, tl.where(ge1, _level(cb_ptr, sa, 3), _level(cb_ptr, sa, 1)), lo, hi)
         idx = ge1.to(tl.int32) * 2 + ge2.to(tl.int32)
     up = (tl.abs(hi - xs) < tl.abs(lo - xs)) & (idx < N - 1)
     return idx + up.to(tl.int32)
