@@ -42,6 +42,7 @@ from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CB,
+    CB2,
     CHAN,
     CHAN_TW,
     CODECS,
@@ -511,10 +512,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
-    tab = tables(k_spec.fmt if kcodec == CB else None, v_spec.fmt if vcodec == CB else None, q.device)
+    tab = tables(k_spec.fmt if kcodec in (CB, CB2) else None, v_spec.fmt if vcodec in (CB, CB2) else None, q.device)
     cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
                                                                          (vcodec, v_spec, kv.v_pages)))
-           if c == CB and spec.calibrated]
+           if c in (CB, CB2) and spec.calibrated]
     if cal:
         tab = tab.clone()
 

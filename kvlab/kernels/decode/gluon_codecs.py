@@ -13,6 +13,7 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - F4M (9) / F4N (10): fp4 e2m1 with e8m0 (mxfp4) or e4m3 + tensor (nvfp4) group scales.
 - CB (11): 4-bit codebooks (nf4, iq4nl, lm4): a 16-entry fp16 table passed per call.
 - I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane), groups of 32 at head_dim 128.
+- CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
 Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels
 always lie in one group; its D / 4 key channels do at D 64 and 128, and where they span groups (D 256 with groups of
@@ -84,7 +85,14 @@ CODECS.update({I3: "int3 sym, groups of 32 at head_dim 128",
 WORDS_K.update({I3: 2, I3A: 2})  # the 2-bit plane's words (the plane word is read beside them)
 WORDS_V.update({I3: 1, I3A: 1})
 ASYM = ASYM + (I3A,)
-PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB)  # key codecs that read a scale (and zero) per code word where
+# 2-bit codebooks (lm2, any 4-entry table): int2's layout and loads (groups 32-128, half a word per value thread-row
+# at D 64), each code looked up in the table's low-byte and high-byte words (`_cb2_lookup`); fp16 group scales
+CB2 = 14
+C_CB2 = ttgl.constexpr(CB2)
+CODECS[CB2] = "2-bit codebooks (lm2) with fp16 scales"
+WORDS_K[CB2], WORDS_V[CB2] = 2, 1
+CB2_FORMATS = ("lm2",)
+PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2)  # key codecs that read a scale (and zero) per code word where
 # a thread-row's D / 4 channels span groups (D 256 with groups of 32: Gemma's heads with q4_0 / q8_0)
 HEAD_DIMS = (64, 128, 256)
 
@@ -103,7 +111,7 @@ def words_v(codec: int, D: int = 128) -> int:
 def v_half(codec: int, D: int) -> bool:
     """True where a value thread-row is half a code word (int2 at D 64: 8 channels, 2 bytes): two threads read
     the same word, the odd one shifted down by 16 bits, and decode its bytes 0 and 1."""
-    return codec in (Q2, Q2A) and WORDS_V[codec] * D < 128
+    return codec in (Q2, Q2A, CB2) and WORDS_V[codec] * D < 128
 
 
 def codec_of(spec, role: str = "k") -> int | None:
@@ -128,6 +136,9 @@ def codec_of(spec, role: str = "k") -> int | None:
     if spec.fmt in CB_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
             spec.scale_dtype == "f16":
         return CB
+    if spec.fmt in CB2_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
+            spec.scale_dtype == "f16":
+        return CB2
     if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
         if spec.scale_dtype == "e8m0" and not spec.tensor_scale:
             return F4M
@@ -159,7 +170,7 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
             q, wi = x & 1, x >> 1
             out.append(rb * r + 4 * wi + q + 2 * h2)
-        elif codec in (Q2, Q2A):  # register x = q + 8 wi holds byte (q >> 2) + 2 h2 of word wi, field q & 3
+        elif codec in (Q2, Q2A, CB2):  # register x = q + 8 wi holds byte (q >> 2) + 2 h2 of word wi, field q & 3
             q, wi = x & 7, x >> 3
             out.append(_nibble_channel(rb * r + 4 * wi + (q >> 2) + 2 * h2, q & 3, pack, G, 4))
         else:  # F8: register x = q + 2 wi holds bytes (2 q, 2 q + 1) of word wi
@@ -177,7 +188,7 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         if codec in (Q4, Q4A, F4M, F4N, CB):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
             out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
-        elif codec in (Q2, Q2A):  # nt = f + 4 k + 16 we: field f of byte k of word we
+        elif codec in (Q2, Q2A, CB2):  # nt = f + 4 k + 16 we: field f of byte k of word we
             f, k, we = nt & 3, (nt >> 2) & 3, nt >> 4
             out.append(_nibble_channel(gb * g + 4 * we + k, f, pack, G, 4))
         elif codec in (I3, I3A):  # nt = f + 4 k: half g % 2 of group g // 2, field f of byte k
@@ -404,6 +415,41 @@ def _asm_v_cb(k: int) -> str:
 AVC0, AVC1, AVC2, AVC3 = (ttgl.constexpr(_asm_v_cb(k)) for k in range(4))
 
 
+def _cb2_lookup(g: str, regs: list[str], lo: str, hi: str) -> list[str]:
+    """2-bit codebook: registers regs[f] = (entry of field f of byte 0 of g, of field f of byte 1), f = 0..3. $lo / $hi:
+    the low and high bytes of entries 0-3 (`cb_table_words` words 0 and 4). A PRMT selector nibble holds two fields;
+    its low three bits index the table passed twice (bytes 0-3 and 4-7 alike), so the upper field's low bit is
+    harmless and only bit 3 (sign fill) is cleared: g & 0x7777 looks up fields 0 and 2 of both bytes, (g >> 2) &
+    0x7777 fields 1 and 3, the low and high bytes each with one PRMT; two PRMTs interleave them per field pair."""
+    return [f"lop3.b32 sa, {g}, 0x7777, 0, 0xC0;", f"shr.b32 x, {g}, 2;", "lop3.b32 sb, x, 0x7777, 0, 0xC0;",
+            f"prmt.b32 la, {lo}, {lo}, sa;", f"prmt.b32 ha, {hi}, {hi}, sa;",
+            f"prmt.b32 lb, {lo}, {lo}, sb;", f"prmt.b32 hb, {hi}, {hi}, sb;",
+            f"prmt.b32 {regs[0]}, la, ha, 0x6240;", f"prmt.b32 {regs[1]}, lb, hb, 0x6240;",
+            f"prmt.b32 {regs[2]}, la, ha, 0x7351;", f"prmt.b32 {regs[3]}, lb, hb, 0x7351;"]
+
+
+_CB2_REGS = "{ .reg .b32 g, x, sa, sb, la, ha, lb, hb, s1, "
+# 2-bit codebook keys: word -> int2's register order (bytes (0, 2) fields 0-3, then (1, 3)), times s.
+# In: $16 w, $17 s, $18 / $19 the table's low-byte and high-byte words.
+ASM_K_CB2 = ttgl.constexpr("\n".join(
+    [_CB2_REGS + ", ".join(f"r{j}" for j in range(8)) + ";", "mov.b32 s1, {$17, $17};", "prmt.b32 g, $16, 0, 0x0020;"]
+    + _cb2_lookup("g", ["r0", "r1", "r2", "r3"], "$18", "$19") + ["prmt.b32 g, $16, 0, 0x0031;"]
+    + _cb2_lookup("g", ["r4", "r5", "r6", "r7"], "$18", "$19") + [f"mul.rn.f16x2 r{j}, r{j}, s1;" for j in range(8)]
+    + [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, r{j};" for j in range(8)]) + " }")
+
+
+def _asm_v_cb2(k: int) -> str:
+    """2-bit codebook values, byte k of words A and B -> (f0 A, f0 B, f1 A, f1 B, f2 A, f2 B, f3 A, f3 B), int2's
+    order. In: $8 wA, $9 wB, $10 sA, $11 sB, $12 / $13 the table's low-byte and high-byte words."""
+    return "\n".join([_CB2_REGS + "r0, r1, r2, r3;", "mov.b32 s1, {$10, $11};", f"prmt.b32 g, $8, $9, 0x00{4 + k}{k};"]
+                     + _cb2_lookup("g", ["r0", "r1", "r2", "r3"], "$12", "$13")
+                     + [f"mul.rn.f16x2 r{j}, r{j}, s1;" for j in range(4)]
+                     + [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, r{j};" for j in range(4)]) + " }"
+
+
+AVL0, AVL1, AVL2, AVL3 = (ttgl.constexpr(_asm_v_cb2(k)) for k in range(4))
+
+
 # scale bytes -> fp16: e8m0 E as the float32 2^(E - 127) (bits E << 23; 255 -> inf here, NaN by the caller),
 # rounded to fp16 (past 2^15: inf, below 2^-24: 0, as an fp16 operand must); e4m3 exactly by the hardware cvt
 ASM_S_E8M0 = ttgl.constexpr("{ .reg .b32 f; shl.b32 f, $1, 23; cvt.rn.f16.f32 $0, f; }")
@@ -624,7 +670,7 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
-    HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A) and D == 64  # int2 at D 64: half a word per thread
+    HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2) and D == 64  # int2 at D 64: half a word per thread
     if I3ANY:  # thread g: 2-bit word g % 2 of group g // 2 (3 words each), and the group's plane word
         word = ((3 * (g // 2) + g % 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
         pword = ((3 * (g // 2) + 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
@@ -735,8 +781,12 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
                       ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, AI32, AJ32),
                                 _i3(wa, wb, pa, pb, s, s, m, m, A, AI33, AJ33)))  # [NW, r, TW, h2, f0, f1, k0, k1]
         j = ttgl.permute(j, [0, 7, 6, 5, 4, 1, 3, 2])  # [NW, k1, k0, f1, f0, r, h2, TW]
-    elif CODEC == C_Q2 or CODEC == C_Q2A:
-        if CODEC == C_Q2:
+    elif CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2:
+        if CODEC == C_CB2:
+            z = w * 0  # the table's low-byte and high-byte words, splat in w's layout
+            o = ttgl.inline_asm_elementwise(ASM_K_CB2, "=h," * 16 + "r,h,r,r", [w, s, z + tab[0], z + tab[4]],
+                                            dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
+        elif CODEC == C_Q2:
             o = ttgl.inline_asm_elementwise(ASM_K_Q2, "=h," * 16 + "r,h,h", [w, s, s * 0.25],
                                             dtype=(ttgl.float16,) * 16, is_pure=True, pack=1)
         else:
@@ -790,6 +840,14 @@ def _v_q2(wa, wb, sa, sb, sa4, sb4, ASM: ttgl.constexpr):
 @gluon.jit
 def _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, ASM: ttgl.constexpr):
     o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,h,h,h,h", [wa, wb, sa, sb, sa4, sb4, ma, mb],
+                                    dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+
+
+@gluon.jit
+def _v_cb2(wa, wb, sa, sb, tab, ASM: ttgl.constexpr):
+    z = wa * 0
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,r,r", [wa, wb, sa, sb, z + tab[0], z + tab[4]],
                                     dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
     return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
 
@@ -869,21 +927,26 @@ def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.const
                       ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI32, AJ32),
                                 _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI33, AJ33)))
         j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])  # as int2: [NW, c, t0, we, k1, k0, f1, f0, g]
-    elif CODEC == C_Q2 or CODEC == C_Q2A:
+    elif CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2:
         sa4 = sa * 0.25
         sb4 = sb * 0.25
         if CODEC == C_Q2A:
             ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
             mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
         if D == 64:  # half a word: bytes 0 and 1 -> [NW, we, g, c, t0, f0, f1, k0] -> [NW, c, t0, we, k0, f1, f0, g]
-            if CODEC == C_Q2:
+            if CODEC == C_CB2:
+                j = ttgl.join(_v_cb2(wa, wb, sa, sb, tab, AVL0), _v_cb2(wa, wb, sa, sb, tab, AVL1))
+            elif CODEC == C_Q2:
                 j = ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1))
             else:
                 j = ttgl.join(_v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU0),
                               _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, AVU1))
             j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])
         else:
-            if CODEC == C_Q2:
+            if CODEC == C_CB2:
+                j = ttgl.join(ttgl.join(_v_cb2(wa, wb, sa, sb, tab, AVL0), _v_cb2(wa, wb, sa, sb, tab, AVL1)),
+                              ttgl.join(_v_cb2(wa, wb, sa, sb, tab, AVL2), _v_cb2(wa, wb, sa, sb, tab, AVL3)))
+            elif CODEC == C_Q2:
                 j = ttgl.join(ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT0), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT1)),
                               ttgl.join(_v_q2(wa, wb, sa, sb, sa4, sb4, AVT2), _v_q2(wa, wb, sa, sb, sa4, sb4, AVT3)))
             else:

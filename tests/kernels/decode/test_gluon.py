@@ -77,6 +77,9 @@ def test_codec_of():
                                                                                                    gc.F4N]
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int3:g32:asym", "int3:g32:sym")] == [gc.I3A, gc.I3]
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("lm2", "lm2:g32:rot=had", "lm2:g128:pack=ggml", "lm2:cal")] == \
+        [gc.CB2] * 4
+    assert gc.codec_of(kvlab.scheme("lm2:g16").k) is None and gc.codec_of(kvlab.scheme("lm2:s=bf16").k) is None
     for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g64:asym", "int4:g32:chan:sym",
               "int3:g32:asym:pack=ggml", "int5:g32:asym",
               "lm3", "nf4:g64:s=bf16",
@@ -89,7 +92,8 @@ def test_codec_of():
 @pytest.mark.parametrize("scheme,D,tw", [("q4_0", 128, 16), ("q8_0", 128, 16), ("fp8_e4m3", 128, 16), ("q4_0", 64, 16),
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
-                                         ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16)])
+                                         ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
+                                         ("lm2", 128, 16), ("lm2", 64, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -383,6 +387,33 @@ def test_ptx_codebook_lookups(fmt):
         np.testing.assert_array_equal(_f16(hi_b), want(nib(WB, k, 1), sr))
 
 
+@pytest.mark.parametrize("table", ["lm2", "steps"])
+def test_ptx_two_bit_codebook_lookups(table):
+    """2-bit codebooks: every field's table entry (as fp16) times s, keys in int2's register order, values as
+    (f0 A, f0 B, f1 A, f1 B, ...). "steps": a table whose four entries differ in both bytes, so a lookup that took
+    a low byte or a high byte from the wrong entry (or sign-filled it) fails."""
+    from devtools.gluon_emu import run_ptx
+
+    from kvlab.quant.formats import codebook16
+    vals = codebook16("lm2") if table == "lm2" else (-3.5, -0.3125, 0.0078125, 1.5) + (1.5,) * 12
+    cb = np.array(vals, dtype=np.float32).astype(np.float16).astype(np.float32)
+    words = gc.cb_table_words(vals)
+    lo, hi = np.uint32(words[0]), np.uint32(words[4])
+    s = (S.astype(np.float32) * 8).astype(np.float16)
+    sr = s[::-1].copy()
+    field = lambda w, k, f: ((_byte(w, k) >> (2 * f)) & 3).astype(np.int64)  # noqa: E731
+    want = lambda c, sc: (cb[c] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    outs = run_ptx(gc.ASM_K_CB2.value, "=h," * 16 + "r,h,r,r", [W, _bits(s), lo, hi])
+    for q in range(8):
+        for h2 in range(2):  # register q, half h2 = byte (q >> 2) + 2 h2, field q & 3 (k_channel_order)
+            np.testing.assert_array_equal(_f16(outs[2 * q + h2]), want(field(W, (q >> 2) + 2 * h2, q & 3), s))
+    for k, asm in enumerate((gc.AVL0, gc.AVL1, gc.AVL2, gc.AVL3)):
+        outs = run_ptx(asm.value, "=h," * 8 + "r,r,h,h,r,r", [W, WB, _bits(s), _bits(sr), lo, hi])
+        for f in range(4):
+            np.testing.assert_array_equal(_f16(outs[2 * f]), want(field(W, k, f), s))
+            np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(field(WB, k, f), sr))
+
+
 @pytest.mark.parametrize("asym", [False, True])
 def test_ptx_i3_decodes_planes(asym):
     """int3: code 4 k + f of words A and B = 2-bit field f of byte k | plane bit 4 k + f (of pA / pB's low halves)
@@ -482,6 +513,10 @@ EMU_CASES = [
     ("int3:g32:sym", [40, 130], 16, 2, 32, 2, 4, 32),
     ("k=int3:g32:asym,v=q8_0", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),
     ("k=q4_0,v=int3:g32:asym:rot=had", [17, 100], 8, 2, 16, 2, 4, 16),
+    ("lm2:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # 2-bit codebooks: int2's layout, 4-entry tables
+    ("lm2:g32:pack=ggml", [40, 130], 8, 2, 16, 2, 2, 32),
+    ("k=lm2:g128:cal,v=lm2:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
+    ("k=lm4:rot=had,v=lm2:rot=had", [33, 90], 16, 2, 32, 1, 4, 16),      # the search's K | V pairs
 ]
 
 
@@ -607,6 +642,10 @@ EMU_D_CASES = [
     ("k=int2:g32:asym,v=q8_0", [17, 100], 8, 4, 16, 2, 4, 32, 256, None),
     ("k=nf4:g32,v=int4:g64:sym", [17, 100], 8, 4, 32, 2, 4, 16, 256, [4, 0]),
     ("k=int4:g64:chan:asym,v=int4:g64:asym", [64, 192], 8, 4, 64, 2, 4, 32, 256, None),
+    ("lm2:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [3, 0]),       # SmolLM2's heads: half a value word per thread
+    ("k=int4:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # a searched K | V pair
+    ("lm2:g32:rot=had", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),     # Gemma's heads: a key scale per code word
+    ("lm2:rot=had", [17, 100], 4, 1, 16, 2, 4, 32, 256, [0, 5]),
 ]
 
 
