@@ -84,6 +84,24 @@ codecs2)   # issue 16, second batch (fp4, codebooks): their GPU tests, tuning at
     --schemes "${BENCH_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl}" \
     --shapes "${BENCH_SHAPES:-b32,b1}" --budget "${BENCH_BUDGET:-270}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -3
   ;;
+cb)   # issue 16 / 18: the codebook codecs (4-bit lookups four codes at a time, the 2-bit lm2 codec): their GPU tests,
+      # tuning at B 32 / 1 (main shape) and B 32 (SmolLM2's, Gemma 3's) merged into the packaged configs on this machine
+      # (copied to $OUT), then the decode table of those schemes with default dispatch
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "${PYTEST_K:-nf4 or iq4nl or lm4 or lm2}" 2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
+  timeout "${TUNE_S:-150}" python3 benchmarks/tune_buckets.py --out "$OUT/tune" --batches "${TUNE_B:-32,1}" \
+    --schemes "${TUNE_SCHEMES:-nf4,iq4nl,lm2:rot=had}" --budget "${TUNE_BUDGET:-130}" 2>&1 | tee "$OUT/tune.log" | tail -3
+  timeout 100 python3 benchmarks/tune_buckets.py --out "$OUT/tune64" --shape smollm2 --batches 32 \
+    --schemes "${TUNE64:-lm2:rot=had;k=lm4:rot=had,v=lm2:rot=had}" --budget 80 2>&1 | tee "$OUT/tune64.log" | tail -3
+  for t in tune tune64; do [ -f "$OUT/$t/tuned_configs.json" ] && python3 benchmarks/merge_tuned.py \
+    "$OUT/$t/tuned_configs.json" | tee -a "$OUT/merge.log" | tail -8; done
+  cp kvlab/kernels/data/tuned_nvidia_h200.json "$OUT/tuned_nvidia_h200.json"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-260}" python3 benchmarks/run.py --out "$OUT/bench" \
+    --cases decode --tuned "" --schemes "${BENCH_SCHEMES:-q4_0,int2,nf4,iq4nl,lm2}" \
+    --shapes "${BENCH_SHAPES:-b32,b1,smollm2,d256}" --budget "${BENCH_BUDGET:-230}" 2>&1 | tee "$OUT/bench.log" \
+    | grep -v "^decode" | tail -3
+  ;;
 fused)   # issue 16, one launch: the Gluon decode's split merge by its last program; GPU tests, then fused vs separate
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-240}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \

@@ -35,7 +35,7 @@ TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
-           "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0"]
+           "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
