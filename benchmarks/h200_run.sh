@@ -112,7 +112,7 @@ fused)   # issue 16, one launch: the Gluon decode's split merge by its last prog
 winners)   # issue 18: decode_ms_h200 of winners.csv's schemes and the pairs of every search candidate
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${BENCH_S:-580}" python3 benchmarks/winners_decode.py --out "$OUT/winners" --candidates "${CANDIDATES:-}" \
-    --budget "${BENCH_BUDGET:-520}" 2>&1 | tee "$OUT/winners.log" | tail -60
+    --budget "${BENCH_BUDGET:-520}" --fp "${FP:-0:0}" 2>&1 | tee "$OUT/winners.log" | tail -60
   ;;
 winners-tune)   # issue 18: tune the winners' slow (Triton) pairs at SmolLM2's and Gemma 3's shapes (B 32), merge the
                 # results into the packaged configs on this machine, then time the winners and candidates again

@@ -78,22 +78,25 @@ def _key(ks, vs, window, sink, ctx, m) -> tuple:
     return (str(ks), str(vs), int(window), int(sink), int(ctx), m["heads_q"], m["heads_kv"], m["head_dim"])
 
 
-def needed_pairs(winners: list[dict], candidates: list[str], context: int) -> list[tuple]:
-    """Every (K spec, V spec, window, sink, context, Hq, Hk, D) that the winners' layers use, plus every search
-    candidate at every model's layer contexts (so a later search's winners can be summed from the same table), plus
-    bf16 at those contexts: sorted, without repeats."""
+def needed_pairs(winners: list[dict], candidates: list[str], context: int,
+                 fp: tuple[tuple[int, int], ...] = ((0, 0),)) -> list[tuple]:
+    """Every (K spec, V spec, window, sink, context, Hq, Hk, D) that the winners' layers use, then every search
+    candidate at every model's layer contexts with each (window, sink) of `fp` (so a later search's winners, with
+    those full-precision tokens, can be summed from the same table), plus bf16 at those contexts: the winners' pairs
+    first (a time budget skips candidates before winners), each part sorted, without repeats."""
     import kvlab
-    keys = set()
+    first = set()
     for r in winners:
         m = MODELS[r["model"]]
-        keys |= {_key(*pr, m) for pr in layer_pairs(r["scheme"], r["model"], context)}
+        first |= {_key(*pr, m) for pr in layer_pairs(r["scheme"], r["model"], context)}
+    rest = set()
     for model, m in MODELS.items():
         for ctx in set(layer_contexts(model, context)):
             for c in candidates + ["bf16"]:
                 ks, _, vs = c.partition("|")
                 sch = kvlab.scheme(f"k={ks},v={vs or ks}")
-                keys.add(_key(sch.k, sch.v, 0, 0, ctx, m))
-    return sorted(keys)
+                rest |= {_key(sch.k, sch.v, w, s, ctx, m) for w, s in ({(0, 0), *fp} if c != "bf16" else {(0, 0)})}
+    return sorted(first) + sorted(rest - first)
 
 
 def read_pairs(path) -> dict:
@@ -145,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--budget", type=float, default=480.0, help="seconds; later pairs are skipped, not timed")
+    p.add_argument("--fp", default="0:0", help="window:sink pairs (comma-separated) the candidates are timed with "
+                   "besides none, e.g. 32:0,32:4 for searches with --window 32 [--sink 4]")
     p.add_argument("--sum", default=None, help="a pairs.csv timed before: write DIR/winners_decode.csv for --winners "
                    "from it (no GPU)")
     p.add_argument("--merge", default=None, help="a winners_decode.csv to copy into --winners (no GPU)")
@@ -179,7 +184,8 @@ def main(argv=None) -> int:
     (out / "header.json").write_text(json.dumps(h, indent=1) + "\n")
     tuned.set_cache_path(os.devnull)  # what a new user gets: the shipped configs, no tuned file
     cands = [c.strip() for c in a.candidates.split(",") if c.strip()]
-    keys = needed_pairs(winners, cands, a.context)
+    fp_tokens = tuple(tuple(int(x) for x in v.split(":")) for v in a.fp.split(",") if v.strip())
+    keys = needed_pairs(winners, cands, a.context, fp_tokens)
     fp = kvlab.scheme("bf16")
     t0, times, rows = time.time(), {}, []
     print(f"{len(keys)} pairs to time", flush=True)
