@@ -81,9 +81,8 @@ def test_needed_pairs_and_sum(wd, tmp_path):
         m = wd.MODELS[r["model"]]
         assert {wd._key(*pr, m) for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)} <= set(keys)
     assert sum(k[0] == k[1] == "bf16" for k in keys) == 3
-    n_win = len({wd._key(*pr, wd.MODELS[r["model"]]) for r in win for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)})
-    assert set(keys[:n_win]) == {wd._key(*pr, wd.MODELS[r["model"]]) for r in win  # the winners' pairs come first
-                                 for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)}
+    mine = {wd._key(*pr, wd.MODELS[r["model"]]) for r in win for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)}
+    assert set(keys[:len(mine)]) == mine  # the winners' pairs come first
     more = wd.needed_pairs(win, ["lm3:g64:rot=had"], 8192, fp=((32, 0), (32, 4)))
     assert {(k[2], k[3]) for k in more if k[0] != "bf16"} == {(0, 0), (32, 0), (32, 4)}
     assert {(k[2], k[3]) for k in more if k[0] == k[1] == "bf16"} == {(0, 0)}

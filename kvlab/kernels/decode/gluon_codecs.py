@@ -670,7 +670,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
-    HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2) and D == 64  # int2 at D 64: half a word per thread
+    # int2 and lm2 at D 64: half a word per thread
+    HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2) and D == 64
     if I3ANY:  # thread g: 2-bit word g % 2 of group g // 2 (3 words each), and the group's plane word
         word = ((3 * (g // 2) + g % 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
         pword = ((3 * (g // 2) + 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
@@ -847,8 +848,9 @@ def _v_q2a(wa, wb, sa, sb, sa4, sb4, ma, mb, ASM: ttgl.constexpr):
 @gluon.jit
 def _v_cb2(wa, wb, sa, sb, tab, ASM: ttgl.constexpr):
     z = wa * 0
-    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,r,r", [wa, wb, sa, sb, z + tab[0], z + tab[4]],
-                                    dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    o = ttgl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,h,h,r,r",
+                                    [wa, wb, sa, sb, z + tab[0], z + tab[4]], dtype=(ttgl.float16,) * 8, is_pure=True,
+                                    pack=1)
     return ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
 
 
