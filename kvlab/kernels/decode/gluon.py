@@ -43,6 +43,7 @@ from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
     CB,
     CB2,
+    CB3,
     CHAN,
     CHAN_TW,
     CODECS,
@@ -50,8 +51,7 @@ from .gluon_codecs import (
     F4N,
     F8,
     HEAD_DIMS,
-    I3,
-    I3A,
+    PLANE3,
     PER_WORD,
     cb_table_words,
     codec_of,
@@ -428,9 +428,9 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
         if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
-        if codec in (I3, I3A) and D != 128:
-            return (f"{name} spec {spec}: the int3 codec runs at head_dim 128 (a key thread-row is one group of 32), "
-                    f"got {D}")
+        if codec in PLANE3 and D not in (64, 128):
+            return (f"{name} spec {spec}: the 3-bit plane codecs (int3, lm3) run at head_dim 64 or 128 (a key "
+                    f"thread-row is at most one 32-channel run of a group), got {D}")
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:
@@ -512,10 +512,11 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
-    tab = tables(k_spec.fmt if kcodec in (CB, CB2) else None, v_spec.fmt if vcodec in (CB, CB2) else None, q.device)
+    lut = (CB, CB2, CB3)  # codecs that read a codebook table
+    tab = tables(k_spec.fmt if kcodec in lut else None, v_spec.fmt if vcodec in lut else None, q.device)
     cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
                                                                          (vcodec, v_spec, kv.v_pages)))
-           if c in (CB, CB2) and spec.calibrated]
+           if c in lut and spec.calibrated]
     if cal:
         tab = tab.clone()
 

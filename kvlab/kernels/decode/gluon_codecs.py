@@ -12,8 +12,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - KC4 (7) / KC2 (8): KIVI's channel-axis keys (int4 / int2 asym, per-channel scales and zeros per token group).
 - F4M (9) / F4N (10): fp4 e2m1 with e8m0 (mxfp4) or e4m3 + tensor (nvfp4) group scales.
 - CB (11): 4-bit codebooks (nf4, iq4nl, lm4): a 16-entry fp16 table passed per call.
-- I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane), groups of 32 at head_dim 128.
+- I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane), groups of 32, 64 or 128 at head_dim 64 or 128.
 - CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
+- CB3 (15): 3-bit codebooks (lm3) with fp16 scales, in int3's layout: an 8-entry fp16 table in 4 registers.
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
 Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels
 always lie in one group; its D / 4 key channels do at D 64 and 128, and where they span groups (D 256 with groups of
@@ -80,8 +81,8 @@ CB_FORMATS = ("nf4", "iq4nl", "lm4")
 # plane bit OR-ed in above each field
 I3, I3A = 12, 13
 C_I3, C_I3A = ttgl.constexpr(I3), ttgl.constexpr(I3A)
-CODECS.update({I3: "int3 sym, groups of 32 at head_dim 128",
-               I3A: "int3 asym (int3:g32:asym), groups of 32 at head_dim 128"})
+CODECS.update({I3: "int3 sym at head_dim 64 / 128",
+               I3A: "int3 asym (int3:g32:asym) at head_dim 64 / 128"})
 WORDS_K.update({I3: 2, I3A: 2})  # the 2-bit plane's words (the plane word is read beside them)
 WORDS_V.update({I3: 1, I3A: 1})
 ASYM = ASYM + (I3A,)
@@ -92,6 +93,14 @@ C_CB2 = ttgl.constexpr(CB2)
 CODECS[CB2] = "2-bit codebooks (lm2) with fp16 scales"
 WORDS_K[CB2], WORDS_V[CB2] = 2, 1
 CB2_FORMATS = ("lm2",)
+# 3-bit codebooks (lm3, any 8-entry table): int3's layout and loads, each code (2-bit field + plane bit) looked up in
+# the table's low-byte and high-byte word pairs (`asm_cb3`); fp16 group scales
+CB3 = 15
+C_CB3 = ttgl.constexpr(CB3)
+CODECS[CB3] = "3-bit codebooks (lm3) with fp16 scales at head_dim 64 / 128"
+WORDS_K[CB3], WORDS_V[CB3] = 2, 1
+CB3_FORMATS = ("lm3",)
+PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
 PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2)  # key codecs that read a scale (and zero) per code word where
 # a thread-row's D / 4 channels span groups (D 256 with groups of 32: Gemma's heads with q4_0 / q8_0)
 HEAD_DIMS = (64, 128, 256)
@@ -129,13 +138,16 @@ def codec_of(spec, role: str = "k") -> int | None:
             return I8 if spec.sym else I8A
         if spec.bits == 2 and spec.pack in ("ggml", "seq"):
             return Q2 if spec.sym else Q2A
-        if spec.bits == 3 and spec.pack == "seq" and spec.group == 32 and tuple(spec.planes) == (2, 1):
+        if spec.bits == 3 and spec.pack == "seq" and tuple(spec.planes) == (2, 1):
             return I3 if spec.sym else I3A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     if spec.fmt in CB_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
             spec.scale_dtype == "f16":
         return CB
+    if spec.fmt in CB3_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack == "seq" and \
+            tuple(spec.planes) == (2, 1) and spec.scale_dtype == "f16":
+        return CB3
     if spec.fmt in CB2_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
             spec.scale_dtype == "f16":
         return CB2
@@ -159,8 +171,8 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     thread r reads the 4 WK bytes of its row from byte 4 WK r on (WK = words_k(codec, D))."""
     if codec in CHAN:  # thread r holds the channel pairs (D / 4 r + 2 x, + 1): its scales are one contiguous run
         return [D // 4 * ((kap >> 1) & 3) + 2 * (kap >> 3) + (kap & 1) for kap in range(D)]
-    if codec in (I3, I3A):  # register x = f + 4 k pairs channels 4 k + f and 16 + 4 k + f of the thread's group r
-        return [D // 4 * ((kap >> 1) & 3) + 16 * (kap & 1) + (kap >> 3) for kap in range(D)]
+    if codec in PLANE3:  # register x = f + 4 k pairs channels 4 k + f and D / 8 + 4 k + f of thread-row r
+        return [D // 4 * ((kap >> 1) & 3) + D // 8 * (kap & 1) + (kap >> 3) for kap in range(D)]
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
@@ -191,8 +203,8 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
         elif codec in (Q2, Q2A, CB2):  # nt = f + 4 k + 16 we: field f of byte k of word we
             f, k, we = nt & 3, (nt >> 2) & 3, nt >> 4
             out.append(_nibble_channel(gb * g + 4 * we + k, f, pack, G, 4))
-        elif codec in (I3, I3A):  # nt = f + 4 k: half g % 2 of group g // 2, field f of byte k
-            out.append(16 * g + nt)
+        elif codec in PLANE3:  # nt = f + 4 k: the thread's D / 8 channels, field f of byte k
+            out.append(D // 8 * g + nt)
         else:  # nt = k + 4 we: byte k of word we of the thread's bytes
             k, we = nt & 3, nt >> 2
             out.append(gb * g + 4 * we + k)
@@ -330,6 +342,35 @@ def asm_i3(k: int, asym: bool) -> str:
 
 AI30, AI31, AI32, AI33 = (ttgl.constexpr(asm_i3(k, False)) for k in range(4))
 AJ30, AJ31, AJ32, AJ33 = (ttgl.constexpr(asm_i3(k, True)) for k in range(4))
+
+
+def asm_cb3(k: int) -> str:
+    """3-bit codebook, byte k of the 2-bit words A and B and their plane bits (low 16 bits of pA and pB) -> (f0 A,
+    f0 B, ..., f3 A, f3 B) as table entries times s, int3's order. In: $8 wA, $9 wB, $10 pA, $11 pB, $12 sA, $13 sB,
+    $14 / $15 the low bytes of entries 0-3 / 4-7, $16 / $17 their high bytes (`cb_table_words` words 0, 1, 4, 5).
+    Per field: the 2-bit field of each half and its plane bit just above it, as int3's asm does (without the fp16
+    magic), then the two 3-bit codes as selector nibbles 0 and 2 (low bytes) and 1 and 3 (high bytes, shifted by 4),
+    one PRMT per byte plane, one LOP3 to merge them: 10-11 instructions per pair of values."""
+    lines = ["{ .reg .b32 t, v, pp, x, y, c, sl, sh, lo, hi, s1, r0, r1, r2, r3;",
+             f"prmt.b32 t, $8, $9, 0x{4 + k}{4 + k}{k}{k};", "shr.b32 v, t, 4;", "prmt.b32 pp, $10, $11, 0x5410;",
+             "mov.b32 s1, {$12, $13};"]
+    for f in range(4):
+        src, mask = ("t" if f < 2 else "v"), ("0x000C000C" if f & 1 else "0x00030003")
+        top = 4 if f & 1 else 2  # the field's top bit + 1 in its half
+        sh = top - (4 * k + f)  # plane bit 4 k + f of each half -> bit `top` of that half
+        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
+        lines += [f"lop3.b32 c, {src}, {mask}, 0, 0xC0;", move,
+                  f"lop3.b32 c, c, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;"]
+        if f & 1:  # the code sits at bits 2-4 of each half
+            lines += ["shr.b32 c, c, 2;"]
+        lines += ["shr.b32 y, c, 8;", "lop3.b32 sl, c, y, 0x0707, 0xA8;", "shl.b32 sh, sl, 4;",
+                  "prmt.b32 lo, $14, $15, sl;", "prmt.b32 hi, $16, $17, sh;",
+                  f"lop3.b32 r{f}, lo, hi, 0xFF00FF00, 0xD8;", f"mul.rn.f16x2 r{f}, r{f}, s1;"]
+    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
+    return "\n".join(lines) + " }"
+
+
+AL30, AL31, AL32, AL33 = (ttgl.constexpr(asm_cb3(k)) for k in range(4))
 
 
 ASM_K_Q2 = ttgl.constexpr(_asm_k2(False))
@@ -573,14 +614,18 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
     wi = ttgl.arange(0, WK, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
-    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     RW: ttgl.constexpr = 3 * D // 32 if I3ANY else 4 * WK  # words per row
-    TR: ttgl.constexpr = 3 if I3ANY else WK  # words of a thread-row (int3: two 2-bit words, then the plane word)
-    word = (TR * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
+    word = (WK * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
+    if I3ANY:  # thread-row r: D / 4 channels at offset o of group gi (3 G / 32 words: G / 16 2-bit words, G / 32 plane)
+        gi = (D // 4) * r // G
+        o = (D // 4) * r % G
+        word = ((3 * G // 32) * gi + o // 16)[None, None, :, None] + wi[None, :, None, None]
+        pword = ((3 * G // 32) * gi + G // 16 + o // 32)[None, None, :, None] + 0 * wi[None, :, None, None]
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
-    if I3ANY:  # the plane word [NW, wi (its copy per 2-bit word), r, TW]
-        w2 = ttgl.load(KC + rows[:, None, None, :] + (TR * r[None, None, :] + 2 + 0 * wi[None, :, None])[:, :, :, None])
+    if I3ANY:  # the plane word [NW, wi (its copy per 2-bit word), r, TW], shifted to the thread-row's first channel
+        w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[None, None, :, None]
     else:
         w2 = w
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
@@ -669,12 +714,14 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     word = (WV * g[None, None, :] + we[None, :, None])[:, :, :, None]  # [1, we, g, 1]
     L2W: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, VW))  # [NW, TW]
-    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     # int2 and lm2 at D 64: half a word per thread
     HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2) and D == 64
-    if I3ANY:  # thread g: 2-bit word g % 2 of group g // 2 (3 words each), and the group's plane word
-        word = ((3 * (g // 2) + g % 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
-        pword = ((3 * (g // 2) + 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+    if I3ANY:  # thread g: D / 8 channels at offset og of group gg: its 2-bit word (D 64: half of it), its plane bits
+        gg = (D // 8) * g // G
+        og = (D // 8) * g % G
+        word = (((3 * G // 32) * gg + og // 16)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+        pword = (((3 * G // 32) * gg + G // 16 + og // 32)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     if HALF:  # thread g: half g % 2 of word g // 2
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
@@ -687,11 +734,13 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         w = ttgl.load(VC + rows[:, None, None, :] + word)  # [NW, we, g, TW]
     if HALF:
         w = w >> (16 * (g % 2))[None, None, :, None]
+    if I3ANY and D == 64:  # the thread's 8 channels are bytes 0-1 or 2-3 of the 2-bit word
+        w = w >> (16 * ((og // 8) % 2))[None, None, :, None]
     wa, wb = ttgl.split(ttgl.reshape(w, [NW, WV, 8, TW // 2, 2]))  # tokens 2c, 2c + 1: [NW, we, g, c]
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
-    if I3ANY:  # plane bits of the thread's 16 channels in the low half
-        pw = ttgl.load(VC + rows[:, None, None, :] + pword) >> (16 * (g % 2))[None, None, :, None]
+    if I3ANY:  # plane bits of the thread's channels from bit 0 on
+        pw = ttgl.load(VC + rows[:, None, None, :] + pword) >> (og % 32)[None, None, :, None]
         pa, pb = ttgl.split(ttgl.reshape(pw, [NW, WV, 8, TW // 2, 2]))
         pa = ttgl.convert_layout(pa, VWA, assert_trivial=True)
         pb = ttgl.convert_layout(pb, VWA, assert_trivial=True)
@@ -727,9 +776,16 @@ def _j2(a, b):
 
 
 @gluon.jit
-def _i3(wa, wb, pa, pb, sa, sb, ma, mb, ASYMC: ttgl.constexpr, AS: ttgl.constexpr, AA: ttgl.constexpr):
-    """int3 fields of byte k (the asm AS / AA) -> [..., t, f0, f1]: (A, B) joined innermost, then the field."""
-    if ASYMC:
+def _i3(wa, wb, pa, pb, sa, sb, ma, mb, ASYMC: ttgl.constexpr, CODEC: ttgl.constexpr, tab, AS: ttgl.constexpr,
+        AA: ttgl.constexpr, AL: ttgl.constexpr):
+    """int3 / lm3 fields of byte k (the asm AS / AA / AL) -> [..., t, f0, f1]: (A, B) joined innermost, then the
+    field."""
+    if CODEC == C_CB3:
+        z = wa * 0  # the table's low-byte and high-byte word pairs, splat in wa's layout
+        o = ttgl.inline_asm_elementwise(AL, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,h,h,r,r,r,r",
+                                        [wa, wb, pa, pb, sa, sb, z + tab[0], z + tab[1], z + tab[4], z + tab[5]],
+                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+    elif ASYMC:
         o = ttgl.inline_asm_elementwise(AA, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,h,h,h,h,h,h",
                                         [wa, wb, pa, pb, sa, sb, sa * 0.25, sb * 0.25, ma, mb],
                                         dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
@@ -746,7 +802,7 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
     PW: ttgl.constexpr = CODEC != C_F8 and D // 4 > G  # k_load gave a scale (and zero) per code word
-    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A
+    I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     if not PW and not I3ANY:
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
@@ -770,17 +826,27 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
                       ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
         j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
-    elif CODEC == C_I3 or CODEC == C_I3A:  # the thread-row's words 0 / 1 = channels 0-15 / 16-31, w2 its plane word
+    elif I3ANY and D == 64:  # one 2-bit word per thread-row (channels 0-7 in bytes 0-1, 8-15 in bytes 2-3), its plane
+        A: ttgl.constexpr = CODEC == C_I3A
+        s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
+        m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+        wb = w >> 16
+        pb = w2 >> 8
+        j = ttgl.join(_i3(w, wb, w2, pb, s, s, m, m, A, CODEC, tab, AI30, AJ30, AL30),
+                      _i3(w, wb, w2, pb, s, s, m, m, A, CODEC, tab, AI31, AJ31, AL31))  # [NW, wi, r, TW, h2, f0, f1, k0]
+        j = ttgl.permute(j, [0, 1, 7, 6, 5, 2, 4, 3])  # [NW, wi, k0, f1, f0, r, h2, TW]
+    elif I3ANY:  # the thread-row's words 0 / 1 = channels 0-15 / 16-31, w2 its plane word
         wa, wb = ttgl.split(ttgl.permute(w, [0, 2, 3, 1]))  # [NW, r, TW]
         pa, pb = ttgl.split(ttgl.permute(w2, [0, 2, 3, 1]))  # the same plane word twice
         pb = pb >> 16
         A: ttgl.constexpr = CODEC == C_I3A  # s, m: [NW, r, TW], one group per thread-row, put in wa's layout
         s, s_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0], [0, 2, 3, 1]))
         m, m_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0], [0, 2, 3, 1]))
-        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, AI30, AJ30),
-                                _i3(wa, wb, pa, pb, s, s, m, m, A, AI31, AJ31)),
-                      ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, AI32, AJ32),
-                                _i3(wa, wb, pa, pb, s, s, m, m, A, AI33, AJ33)))  # [NW, r, TW, h2, f0, f1, k0, k1]
+        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI30, AJ30, AL30),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI31, AJ31, AL31)),
+                      ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI32, AJ32, AL32),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI33, AJ33, AL33)))
+        # [NW, r, TW, h2, f0, f1, k0, k1]
         j = ttgl.permute(j, [0, 7, 6, 5, 4, 1, 3, 2])  # [NW, k1, k0, f1, f0, r, h2, TW]
     elif CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2:
         if CODEC == C_CB2:
@@ -919,16 +985,21 @@ def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.const
                           ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA2),
                                     _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, we, g, c, t0, h, k0, k1] -> [NW, c, t0, we, k1, k0, h, g]
-    elif CODEC == C_I3 or CODEC == C_I3A:
+    elif CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3:
         if CODEC == C_I3A:
             ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]
             mb = ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0]
         A: ttgl.constexpr = CODEC == C_I3A
-        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI30, AJ30),
-                                _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI31, AJ31)),
-                      ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI32, AJ32),
-                                _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, AI33, AJ33)))
-        j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])  # as int2: [NW, c, t0, we, k1, k0, f1, f0, g]
+        if D == 64:  # bytes 0 and 1: [NW, we, g, c, t0, f0, f1, k0] -> [NW, c, t0, we, k0, f1, f0, g]
+            j = ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI30, AJ30, AL30),
+                          _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI31, AJ31, AL31))
+            j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])
+        else:
+            j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI30, AJ30, AL30),
+                                    _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI31, AJ31, AL31)),
+                          ttgl.join(_i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI32, AJ32, AL32),
+                                    _i3(wa, wb, pa, pb, sa, sb, ma, mb, A, CODEC, tab, AI33, AJ33, AL33)))
+            j = ttgl.permute(j, [0, 3, 4, 1, 8, 7, 6, 5, 2])  # as int2: [NW, c, t0, we, k1, k0, f1, f0, g]
     elif CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2:
         sa4 = sa * 0.25
         sb4 = sb * 0.25

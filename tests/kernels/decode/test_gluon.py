@@ -35,7 +35,8 @@ TOL = 2e-2  # fp16 MMA operands, fp32 accumulation (as the Triton fast paths)
 SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8_0,v=q4_0", "k=fp8_e4m3,v=q8_0",
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
-           "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had"]
+           "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
+           "lm3:rot=had", "k=int4:g32:chan:asym,v=lm3:rot=had", "int3:g64:asym"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -76,13 +77,15 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
                                                                                                    gc.F4N]
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
-    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int3:g32:asym", "int3:g32:sym")] == [gc.I3A, gc.I3]
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int3:g32:asym", "int3:g32:sym", "int3:g64:asym")] == \
+        [gc.I3A, gc.I3, gc.I3A]
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("lm3", "lm3:g32:rot=had", "lm3:g128:cal")] == [gc.CB3] * 3
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("lm2", "lm2:g32:rot=had", "lm2:g128:pack=ggml", "lm2:cal")] == \
         [gc.CB2] * 4
     assert gc.codec_of(kvlab.scheme("lm2:g16").k) is None and gc.codec_of(kvlab.scheme("lm2:s=bf16").k) is None
-    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g64:asym", "int4:g32:chan:sym",
+    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g16:asym", "int4:g32:chan:sym",
               "int3:g32:asym:pack=ggml", "int5:g32:asym",
-              "lm3", "nf4:g64:s=bf16",
+              "lm3:g16", "lm3:s=bf16", "nf4:g64:s=bf16",
               "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
               "int3:g32:chan:asym", "int4:g16:chan:asym",
               "int4:g32:asym:s=bf16", "int4:head:asym"):
@@ -93,7 +96,8 @@ def test_codec_of():
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
                                          ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
-                                         ("lm2", 128, 16), ("lm2", 64, 16)])
+                                         ("lm2", 128, 16), ("lm2", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
+                                         ("int3:g32:asym", 64, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -137,7 +141,11 @@ def test_unsupported_names_each_limit():
     assert "V spec" in gluon.unsupported(h.k, h.v, 128, 16, 4, "cpu")
     i3 = kvlab.scheme("int3:g32:asym")
     assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 128, 16, 4, "cpu")
-    assert "int3 codec runs at head_dim 128" in gluon.unsupported(i3.k, i3.v, 64, 16, 4, "cpu")
+    assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 64, 16, 4, "cpu")  # D 64: a key thread-row is half a group
+    i64 = kvlab.scheme("int3:g64:asym")
+    assert "run at head_dim 64 or 128" in gluon.unsupported(i64.k, i64.v, 256, 16, 4, "cpu")
+    l3 = kvlab.scheme("k=q8_0,v=lm3")
+    assert "V spec lm3:g64" in gluon.unsupported(l3.k, l3.v, 256, 16, 4, "cpu")
     i2 = kvlab.scheme("int2:g32:asym")  # a value thread-row of 8 int2 channels is half a word: it runs
     assert "CUDA GPU" in gluon.unsupported(i2.k, i2.v, 64, 16, 4, "cpu")
     kv4 = kvlab.scheme("kivi4")
@@ -438,6 +446,34 @@ def test_ptx_i3_decodes_planes(asym):
             np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(code(WB, PB, k, f), sr, mr))
 
 
+@pytest.mark.parametrize("table", ["lm3", "steps"])
+def test_ptx_three_bit_codebook_lookups(table):
+    """3-bit codebooks: code 4 k + f of words A and B = 2-bit field f of byte k | plane bit 4 k + f << 2, looked up
+    in the 8-entry table, times s (int3's register order). "steps": entries that differ in both bytes."""
+    from devtools.gluon_emu import run_ptx
+
+    from kvlab.quant.formats import codebook16
+    vals = codebook16("lm3") if table == "lm3" else (-6.0, -1.25, -0.375, -0.0078125, 0.03125, 0.5, 1.75, 3.5) + \
+        (3.5,) * 8
+    cb = np.array(vals, dtype=np.float32).astype(np.float16).astype(np.float32)
+    words = gc.cb_table_words(vals)
+    tab = [np.uint32(words[i]) for i in (0, 1, 4, 5)]
+    s = (S.astype(np.float32) * 8).astype(np.float16)
+    sr = s[::-1].copy()
+    P_ = RNG.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+    PB = P_[::-1].copy()
+    code = lambda w, p, k, f: (((_byte(w, k) >> (2 * f)) & 3) | (((p >> (4 * k + f)) & 1) << 2)).astype(np.int64)  # noqa: E731
+    want = lambda c, sc: (cb[c] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    seen = set()
+    for k in range(4):
+        outs = run_ptx(gc.asm_cb3(k), "=h," * 8 + "r,r,r,r,h,h,r,r,r,r", [W, WB, P_, PB, _bits(s), _bits(sr)] + tab)
+        for f in range(4):
+            np.testing.assert_array_equal(_f16(outs[2 * f]), want(code(W, P_, k, f), s))
+            np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(code(WB, PB, k, f), sr))
+            seen |= set(code(W, P_, k, f).tolist())
+    assert seen == set(range(8))
+
+
 def test_ptx_f8_converts_e4m3():
     from devtools.gluon_emu import run_ptx
     outs = run_ptx(gc.ASM_K_F8.value, "=h,=h,=h,=h,r", [W])
@@ -517,6 +553,13 @@ EMU_CASES = [
     ("lm2:g32:pack=ggml", [40, 130], 8, 2, 16, 2, 2, 32),
     ("k=lm2:g128:cal,v=lm2:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
     ("k=lm4:rot=had,v=lm2:rot=had", [33, 90], 16, 2, 32, 1, 4, 16),      # the search's K | V pairs
+    ("int3:g64:asym", [40, 130], 8, 2, 16, 2, 4, 16),     # int3 groups of 64: a thread-row is half a group
+    ("int3:g128:sym", [33, 90], 8, 2, 32, 2, 2, 32),
+    ("lm3:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),   # 3-bit codebooks: int3's layout, 8-entry tables
+    ("lm3:g32", [40, 130], 16, 2, 16, 2, 4, 32),
+    ("k=lm3:g128:cal,v=lm3:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
+    ("k=lm4:rot=had,v=lm3:rot=had", [33, 90], 16, 2, 32, 1, 4, 16),      # the search's K | V pairs
+    ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 8, 2, 32, 2, 4, 32),
 ]
 
 
@@ -646,6 +689,12 @@ EMU_D_CASES = [
     ("k=int4:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # a searched K | V pair
     ("lm2:g32:rot=had", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),     # Gemma's heads: a key scale per code word
     ("lm2:rot=had", [17, 100], 4, 1, 16, 2, 4, 32, 256, [0, 5]),
+    ("int3:g32:asym", [40, 130], 9, 3, 16, 2, 4, 16, 64, [3, 0]),    # int3 at SmolLM2's heads: a key thread-row is
+    ("int3:g64:sym", [33, 90], 8, 4, 16, 3, 4, 32, 64, None),       # half a group (word), a value thread-row a quarter
+    ("lm3:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 7]),
+    ("lm3:g32:rot=had", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),
+    ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # searched K | V pairs
+    ("k=lm4:rot=had,v=lm3:rot=had", [17, 100], 9, 3, 16, 2, 4, 16, 64, None),
 ]
 
 
