@@ -92,8 +92,9 @@ cb)   # issue 16 / 18: the codebook codecs (4-bit lookups four codes at a time, 
     -k "${PYTEST_K:-nf4 or iq4nl or lm4 or lm2}" 2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
   timeout "${TUNE_S:-150}" python3 benchmarks/tune_buckets.py --out "$OUT/tune" --batches "${TUNE_B:-32,1}" \
     --schemes "${TUNE_SCHEMES:-nf4,iq4nl,lm2:rot=had}" --budget "${TUNE_BUDGET:-130}" 2>&1 | tee "$OUT/tune.log" | tail -3
-  timeout 100 python3 benchmarks/tune_buckets.py --out "$OUT/tune64" --shape smollm2 --batches 32 \
-    --schemes "${TUNE64:-lm2:rot=had;k=lm4:rot=had,v=lm2:rot=had}" --budget 80 2>&1 | tee "$OUT/tune64.log" | tail -3
+  timeout $(( ${TUNE64_BUDGET:-80} + 20 )) python3 benchmarks/tune_buckets.py --out "$OUT/tune64" --shape smollm2 \
+    --batches 32 --schemes "${TUNE64:-lm2:rot=had;k=lm4:rot=had,v=lm2:rot=had}" --budget "${TUNE64_BUDGET:-80}" 2>&1 \
+    | tee "$OUT/tune64.log" | tail -3
   for t in tune tune64; do [ -f "$OUT/$t/tuned_configs.json" ] && python3 benchmarks/merge_tuned.py \
     "$OUT/$t/tuned_configs.json" | tee -a "$OUT/merge.log" | tail -8; done
   cp kvlab/kernels/data/tuned_nvidia_h200.json "$OUT/tuned_nvidia_h200.json"

@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
 SCHEMES = {"bf16": "bf16", "fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
            "int4_had": "int4:g32:asym:rot=had", "kivi4": "kivi4", "kivi2": "kivi2", "int3": "int3:g32:asym",
            "int2": "int2:g32:asym", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "nf4": "nf4", "iq4nl": "iq4nl",
-           "lm2": "lm2:rot=had"}  # (lm2: the 2-bit Lloyd-Max codebook the quality search picks; not in decode.csv's list)
+           "lm2": "lm2:rot=had", "lm3": "lm3:rot=had"}  # (lm2 / lm3: the Lloyd-Max codebooks the quality search picks;
+# not in issue 16's list of decode.csv schemes)
 SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=128),
           "b1": dict(batch=1, context=32768, heads_q=32, heads_kv=8, head_dim=128),
           "b8": dict(batch=8, context=32768, heads_q=32, heads_kv=8, head_dim=128),

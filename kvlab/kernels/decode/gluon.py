@@ -51,7 +51,6 @@ from .gluon_codecs import (
     F4N,
     F8,
     HEAD_DIMS,
-    PLANE3,
     PER_WORD,
     cb_table_words,
     codec_of,
@@ -428,9 +427,6 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
         if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
-        if codec in PLANE3 and D not in (64, 128):
-            return (f"{name} spec {spec}: the 3-bit plane codecs (int3, lm3) run at head_dim 64 or 128 (a key "
-                    f"thread-row is at most one 32-channel run of a group), got {D}")
     if P % PAGE_UNIT:
         return f"page size must be a multiple of {PAGE_UNIT}, got {P}"
     if group > GP.value:

@@ -12,7 +12,7 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - KC4 (7) / KC2 (8): KIVI's channel-axis keys (int4 / int2 asym, per-channel scales and zeros per token group).
 - F4M (9) / F4N (10): fp4 e2m1 with e8m0 (mxfp4) or e4m3 + tensor (nvfp4) group scales.
 - CB (11): 4-bit codebooks (nf4, iq4nl, lm4): a 16-entry fp16 table passed per call.
-- I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane), groups of 32, 64 or 128 at head_dim 64 or 128.
+- I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane per group), groups of 32, 64 or 128.
 - CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
 - CB3 (15): 3-bit codebooks (lm3) with fp16 scales, in int3's layout: an 8-entry fp16 table in 4 registers.
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
@@ -81,8 +81,7 @@ CB_FORMATS = ("nf4", "iq4nl", "lm4")
 # plane bit OR-ed in above each field
 I3, I3A = 12, 13
 C_I3, C_I3A = ttgl.constexpr(I3), ttgl.constexpr(I3A)
-CODECS.update({I3: "int3 sym at head_dim 64 / 128",
-               I3A: "int3 asym (int3:g32:asym) at head_dim 64 / 128"})
+CODECS.update({I3: "int3 sym", I3A: "int3 asym (int3:g32:asym)"})
 WORDS_K.update({I3: 2, I3A: 2})  # the 2-bit plane's words (the plane word is read beside them)
 WORDS_V.update({I3: 1, I3A: 1})
 ASYM = ASYM + (I3A,)
@@ -97,12 +96,13 @@ CB2_FORMATS = ("lm2",)
 # the table's low-byte and high-byte word pairs (`asm_cb3`); fp16 group scales
 CB3 = 15
 C_CB3 = ttgl.constexpr(CB3)
-CODECS[CB3] = "3-bit codebooks (lm3) with fp16 scales at head_dim 64 / 128"
+CODECS[CB3] = "3-bit codebooks (lm3) with fp16 scales"
 WORDS_K[CB3], WORDS_V[CB3] = 2, 1
 CB3_FORMATS = ("lm3",)
 PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
-PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2)  # key codecs that read a scale (and zero) per code word where
-# a thread-row's D / 4 channels span groups (D 256 with groups of 32: Gemma's heads with q4_0 / q8_0)
+# key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
+# groups of 32: Gemma's heads with q4_0 / q8_0)
+PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -171,8 +171,11 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     thread r reads the 4 WK bytes of its row from byte 4 WK r on (WK = words_k(codec, D))."""
     if codec in CHAN:  # thread r holds the channel pairs (D / 4 r + 2 x, + 1): its scales are one contiguous run
         return [D // 4 * ((kap >> 1) & 3) + 2 * (kap >> 3) + (kap & 1) for kap in range(D)]
-    if codec in PLANE3:  # register x = f + 4 k pairs channels 4 k + f and D / 8 + 4 k + f of thread-row r
-        return [D // 4 * ((kap >> 1) & 3) + D // 8 * (kap & 1) + (kap >> 3) for kap in range(D)]
+    if codec in PLANE3:  # register x = f + 4 k (+ 16 u at D 256: run u of 32 channels) pairs channel 4 k + f of the
+        # run's first and second 2-bit word (D 64: the word's bytes 0-1 and 2-3)
+        if D == 64:
+            return [16 * ((kap >> 1) & 3) + 8 * (kap & 1) + (kap >> 3) for kap in range(D)]
+        return [D // 4 * ((kap >> 1) & 3) + 32 * (kap >> 7) + 16 * (kap & 1) + ((kap >> 3) & 15) for kap in range(D)]
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
@@ -617,15 +620,17 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     RW: ttgl.constexpr = 3 * D // 32 if I3ANY else 4 * WK  # words per row
     word = (WK * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
-    if I3ANY:  # thread-row r: D / 4 channels at offset o of group gi (3 G / 32 words: G / 16 2-bit words, G / 32 plane)
-        gi = (D // 4) * r // G
-        o = (D // 4) * r % G
-        word = ((3 * G // 32) * gi + o // 16)[None, None, :, None] + wi[None, :, None, None]
-        pword = ((3 * G // 32) * gi + G // 16 + o // 32)[None, None, :, None] + 0 * wi[None, :, None, None]
+    if I3ANY:  # word wi of thread-row r holds the 16 channels from c = D / 4 r + 16 wi on, at offset o of group gi
+        # (a group's 3 G / 32 words: G / 16 2-bit words, then G / 32 plane words)
+        c = (D // 4) * r[None, None, :] + 16 * wi[None, :, None]  # [1, wi, r]
+        gi = c // G
+        o = c % G
+        word = ((3 * G // 32) * gi + o // 16)[:, :, :, None]
+        pword = ((3 * G // 32) * gi + G // 16 + o // 32)[:, :, :, None]
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
-    if I3ANY:  # the plane word [NW, wi (its copy per 2-bit word), r, TW], shifted to the thread-row's first channel
-        w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[None, None, :, None]
+    if I3ANY:  # the plane word of each 2-bit word [NW, wi, r, TW], shifted to that word's first channel
+        w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[:, :, :, None]
     else:
         w2 = w
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
@@ -637,8 +642,10 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
                          ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
+        if I3ANY:  # int3 / lm3: word wi holds channels D / 4 r + 16 wi ..
+            sg = ((D // 4) * r[None, None, :] + 16 * wi[None, :, None]) // G
         s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), CODEC)  # [NW, wi, r, TW]
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             m = ttgl.load(KZ + srows[:, None, None, :] + sg[:, :, :, None])
         else:
             m = ttgl.full([NW, WK, 4, TW], 0.0, ttgl.float16, layout=KW)
@@ -717,11 +724,13 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     # int2 and lm2 at D 64: half a word per thread
     HALF: ttgl.constexpr = (CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2) and D == 64
-    if I3ANY:  # thread g: D / 8 channels at offset og of group gg: its 2-bit word (D 64: half of it), its plane bits
-        gg = (D // 8) * g // G
-        og = (D // 8) * g % G
-        word = (((3 * G // 32) * gg + og // 16)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
-        pword = (((3 * G // 32) * gg + G // 16 + og // 32)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
+    if I3ANY:  # thread g: D / 8 channels; word we holds those from c = D / 8 g + 16 we on (D 64: 8 of its 16), at
+        # offset og of group gg; its plane bits
+        cg = (D // 8) * g[None, None, :] + 16 * we[None, :, None]  # [1, we, g]
+        gg = cg // G
+        og = cg % G
+        word = ((3 * G // 32) * gg + og // 16)[:, :, :, None]
+        pword = ((3 * G // 32) * gg + G // 16 + og // 32)[:, :, :, None]
     if HALF:  # thread g: half g % 2 of word g // 2
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
@@ -735,12 +744,12 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     if HALF:
         w = w >> (16 * (g % 2))[None, None, :, None]
     if I3ANY and D == 64:  # the thread's 8 channels are bytes 0-1 or 2-3 of the 2-bit word
-        w = w >> (16 * ((og // 8) % 2))[None, None, :, None]
+        w = w >> (16 * ((og // 8) % 2))[:, :, :, None]
     wa, wb = ttgl.split(ttgl.reshape(w, [NW, WV, 8, TW // 2, 2]))  # tokens 2c, 2c + 1: [NW, we, g, c]
     wa = ttgl.convert_layout(wa, VWA, assert_trivial=True)
     wb = ttgl.convert_layout(wb, VWA, assert_trivial=True)
     if I3ANY:  # plane bits of the thread's channels from bit 0 on
-        pw = ttgl.load(VC + rows[:, None, None, :] + pword) >> (og % 32)[None, None, :, None]
+        pw = ttgl.load(VC + rows[:, None, None, :] + pword) >> (og % 32)[:, :, :, None]
         pa, pb = ttgl.split(ttgl.reshape(pw, [NW, WV, 8, TW // 2, 2]))
         pa = ttgl.convert_layout(pa, VWA, assert_trivial=True)
         pb = ttgl.convert_layout(pb, VWA, assert_trivial=True)
@@ -835,10 +844,24 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
         j = ttgl.join(_i3(w, wb, w2, pb, s, s, m, m, A, CODEC, tab, AI30, AJ30, AL30),
                       _i3(w, wb, w2, pb, s, s, m, m, A, CODEC, tab, AI31, AJ31, AL31))  # [NW, wi, r, TW, h2, f0, f1, k0]
         j = ttgl.permute(j, [0, 1, 7, 6, 5, 2, 4, 3])  # [NW, wi, k0, f1, f0, r, h2, TW]
-    elif I3ANY:  # the thread-row's words 0 / 1 = channels 0-15 / 16-31, w2 its plane word
+    elif I3ANY and D == 256:  # two 32-channel runs u per thread-row: words 2 u, 2 u + 1 and their plane words
+        A: ttgl.constexpr = CODEC == C_I3A
+        if not PW:
+            s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
+            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+        wa, wb = ttgl.split(ttgl.reshape(ttgl.permute(w, [0, 2, 3, 1]), [NW, 4, TW, 2, 2]))  # [NW, r, TW, u]
+        pa, pb = ttgl.split(ttgl.reshape(ttgl.permute(w2, [0, 2, 3, 1]), [NW, 4, TW, 2, 2]))
+        s, s_ = ttgl.split(ttgl.reshape(ttgl.permute(s, [0, 2, 3, 1]), [NW, 4, TW, 2, 2]))  # a run is in one group
+        m, m_ = ttgl.split(ttgl.reshape(ttgl.permute(m, [0, 2, 3, 1]), [NW, 4, TW, 2, 2]))
+        j = ttgl.join(ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI30, AJ30, AL30),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI31, AJ31, AL31)),
+                      ttgl.join(_i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI32, AJ32, AL32),
+                                _i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI33, AJ33, AL33)))
+        # [NW, r, TW, u, h2, f0, f1, k0, k1] -> [NW, u, k1, k0, f1, f0, r, h2, TW]
+        j = ttgl.permute(j, [0, 3, 8, 7, 6, 5, 1, 4, 2])
+    elif I3ANY:  # the thread-row's words 0 / 1 = channels 0-15 / 16-31, w2 their plane words (shifted for word 1)
         wa, wb = ttgl.split(ttgl.permute(w, [0, 2, 3, 1]))  # [NW, r, TW]
-        pa, pb = ttgl.split(ttgl.permute(w2, [0, 2, 3, 1]))  # the same plane word twice
-        pb = pb >> 16
+        pa, pb = ttgl.split(ttgl.permute(w2, [0, 2, 3, 1]))
         A: ttgl.constexpr = CODEC == C_I3A  # s, m: [NW, r, TW], one group per thread-row, put in wa's layout
         s, s_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0], [0, 2, 3, 1]))
         m, m_ = ttgl.split(ttgl.permute(ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0], [0, 2, 3, 1]))

@@ -45,7 +45,7 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
                          + [(gc.F8, "seq", D, D) for D in gc.HEAD_DIMS]  # no groups: G = D
                          + [(c, p, G, 128) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq") for G in gc.GROUPS]
                          + [(gc.Q2A, "seq", 64, 256)] + [(c, "seq", 32, D) for c in gc.CHAN for D in gc.HEAD_DIMS]
-                         + [(gc.I3, "seq", 32, 128), (gc.I3A, "seq", 32, 128)]
+                         + [(c, "seq", G, D) for c in gc.PLANE3 for G in gc.GROUPS for D in gc.HEAD_DIMS if G <= D]
                          + [(c, p, 32, 64) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq")])
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
@@ -55,10 +55,13 @@ def test_channel_orders_are_permutations(codec, pack, G, D):
         return
     v = gc.v_channel_order(codec, pack, G, D)
     assert sorted(v) == list(range(D))
-    if codec in (gc.I3, gc.I3A):  # a value thread-row is half a group (16 channels)
-        assert all(v[n] // 16 == n & 7 for n in range(D))
-    # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group (D / 4) r // G
-    assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
+    if codec in gc.PLANE3:  # a thread reads D / 8 value channels, D / 4 key channels in 16- or 32-channel runs
+        assert all(v[n] // (D // 8) == n & 7 for n in range(D))
+        assert all(k[kap] // (D // 4) == (kap >> 1) & 3 for kap in range(D))
+        run = min(32, D // 4)  # a register pairs channels of one run (and so of one group)
+        assert all(k[kap] // run == k[kap ^ 1] // run for kap in range(D))
+    elif D // 4 <= G:  # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group (D / 4) r // G
+        assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
     # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group (D / 8) g // G
     assert all(v[n] // G == D // 8 * (n & 7) // G for n in range(D))
 
@@ -97,7 +100,7 @@ def test_codec_of():
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
                                          ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
                                          ("lm2", 128, 16), ("lm2", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
-                                         ("int3:g32:asym", 64, 16)])
+                                         ("int3:g32:asym", 64, 16), ("int3:g32:asym", 256, 16), ("lm3", 256, 16)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -142,10 +145,8 @@ def test_unsupported_names_each_limit():
     i3 = kvlab.scheme("int3:g32:asym")
     assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 128, 16, 4, "cpu")
     assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 64, 16, 4, "cpu")  # D 64: a key thread-row is half a group
-    i64 = kvlab.scheme("int3:g64:asym")
-    assert "run at head_dim 64 or 128" in gluon.unsupported(i64.k, i64.v, 256, 16, 4, "cpu")
-    l3 = kvlab.scheme("k=q8_0,v=lm3")
-    assert "V spec lm3:g64" in gluon.unsupported(l3.k, l3.v, 256, 16, 4, "cpu")
+    assert "V groups of 32 channels at head_dim 512" not in (gluon.unsupported(i3.k, i3.v, 512, 16, 4, "cpu") or "")
+    assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 256, 16, 4, "cpu")  # D 256: keys read a scale per word
     i2 = kvlab.scheme("int2:g32:asym")  # a value thread-row of 8 int2 channels is half a word: it runs
     assert "CUDA GPU" in gluon.unsupported(i2.k, i2.v, 64, 16, 4, "cpu")
     kv4 = kvlab.scheme("kivi4")
@@ -695,6 +696,10 @@ EMU_D_CASES = [
     ("lm3:g32:rot=had", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # searched K | V pairs
     ("k=lm4:rot=had,v=lm3:rot=had", [17, 100], 9, 3, 16, 2, 4, 16, 64, None),
+    ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
+    ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
+    ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
+    ("k=lm3:g128:cal,v=int3:g64:sym", [17, 100], 8, 4, 16, 3, 4, 16, 256, None),
 ]
 
 
