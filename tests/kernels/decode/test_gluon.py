@@ -36,7 +36,7 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
            "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
-           "lm3:rot=had", "k=int4:g32:chan:asym,v=lm3:rot=had", "int3:g64:asym"]
+           "lm3:rot=had", "int3:g64:asym"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -738,6 +738,7 @@ CASES = [
     ("kivi4", [32768], 32, 8, 32, None, 4, 32),
     ("kivi2", [32, 96, 1024, 4096], 32, 8, 32, None, 4, 32),
     ("kivi2", [64, 2048], 16, 1, 64, 5, 4, 32),                          # GQA 16, pages of 64
+    ("k=int4:g32:chan:asym,v=lm3:rot=had", [32, 96, 1024, 4096], 32, 8, 32, 3, 4, 32),  # the searched K | V pair
     ("k=int4:g64:chan:asym,v=q8_0", [128, 1024, 4096], 32, 8, 64, 3, 4, 32),
     ("k=int4:g32:chan:asym:rot=had,v=int4:g32:asym:rot=had", [96, 4000], 32, 8, 32, 2, 4, 32),
     ("kivi4", [1024, 96], 32, 8, 32, 2, 4, 32, [40, 130]),               # KIVI's residual in full precision
