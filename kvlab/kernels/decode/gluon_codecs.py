@@ -9,7 +9,8 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - Q2 (5) / Q2A (6): int2 sym / asym, fp16 scales (and zeros) (int2:g32:asym, kivi2's values): v = (c - 2) s,
   c s + m. A word holds 16 codes; fields 1 and 3 of a byte come out as 4 c and meet s / 4, fields 2 and 3 are
   read from the word shifted by 4 (one SHR, so no field ever needs s / 16 or s / 64).
-- KC4 (7) / KC2 (8): KIVI's channel-axis keys (int4 / int2 asym, per-channel scales and zeros per token group).
+- KC4 (7) / KC2 (8) / KC3 (16): KIVI's channel-axis keys (int4 / int2 / int3 asym, per-channel scales and zeros per
+  token group).
 - F4M (9) / F4N (10): fp4 e2m1 with e8m0 (mxfp4) or e4m3 + tensor (nvfp4) group scales.
 - CB (11): 4-bit codebooks (nf4, iq4nl, lm4): a 16-entry fp16 table passed per call.
 - I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane per group), groups of 32, 64 or 128.
@@ -56,10 +57,15 @@ ASYM = (Q4A, I8A, Q2A)  # codecs with zeros
 # keys on the channel axis (KIVI): int4 / int2 asym, per-channel fp16 scales and zeros per token group
 KC4, KC2 = 7, 8
 C_KC4, C_KC2 = ttgl.constexpr(KC4), ttgl.constexpr(KC2)
-CHAN = (KC4, KC2)
-CODECS.update({KC4: "int4 asym channel-axis keys (kivi4)", KC2: "int2 asym channel-axis keys (kivi2)"})
+# int3 channel-axis keys: a channel's token group holds a 2-bit plane (4 tokens a byte) then a 1-bit plane; the loader
+# puts the 4 plane bits of a thread's byte in bits 8-11 of its unit, and the asm sets them above each field
+KC3 = 16
+C_KC3 = ttgl.constexpr(KC3)
+CHAN = (KC4, KC2, KC3)
+CODECS.update({KC4: "int4 asym channel-axis keys (kivi4)", KC2: "int2 asym channel-axis keys (kivi2)",
+               KC3: "int3 asym channel-axis keys"})
 CHAN_TW = 32  # tokens per warp the channel-axis codecs run with (a thread's 4 tokens of a channel: 2 or 1 bytes)
-WORDS_K.update({KC4: 1, KC2: 1})  # (unused: channel-axis keys load through kc_load)
+WORDS_K.update({KC4: 1, KC2: 1, KC3: 1})  # (unused: channel-axis keys load through kc_load)
 # fp4 e2m1 (OCP MX / NVFP4): sign-magnitude nibbles through an 8-entry PRMT table; e8m0 (mxfp4) or e4m3 (nvfp4,
 # with its fp32 tensor scale applied by the kernel as fp8's) group scales, converted to fp16 per row
 F4M, F4N = 9, 10
@@ -129,8 +135,8 @@ def codec_of(spec, role: str = "k") -> int | None:
             spec.rotation not in ("none", "had"):
         return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary)
     if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
-            spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 4):
-        return KC4 if spec.bits == 4 else KC2
+            spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 3, 4):
+        return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16":
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
@@ -325,8 +331,28 @@ def asm_kc(codec: int, k: int) -> str:
     return "\n".join(lines) + " }"
 
 
+def asm_kc3() -> str:
+    """int3 channel-axis keys: the units of channels c0 and c1 (words A and B: byte 0 = the 2-bit fields of tokens
+    0-3, bits 8-11 = their plane bits) -> registers (c0, c1) per token 0-3, code = field | plane bit << 2, as KC2
+    with each plane bit OR-ed in just above its field before the fp16 magic is removed. In: $8 wA, $9 wB, $10 the
+    scale pair, $11 the zero pair (packed f16x2)."""
+    lines = ["{ .reg .b32 t, v, pp, x, c, d, s2, r0, r1, r2, r3;", "prmt.b32 t, $8, $9, 0x4400;", "shr.b32 v, t, 4;",
+             "prmt.b32 pp, $8, $9, 0x5410;", "mov.b32 c, 0xE400E400;", "mov.b32 d, 0x34003400;",
+             "mul.rn.f16x2 s2, $10, d;"]
+    for f in range(4):
+        src, mask, top = ("t" if f < 2 else "v"), ("0x000C000C" if f & 1 else "0x00030003"), (4 if f & 1 else 2)
+        sh = top - (8 + f)  # plane bit 8 + f of each half -> bit `top`
+        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
+        lines += [f"lop3.b32 r{f}, {src}, {mask}, 0x64006400, 0xEA;", move,
+                  f"lop3.b32 r{f}, r{f}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;", f"add.rn.f16x2 r{f}, r{f}, c;",
+                  f"fma.rn.f16x2 r{f}, r{f}, {'$10' if f % 2 == 0 else 's2'}, $11;"]
+    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
+    return "\n".join(lines) + " }"
+
+
 AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
+AKC3 = ttgl.constexpr(asm_kc3())
 def asm_i3(k: int, asym: bool) -> str:
     """int3, byte k of the 2-bit words A and B and their plane bits (low 16 bits of pA and pB) -> (f0 A, f0 B, f1 A,
     f1 B, ..., f3 A, f3 B), field f = code 4 k + f of A / B: the 2-bit field as Q2's (fields 1 and 3 as 4 c with
@@ -668,7 +694,9 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     c0 = D / 4 r + 2 x and c0 + 1 that hold tokens 4 g .. 4 g + 3 of the warp's tile, and the pairs' scales and
     zeros as packed f16x2 words (KS / KZ: int32 views, strides in words): four [NW, X, r, g] int32 tensors."""
     X: ttgl.constexpr = D // 8
-    RU: ttgl.constexpr = G // 4  # code units per channel per token group (4 tokens per unit: 2 bytes or 1)
+    # code units per channel per token group (4 tokens per unit: 2 bytes or 1; int3: the 2-bit plane's G / 4 bytes,
+    # then the 1-bit plane's G / 8)
+    RU: ttgl.constexpr = 3 * G // 8 if CODEC == C_KC3 else G // 4
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KCL)
     x = ttgl.arange(0, X, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
@@ -682,6 +710,12 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     off = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
     wa = ttgl.load(KC + off).to(ttgl.int32)
     wb = ttgl.load(KC + off + RU).to(ttgl.int32)
+    if CODEC == C_KC3:  # the plane bits of the unit's 4 tokens (a nibble of the 1-bit plane) into bits 8-11
+        u = ((tb % G) // 4)[:, None, None, None] + g[None, None, None, :]  # [NW, 1, 1, g] the unit in its group
+        poff = (pg * kc0 + hk * kc1 + gi * (D * RU))[:, None, None, None] + (pair * RU)[:, :, :, None] + G // 4 + u // 2
+        sh = 4 * (u % 2)
+        wa = wa | (((ttgl.load(KC + poff).to(ttgl.int32) >> sh) & 15) << 8)
+        wb = wb | (((ttgl.load(KC + poff + RU).to(ttgl.int32) >> sh) & 15) << 8)
     soff = (pg * ks0 + hk * ks1 + gi * (D // 2))[:, None, None] + pair // 2  # [NW, X, 4] scale-pair words
     soff = soff[:, :, :, None] + g[None, None, None, :] * 0
     return wa, wb, ttgl.load(KS + soff), ttgl.load(KZ + soff)
@@ -699,8 +733,8 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
                                         is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(p[0], p[1]), _j2(p[2], p[3])))
     else:
-        o = ttgl.inline_asm_elementwise(AKC2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m],
-                                        dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
+        o = ttgl.inline_asm_elementwise(AKC3 if CODEC == C_KC3 else AKC2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+                                        [wa, wb, s, m], dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
     j = ttgl.permute(j, [0, 1, 2, 4, 6, 5, 3])  # [NW, X, r, g, h2, j0, j1] -> [NW, X, r, h2, j1, j0, g]
     return ttgl.convert_layout(ttgl.reshape(j, [NW, D, TW]), B)  # a register permutation within each thread

@@ -74,7 +74,8 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int2:g32:asym", "int2:g64:sym", "int2:g32:asym:pack=ggml")] == \
         [gc.Q2A, gc.Q2, gc.Q2A]
     assert gc.codec_of(kvlab.scheme("kivi2").v, "v") == gc.Q2A
-    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("kivi4", "kivi2", "int4:g64:chan:asym")] == [gc.KC4, gc.KC2, gc.KC4]
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("kivi4", "kivi2", "int4:g64:chan:asym", "int3:g32:chan:asym")] == \
+        [gc.KC4, gc.KC2, gc.KC4, gc.KC3]
     for n in ("kivi4", "int4:g32:chan:asym"):  # channel-axis codecs serve keys only
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
@@ -90,7 +91,7 @@ def test_codec_of():
               "int3:g32:asym:pack=ggml", "int5:g32:asym",
               "lm3:g16", "lm3:s=bf16", "nf4:g64:s=bf16",
               "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
-              "int3:g32:chan:asym", "int4:g16:chan:asym",
+              "int3:g32:chan:sym", "int4:g16:chan:asym",
               "int4:g32:asym:s=bf16", "int4:head:asym"):
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
 
@@ -100,7 +101,8 @@ def test_codec_of():
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
                                          ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
                                          ("lm2", 128, 16), ("lm2", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
-                                         ("int3:g32:asym", 64, 16), ("int3:g32:asym", 256, 16), ("lm3", 256, 16)])
+                                         ("int3:g32:asym", 64, 16), ("int3:g32:asym", 256, 16), ("lm3", 256, 16),
+                                         ("k=int3:g32:chan:asym,v=lm2", 128, 32), ("k=int3:g32:chan:asym,v=lm3", 64, 32)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
@@ -334,6 +336,27 @@ def test_ptx_channel_axis_keys(codec):
             np.testing.assert_array_equal(_f16(outs[2 * i + 1]), want(tok(WB, t), sr, mr))
 
 
+def test_ptx_channel_axis_int3_keys():
+    """int3 channel-axis keys: token t's code = 2-bit field t of byte 0 | bit 8 + t << 2 (the loader's plane nibble),
+    times s (odd tokens: 4 c times s / 4) plus m, for channels c0 (word A) and c1 (word B)."""
+    from devtools.gluon_emu import run_ptx
+    s = S.astype(np.float32) * 8
+    s = np.where(np.abs(s) < 2.0 ** -9, 2.0 ** -9, s).astype(np.float16)
+    sr = s[::-1].copy()
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    sw, mw = _bits(s) | (_bits(sr) << 16), _bits(m) | (_bits(mr) << 16)
+    units = lambda w: (w & 0xFF) | (((w >> 16) & 0xF) << 8)  # noqa: E731 - what kc_load hands the asm
+    A, B = units(W), units(WB)
+    code = lambda w, t: (((w >> (2 * t)) & 3) | (((w >> (8 + t)) & 1) << 2)).astype(np.int64)  # noqa: E731
+    want = lambda c, sc, z: (c * sc.astype(np.float32) + z.astype(np.float32)).astype(np.float16).astype(np.float32)  # noqa: E731
+    outs = run_ptx(gc.asm_kc3(), "=h," * 8 + "r,r,r,r", [A, B, sw, mw])
+    for t in range(4):
+        np.testing.assert_array_equal(_f16(outs[2 * t]), want(code(A, t), s, m))
+        np.testing.assert_array_equal(_f16(outs[2 * t + 1]), want(code(B, t), sr, mr))
+    assert set(code(A, 0).tolist()) == set(range(8))
+
+
 def test_ptx_fp4_decodes_e2m1_and_scales():
     """fp4: every nibble's e2m1 value (sign-magnitude, -0 kept) times s, in Q4's register order (keys) and
     (lo A, lo B, hi A, hi B) (values); e8m0 / e4m3 scale bytes to fp16 (2^(E - 127) rounded to fp16: inf past
@@ -561,6 +584,9 @@ EMU_CASES = [
     ("k=lm3:g128:cal,v=lm3:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
     ("k=lm4:rot=had,v=lm3:rot=had", [33, 90], 16, 2, 32, 1, 4, 16),      # the search's K | V pairs
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 8, 2, 32, 2, 4, 32),
+    ("k=int3:g32:chan:asym,v=int3:g32:asym", [32, 96, 160, 320], 8, 2, 32, 3, 4, 32),  # int3 channel-axis keys
+    ("k=int3:g64:chan:asym,v=lm2:rot=had", [64, 192], 16, 2, 64, 2, 4, 32, [0, 8]),
+    ("k=int3:g32:chan:asym,v=lm3:rot=had", [0, 96, 224], 8, 8, 32, 1, 4, 32, [5, 40, 0]),  # GQA 1, fp tokens
 ]
 
 
@@ -695,6 +721,8 @@ EMU_D_CASES = [
     ("lm3:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 7]),
     ("lm3:g32:rot=had", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # searched K | V pairs
+    ("k=int3:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, [0, 20]),
+    ("k=int3:g32:chan:asym,v=int3:g32:asym", [96, 128], 4, 1, 32, 2, 4, 32, 256, None),
     ("k=lm4:rot=had,v=lm3:rot=had", [17, 100], 9, 3, 16, 2, 4, 16, 64, None),
     ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
@@ -739,6 +767,8 @@ CASES = [
     ("kivi2", [32, 96, 1024, 4096], 32, 8, 32, None, 4, 32),
     ("kivi2", [64, 2048], 16, 1, 64, 5, 4, 32),                          # GQA 16, pages of 64
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [32, 96, 1024, 4096], 32, 8, 32, 3, 4, 32),  # the searched K | V pair
+    ("k=int3:g32:chan:asym,v=lm2:rot=had", [32, 96, 1024, 4096], 32, 8, 32, None, 4, 32),
+    ("k=int3:g64:chan:asym,v=int3:g32:asym", [64, 1024, 3968], 16, 1, 64, 3, 4, 32),
     ("k=int4:g64:chan:asym,v=q8_0", [128, 1024, 4096], 32, 8, 64, 3, 4, 32),
     ("k=int4:g32:chan:asym:rot=had,v=int4:g32:asym:rot=had", [96, 4000], 32, 8, 32, 2, 4, 32),
     ("kivi4", [1024, 96], 32, 8, 32, 2, 4, 32, [40, 130]),               # KIVI's residual in full precision
