@@ -364,7 +364,9 @@ class Paper:
             key = f"{r.model} / {r.budget} / {r.budget_bits}"
             fast = "<= bf16" if "decode" in r.budget_bits else "-"
             win = re.search(r"window (\d+)", r.budget_bits)
+            sink = re.search(r"sink (\d+)", r.budget_bits)
             win = f"`{win.group(1)}`" if win else "none"  # read from the row's budget_bits text
+            win += f" + `{sink.group(1)}` sinks" if sink else ""
             ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
             ref = (c(r.bf16_decode_ms_h200, ".2f", "winners", f"{key} / bf16_decode_ms_h200")
                    if pd.notna(r.bf16_decode_ms_h200) else "-")
@@ -393,7 +395,10 @@ class Paper:
                 "dispatch; a decode budget of `<= bf16` means no slower than a bf16 cache in the same table. An fp "
                 "window keeps that many most recent tokens of every layer in bf16, present while the "
                 "sensitivities are measured and charged in the bits; it buys more than any per-layer upgrade at "
-                "every budget, and its decode times are not measured yet.", "",
+                "every budget. Sinks (`--sink`) keep the first tokens of every layer in bf16 as well: beside the "
+                "window they cost a few hundredths of a bit and lower the loss again at every budget. Every pair of "
+                "every row runs the Gluon decode kernel (codecs for the two- and three-bit codebooks, int3 at every head "
+                "dimension and int3 channel-axis keys; issue #16).", "",
                 *rows, "",
                 f"Calibrated codebooks (levels fitted per layer by a weighted k-means, KVQuant's non-uniform datatype) "
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
@@ -408,7 +413,7 @@ class Paper:
                 "read from source, verified end to end only for llama.cpp on the CPU; vLLM's and SGLang's GPU "
                 "kernels (FA3's handling of P with fp8 V, FlashInfer's NVFP4 quantizer) were not read. Speed is "
                 "measured on one GPU (H200); decode of the sub-byte formats is bound by the instructions that unpack "
-                "them, short of its memory roofline (see the kernel section), and the codebooks are slower than bf16 (issue #16). "
+                "them, short of its memory roofline (see the kernel section), and the 3-bit codebook only matches bf16 (issue #16). "
                 "Prefill over a quantized cache is not yet at tensor-core speed (issue #17). This document is Markdown only: no PDF toolchain (LaTeX, or WeasyPrint's system "
                 "libraries) installs from the package registries alone.", ""]
 
