@@ -19,8 +19,8 @@ padded rows. The next tile's code words are loaded before the current tile's mat
 prefetch). Splits are merged by the Triton `tiles.attention.merge_kernel`. Measurements and the profile
 evidence behind this design: benchmarks/NOTES_decode.md and sweeps/results/h200/README.md.
 
-Head dims 64, 128 and 256 (D a constexpr: a thread owns D / 4 key channels and D / 8 value columns, which must lie
-in one scale group, so D 256 needs groups of 64 or more). Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
+Head dims 64, 128 and 256 (D a constexpr: a thread owns D / 4 key channels, reading a scale per code word where they
+span groups, and D / 8 value columns, which must lie in one scale group). Only on CUDA (sm_80+; fp8 sm_89+). There is no interpreter for Gluon: CPU tests run the kernel's
 own source through `devtools/gluon_emu.py` and compile it for sm_90 offline (`devtools/sm90_offline.py`);
 the GPU tests check it against the reference (tests/kernels/decode/test_gluon.py).
 

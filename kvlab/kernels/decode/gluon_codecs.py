@@ -304,6 +304,14 @@ def _asm_v2(asym: bool) -> str:
                                                    "$10, $11", "$12, $13", "$14, $15")
 
 
+def _plane_bit(r: str, bit: int, top: int) -> list[str]:
+    """OR plane bit `bit` of each half of pp into bit `top` of the same half of register r (x is scratch): the
+    3-bit formats' plane bit set just above its 2-bit field."""
+    sh = top - bit
+    move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
+    return [move, f"lop3.b32 {r}, {r}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;"]
+
+
 def asm_kc(codec: int, k: int) -> str:
     """Channel-axis keys, the pair of channels (c0, c1) of a thread: byte k of c0's and c1's code runs of its 4
     tokens (words A and B) -> registers (c0, c1) per token. KC4 (bytes 0-1 hold tokens 0-3, low nibble first):
@@ -340,11 +348,9 @@ def asm_kc3() -> str:
              "prmt.b32 pp, $8, $9, 0x5410;", "mov.b32 c, 0xE400E400;", "mov.b32 d, 0x34003400;",
              "mul.rn.f16x2 s2, $10, d;"]
     for f in range(4):
-        src, mask, top = ("t" if f < 2 else "v"), ("0x000C000C" if f & 1 else "0x00030003"), (4 if f & 1 else 2)
-        sh = top - (8 + f)  # plane bit 8 + f of each half -> bit `top`
-        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
-        lines += [f"lop3.b32 r{f}, {src}, {mask}, 0x64006400, 0xEA;", move,
-                  f"lop3.b32 r{f}, r{f}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;", f"add.rn.f16x2 r{f}, r{f}, c;",
+        src, mask = ("t" if f < 2 else "v"), ("0x000C000C" if f & 1 else "0x00030003")
+        lines += [f"lop3.b32 r{f}, {src}, {mask}, 0x64006400, 0xEA;", *_plane_bit(f"r{f}", 8 + f, 4 if f & 1 else 2),
+                  f"add.rn.f16x2 r{f}, r{f}, c;",
                   f"fma.rn.f16x2 r{f}, r{f}, {'$10' if f % 2 == 0 else 's2'}, $11;"]
     lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
     return "\n".join(lines) + " }"
@@ -358,11 +364,8 @@ def asm_i3(k: int, asym: bool) -> str:
     f1 B, ..., f3 A, f3 B), field f = code 4 k + f of A / B: the 2-bit field as Q2's (fields 1 and 3 as 4 c with
     s / 4), its plane bit shifted to just above it. In: $8 wA, $9 wB, $10 pA, $11 pB, $12 sA, $13 sB, $14 sA / 4,
     $15 sB / 4 (asym: $16 mA, $17 mB). Sym offset 4 (the code's middle)."""
-    def plane(f: int, r: str) -> list[str]:
-        top = 4 if f & 1 else 2  # the field's top bit + 1 in its half
-        sh = top - (4 * k + f)  # plane bit 4 k + f of each half -> bit `top` of that half
-        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
-        return [move, f"lop3.b32 {r}, {r}, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;"]
+    def plane(f: int, r: str) -> list[str]:  # plane bit 4 k + f -> just above the field (bit 2, or 4 for odd f)
+        return _plane_bit(r, 4 * k + f, 4 if f & 1 else 2)
     head = ["{ .reg .b32 t, v, pp, x, r0, r1, r2, r3, s1, s4, c0, c1, m1;",
             f"prmt.b32 t, $8, $9, 0x{4 + k}{4 + k}{k}{k};", "shr.b32 v, t, 4;", "prmt.b32 pp, $10, $11, 0x5410;"]
     return "\n".join(head) + "\n" + _asm_2bit_fin(asym, [f"${i}" for i in range(8)], ["r0", "r1", "r2", "r3"],
@@ -385,11 +388,7 @@ def asm_cb3(k: int) -> str:
              "mov.b32 s1, {$12, $13};"]
     for f in range(4):
         src, mask = ("t" if f < 2 else "v"), ("0x000C000C" if f & 1 else "0x00030003")
-        top = 4 if f & 1 else 2  # the field's top bit + 1 in its half
-        sh = top - (4 * k + f)  # plane bit 4 k + f of each half -> bit `top` of that half
-        move = f"shl.b32 x, pp, {sh};" if sh > 0 else (f"shr.b32 x, pp, {-sh};" if sh < 0 else "mov.b32 x, pp;")
-        lines += [f"lop3.b32 c, {src}, {mask}, 0, 0xC0;", move,
-                  f"lop3.b32 c, c, x, 0x{1 << top:04X}{1 << top:04X}, 0xF8;"]
+        lines += [f"lop3.b32 c, {src}, {mask}, 0, 0xC0;", *_plane_bit("c", 4 * k + f, 4 if f & 1 else 2)]
         if f & 1:  # the code sits at bits 2-4 of each half
             lines += ["shr.b32 c, c, 2;"]
         lines += ["shr.b32 y, c, 8;", "lop3.b32 sl, c, y, 0x0707, 0xA8;", "shl.b32 sh, sl, 4;",
