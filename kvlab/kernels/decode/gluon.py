@@ -6,7 +6,7 @@ held the 4-bit Triton decode far below its bytes' roofline (profiles in benchmar
 Gluon lets a kernel name its register layouts,
 so here every thread loads exactly the code bytes its `mma.sync.m16n8k16` fragments need and turns
 them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: int2 / 3 / 4 / 8,
-fp8_e4m3, fp4 with e8m0 or e4m3 scales, 16- and 4-entry codebooks, KIVI's channel-axis keys; K and V may use different
+fp8_e4m3, fp4 with e8m0 or e4m3 scales, 16-, 8- and 4-entry codebooks, KIVI's channel-axis keys; K and V may use different
 codecs): no shared memory in the main loop. With splits, a separate merge kernel combines them, or (config
 `fused_merge`) the last split program of each (sequence, KV head) does (one launch).
 
@@ -41,9 +41,6 @@ from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
-    CB,
-    CB2,
-    CB3,
     CHAN,
     CHAN_TW,
     CODECS,
@@ -52,6 +49,7 @@ from .gluon_codecs import (
     F8,
     HEAD_DIMS,
     PER_WORD,
+    TABLES,
     cb_table_words,
     codec_of,
     k_build,
@@ -508,11 +506,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
-    lut = (CB, CB2, CB3)  # codecs that read a codebook table
-    tab = tables(k_spec.fmt if kcodec in lut else None, v_spec.fmt if vcodec in lut else None, q.device)
+    tab = tables(k_spec.fmt if kcodec in TABLES else None, v_spec.fmt if vcodec in TABLES else None, q.device)
     cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
                                                                          (vcodec, v_spec, kv.v_pages)))
-           if c in lut and spec.calibrated]
+           if c in TABLES and spec.calibrated]
     if cal:
         tab = tab.clone()
 

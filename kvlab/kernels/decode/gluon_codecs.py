@@ -106,6 +106,8 @@ CODECS[CB3] = "3-bit codebooks (lm3) with fp16 scales"
 WORDS_K[CB3], WORDS_V[CB3] = 2, 1
 CB3_FORMATS = ("lm3",)
 PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
+TABLES = (CB, CB2, CB3)  # codecs that read a codebook table (`cb_table_words`)
+_TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2), **dict.fromkeys(CB3_FORMATS, CB3)}
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
 PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3
@@ -148,15 +150,10 @@ def codec_of(spec, role: str = "k") -> int | None:
             return I3 if spec.sym else I3A
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
-    if spec.fmt in CB_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
-            spec.scale_dtype == "f16":
-        return CB
-    if spec.fmt in CB3_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack == "seq" and \
-            tuple(spec.planes) == (2, 1) and spec.scale_dtype == "f16":
-        return CB3
-    if spec.fmt in CB2_FORMATS and spec.axis == "tok" and spec.group in GROUPS and spec.pack in ("ggml", "seq") and \
-            spec.scale_dtype == "f16":
-        return CB2
+    table = _TABLE_OF.get(spec.fmt)  # codebooks; the 3-bit one in int3's layout, sequential packing only
+    if table is not None and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16" and \
+            spec.pack in (("seq",) if table == CB3 else ("ggml", "seq")):
+        return table
     if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
         if spec.scale_dtype == "e8m0" and not spec.tensor_scale:
             return F4M
@@ -667,8 +664,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
                          ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
-        if I3ANY:  # int3 / lm3: word wi holds channels D / 4 r + 16 wi ..
-            sg = ((D // 4) * r[None, None, :] + 16 * wi[None, :, None]) // G
+        if I3ANY:  # int3 / lm3: the group of the word's first channel
+            sg = gi
         s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), CODEC)  # [NW, wi, r, TW]
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             m = ttgl.load(KZ + srows[:, None, None, :] + sg[:, :, :, None])
@@ -711,7 +708,7 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     wb = ttgl.load(KC + off + RU).to(ttgl.int32)
     if CODEC == C_KC3:  # the plane bits of the unit's 4 tokens (a nibble of the 1-bit plane) into bits 8-11
         u = ((tb % G) // 4)[:, None, None, None] + g[None, None, None, :]  # [NW, 1, 1, g] the unit in its group
-        poff = (pg * kc0 + hk * kc1 + gi * (D * RU))[:, None, None, None] + (pair * RU)[:, :, :, None] + G // 4 + u // 2
+        poff = off - u + G // 4 + u // 2  # a channel's unit u is byte u of its run, its plane nibble byte G / 4 + u / 2
         sh = 4 * (u % 2)
         wa = wa | (((ttgl.load(KC + poff).to(ttgl.int32) >> sh) & 15) << 8)
         wb = wb | (((ttgl.load(KC + poff + RU).to(ttgl.int32) >> sh) & 15) << 8)
