@@ -3,8 +3,12 @@
 The chunk's own keys/values arrive in full precision (`k_new`/`v_new`); the prefix comes from the
 quantized pages (`PageLayout`) plus the full-precision buffer, exactly as in `decode`. Backends:
 `reference.py` (torch), `triton.py` (the fused kernel: dequantize in the inner loop) and `dense.py` (the
-prefix dequantized once into a workspace and attended by cuDNN / flash with its log-sum-exp, the chunk's causal
-part continued in the Triton kernel); this module alone chooses, through each backend's `why_not`.
+prefix dequantized once into a workspace and attended by cuDNN / flash with its log-sum-exp; the chunks' causal
+parts attended by flash varlen with theirs; the fused Triton kernel reads the rest and merges both); this module
+alone chooses, through each backend's `why_not`.
+On a GPU, backend="auto" hands the chunks' causal part to flash (one varlen call for the batch) when the longest
+chunk has at least dense.CHUNK_MIN_ROWS (query, head) rows per KV head: the fused kernel spent 0.31 ms on a
+1,024-token chunk at Hq 32 (runs/extend-profile-bea6665), a quarter of the whole call.
 backend="auto" takes the dense prefix on a GPU for a sequence whose chunk has at least DENSE_MIN_ROWS (query, head)
 rows per KV head, whose prefix holds at least one 2048-token bucket, and whose prefix attention costs at least
 DENSE_MIN_FLOPS (4 x Hq x chunk x prefix x D), or DENSE_MIN_FLOPS_SLOW for the families the fused kernel dequantizes
@@ -85,8 +89,10 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                or heuristic_config(D, Hq // Hk, max_qo_len))
     why = triton.why_not(q, kv, cfg)
     need(why is None, why)
-    prefix = None
+    prefix = chunk = None
+    host_qo = host_lens[0] if host_lens is not None else None
     if backend == "dense":
+        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo)
         G = max([s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"] + [1])
         need(isinstance(dense_bucket, int) and dense_bucket >= 1 and dense_bucket % G == 0,
              f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group {G}")
@@ -98,7 +104,10 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
                                    dense.BUCKET, min_flops, host_lens)
-    return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix)
+    if (backend == "auto" and on_gpu() and q.is_cuda and cfg.dot in (None, "bf16", "fp16") and not _capturing(q)):
+        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, dense.CHUNK_MIN_ROWS, host_qo)
+    return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix,
+                      chunk=chunk)
 
 
 def heuristic_config(D: int, group: int, max_qo_len: int | None) -> ExtendConfig:
@@ -135,6 +144,10 @@ def slow_in_fused(spec) -> bool:
 def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q):
     return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
                                  min_flops=min_flops, host_lens=host_lens)
+
+
+def _dense_chunk(dense, qo_indptr, sm_scale, min_rows, host_qo, q, k_new, v_new, max_qo_len):
+    return dense.attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len, sm_scale, min_rows=min_rows, host_qo=host_qo)
 
 
 def check_host_lens(host_lens, qo_indptr, kv, qo_indptr_total: int) -> tuple[list, list, list]:

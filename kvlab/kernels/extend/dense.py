@@ -68,6 +68,21 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
     tl.store(OV + hk * so0 + t[:, None] * so1 + d[None, :], v.to(OV.dtype.element_ty), mask=tm)
 
 
+@triton.jit
+def _stack_kernel(Q, QS, PERM, a, Cb, rows, sq0, sq1, ss0, ss1, G: tl.constexpr, D: tl.constexpr, BR: tl.constexpr):
+    """Queries a..a+Cb of one sequence -> QS [Hk, rows_padded, D]: row g x Cb + i of KV head hk holds query a + i of
+    head hk x G + g, columns in the tiles' order (column j = channel PERM[j]); rows past G x Cb are zero."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)  # [BR] stacked rows
+    hk = tl.program_id(1)
+    d = tl.arange(0, D)
+    perm = tl.load(PERM + d)
+    rm = r < rows
+    g = r // Cb
+    i = r - g * Cb
+    x = tl.load(Q + (a + i)[:, None] * sq0 + (hk * G + g)[:, None] * sq1 + perm[None, :], mask=rm[:, None], other=0.0)
+    tl.store(QS + hk * ss0 + r[:, None] * ss1 + d[None, :], x.to(QS.dtype.element_ty))
+
+
 def why_not(q: torch.Tensor, kv: PagedKV) -> str | None:
     """None when the dense-prefix path can run q [C, Hq, D] over `kv` (a CUDA GPU outside the interpreter and a
     16-bit query, or the CPU under the interpreter, where torch's CPU flash attention stands in); else why not."""
@@ -138,6 +153,69 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
 
 
+def stack_queries(q, a: int, Cb: int, Hk: int, perm: torch.Tensor, rows_padded: int, dtype) -> torch.Tensor:
+    """Chunk queries a..a+Cb of q [C, Hq, D] stacked per KV head for the dense pass: [Hk, rows_padded, D] in `dtype`,
+    row g x Cb + i = query a + i of head hk x G + g, column j = channel perm[j], zero rows past G x Cb (one launch)."""
+    D = q.shape[-1]
+    G = q.shape[1] // Hk
+    qs = torch.empty(Hk, rows_padded, D, dtype=dtype, device=q.device)
+    BR = 32
+    _stack_kernel[(triton.cdiv(rows_padded, BR), Hk)](q, qs, perm, a, Cb, G * Cb, q.stride(0), q.stride(1),
+                                                      qs.stride(0), qs.stride(1), G=G, D=D, BR=BR, num_warps=4)
+    return qs
+
+
+CHUNK_MIN_ROWS = 128  # auto: the longest chunk's (query, head) rows per KV head from which flash does the causal part
+_NO_FLASH: set = set()  # (device type, D, dtype) where the varlen flash call raised: the fused kernel keeps the chunk
+
+
+def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, min_rows: int = 0,
+                  host_qo=None):
+    """The chunks' causal self-attention, all sequences in one varlen call, with its log-sum-exp, for the fused
+    kernel to merge (`triton.run(chunk=...)`): key j of a chunk is visible to its query i when j <= i.
+
+    q [C, Hq, D], k_new / v_new [C, Hk, D] (rotated already where the specs are), qo_indptr [B+1]. On a GPU: torch's
+    flash attention (varlen, GQA native, 16-bit: bf16 unless all three are fp16); on the CPU (interpreter tests):
+    torch's CPU flash attention per sequence in q's dtype. Returns None where it does not run (the longest chunk
+    below `min_rows` (query, head) rows per KV head, a head_dim flash does not take, a failed flash call), else
+    (out [C, Hq, D] natural channel order, lse float32 natural log, (stride_b, stride_h, stride_row), row_global):
+    the log-sum-exp of query i of sequence b, head h, lies at b x stride_b + h x stride_h + r x stride_row, with
+    r = qo[b] + i when row_global else i."""
+    C, Hq, D = q.shape
+    Hk = k_new.shape[1]
+    G = Hq // Hk
+    if C == 0 or max_qo_len * G < min_rows or D % 8 or D > 256:
+        return None
+    if not q.is_cuda:
+        qo = host_qo if host_qo is not None else qo_indptr.tolist()
+        out = torch.empty_like(q)
+        lse = torch.full((Hq, C), float("-inf"), dtype=torch.float32)
+        for a, e in zip(qo, qo[1:]):
+            if e > a:
+                qq = q[a:e].transpose(0, 1)[None]
+                kk, vv = (t[a:e].to(q.dtype).repeat_interleave(G, dim=1).transpose(0, 1)[None] for t in (k_new, v_new))
+                o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qq, kk, vv, 0.0, True,
+                                                                                   scale=sm_scale)[:2]
+                out[a:e] = o[0].transpose(0, 1)
+                lse[:, a:e] = l.reshape(Hq, e - a)
+        return out, lse, (0, lse.stride(0), lse.stride(1)), True
+    dt = torch.float16 if q.dtype == k_new.dtype == v_new.dtype == torch.float16 else torch.bfloat16
+    key = (q.device.type, D, dt)
+    if key in _NO_FLASH:
+        return None
+    qq, kk, vv = (t.to(dt) if t.stride(-1) == 1 else t.to(dt).contiguous() for t in (q, k_new, v_new))
+    cu = qo_indptr.to(torch.int32)
+    try:
+        out, lse = torch.ops.aten._flash_attention_forward(qq, kk, vv, cu, cu, max_qo_len, max_qo_len, 0.0, True,
+                                                            False, scale=sm_scale)[:2]
+    except RuntimeError:
+        _NO_FLASH.add(key)
+        return None
+    if lse.dim() == 2:  # [Hq, C]: FlashAttention's unpadded layout
+        return out, lse, (0, lse.stride(0), lse.stride(1)), True
+    return out, lse, (lse.stride(0), lse.stride(1), lse.stride(2)), False  # [B, Hq, max_qo_len]
+
+
 def _merge(o, lse, o2, lse2):
     """Two partial attentions over disjoint keys -> one (out fp32, lse); NaN stays NaN."""
     m = torch.maximum(lse, lse2)
@@ -166,8 +244,11 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     cuDNN, which builds a plan per shape (60-250 ms each on the H200), reuses its plans across a prefill's chunks.
 
     q [C, Hq, D] (rotated already for Hadamard K specs). Returns None when no sequence qualifies, else
-    (covered [B] int32 on q's device, o0 [Hk, G x C, D] in V's tile column order, lse0 [Hk, G x C] float32 natural
-    log); rows of sequences not covered are left unset. The fused kernel reads the rest (`triton.run(prefix=...)`).
+    (covered [B] int32 on q's device, o0 [Hk, G x C - row0 (+ padding), D] in V's tile column order, lse0 [Hk, same]
+    float32 natural log, row0): stacked row G x qo[b] + g x C_b + i of the whole chunk lies at row (that - row0)
+    of o0 / lse0; rows of sequences not covered are left unset. With one covered sequence, o0 / lse0 are the
+    attention's own outputs (row0 = its first stacked row: no copy). The fused kernel reads the rest
+    (`triton.run(prefix=...)`).
     host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
     the device (one synchronization)."""
     C, Hq, D = q.shape
@@ -191,24 +272,29 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     unit = P * bucket // math.gcd(P, bucket)  # pieces start on a page and a bucket boundary
     piece = max(unit, MAX_PIECE // unit * unit)
     ops = page_inputs(kv, D, q.device)
-    kperm = ops[0]["perm"].long()
-    o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
-    lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
+    n_cov = sum(1 for c in covered if c)
+    o0 = lse0 = None
+    if n_cov > 1:
+        o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
+        lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
+    row0 = 0
     for b in range(B):
         if not covered[b]:
             continue
         a, e = qo[b], qo[b + 1]
         Cb = e - a
         rows = G * Cb
-        qs = torch.zeros(Hk, -(-rows // row_bucket) * row_bucket, D, dtype=adt, device=q.device)
-        qs[:, :rows] = q[a:e, :, kperm].to(adt).reshape(Cb, Hk, G, D).permute(1, 2, 0, 3).reshape(Hk, rows, D)
+        qs = stack_queries(q, a, Cb, Hk, ops[0]["perm"], -(-rows // row_bucket) * row_bucket, adt)
         o = lse = None
         for t0 in range(0, covered[b], piece):
             n = min(piece, covered[b] - t0)
             k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
             op, lp = attend_dense(qs, k, v, sm_scale)
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
-        o0[:, G * a:G * e] = o[:, :rows]
-        lse0[:, G * a:G * e] = lse[:, :rows]
+        if n_cov == 1:  # the kernel reads this sequence's state where the attention left it (row0: its first row)
+            (o0, lse0), row0 = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, lse)), G * a
+        else:
+            o0[:, G * a:G * e] = o[:, :rows]
+            lse0[:, G * a:G * e] = lse[:, :rows]
     cov = torch.tensor(covered, dtype=torch.int32, pin_memory=q.is_cuda)
-    return cov.to(q.device, non_blocking=True), o0, lse0
+    return cov.to(q.device, non_blocking=True), o0, lse0, row0

@@ -25,12 +25,12 @@ LOG2E_ = tl.constexpr(LOG2E)
 
 @triton.jit
 def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
-                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, qk_scale,
-                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0,
+                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, OC, LSEC, qk_scale, row0,
+                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0, soc0, soc1, slcb, slch, slci, lsec_glob,
                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
                    D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
-                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr):
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr):
     b = tl.program_id(0)
     i0 = tl.program_id(1) * QB
     hk = tl.program_id(2)
@@ -59,7 +59,7 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
         acc = tl.zeros([R, D], tl.float32)
         if HAS_INIT:
             rd = rm & ((tl.zeros([R], tl.int32) + T0) != 0)  # [R]
-            srow = GROUP * q0 + (r % GROUP) * C + qi  # row of the dense pass's [Hk, G x C] stacked queries
+            srow = GROUP * q0 + (r % GROUP) * C + qi - row0  # row of the dense pass's stacked queries
             lse0 = tl.load(LSE0 + hk * sl0 + srow, mask=rd, other=float("-inf"))  # natural log
             m_i = tl.where(rd, lse0 * LOG2E_, m_i)  # the kernel's scores are in base 2
             l_i = tl.where(rd, 1.0, l_i)
@@ -75,14 +75,26 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
             for t0 in range(0, F, BN):
                 kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
                 m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
-        hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
-        for j0 in range(0, hi, BN):
-            j = j0 + tl.arange(0, BN)
-            jm = j < hi
-            kt = tl.load(KN + (q0 + j)[None, :] * skn0 + hk * skn1 + kperm[:, None], mask=jm[None, :], other=0.0)
-            v = tl.load(VN + (q0 + j)[:, None] * svn0 + hk * svn1 + vperm[None, :], mask=jm[:, None], other=0.0)
-            valid = jm[None, :] & (j[None, :] <= qi[:, None])
-            m_i, l_i, acc = softmax_step(q, kt, v, valid, m_i, l_i, acc, 1.0, 1.0, DOT)
+        if HAS_CHUNK:  # the chunk's causal part was attended already (dense.attend_chunks): merge its (out, lse)
+            lc = tl.load(LSEC + b * slcb + heads * slch + (qi + q0 * lsec_glob) * slci, mask=rm,
+                         other=float("-inf")) * LOG2E_  # [R], base 2 as the kernel's scores
+            oc = tl.load(OC + (q0 + qi)[:, None] * soc0 + heads[:, None] * soc1 + vperm[None, :], mask=rm[:, None],
+                         other=0.0).to(tl.float32)  # [R, D] in V's tile order
+            m_new = tl.maximum(m_i, lc)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
+            acc = acc * alpha[:, None] + oc * beta[:, None]
+            l_i = l_i * alpha + beta
+        else:
+            hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
+            for j0 in range(0, hi, BN):
+                j = j0 + tl.arange(0, BN)
+                jm = j < hi
+                kt = tl.load(KN + (q0 + j)[None, :] * skn0 + hk * skn1 + kperm[:, None], mask=jm[None, :], other=0.0)
+                v = tl.load(VN + (q0 + j)[:, None] * svn0 + hk * svn1 + vperm[None, :], mask=jm[:, None], other=0.0)
+                valid = jm[None, :] & (j[None, :] <= qi[:, None])
+                m_i, l_i, acc = softmax_step(q, kt, v, valid, m_i, l_i, acc, 1.0, 1.0, DOT)
         o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # NaN stays NaN
         tl.store(OUT + (q0 + qi)[:, None] * so0 + heads[:, None] * so1 + vperm[None, :], o.to(OUT.dtype.element_ty),
                  mask=rm[:, None])
@@ -94,13 +106,15 @@ def why_not(q: torch.Tensor, kv: PagedKV, config: ExtendConfig) -> str | None:
 
 
 def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: ExtendConfig, max_qo_len=None, out=None,
-        prefix=None):
+        prefix=None, chunk=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q) -> None | (covered [B] int32, o0 [Hk, G x C, D], lse0 [Hk, G x C] natural log)
-    given the rotated queries, that attends the first covered[b] prefix tokens of some sequences itself
-    (`dense.attend_prefixes`); the kernel reads the rest of their prefix, their full-precision buffer and chunk,
-    continuing from that softmax state."""
+    prefix: None, or a callable (q) -> None | (covered [B] int32, o0, lse0 natural log, row0) given the rotated
+    queries, that attends the first covered[b] prefix tokens of some sequences itself (`dense.attend_prefixes`); the
+    kernel reads the rest of their prefix, their full-precision buffer and chunk, continuing from that softmax state.
+    chunk: None, or a callable (q, k_new, v_new, max_qo_len) -> None | (out, lse, lse strides, row_global) given the
+    rotated inputs, that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
+    instead of reading the chunk's keys."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -121,19 +135,22 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
     init = prefix(q) if prefix is not None and B and max_qo_len else None
+    ch = chunk(q, k_new, v_new, max_qo_len) if chunk is not None and B and max_qo_len else None
     if B and max_qo_len:
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
             V["lut"], V["perm"], out if K["ts"] is None else K["ts"], out if V["ts"] is None else V["ts"],
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
-            *(init if init else (qo_indptr, out, out)), sm_scale * LOG2E, q.stride(0), q.stride(1),
+            *(init[:3] if init else (qo_indptr, out, out)), *(ch[:2] if ch else (out, out)), sm_scale * LOG2E,
+            init[3] if init else 0, q.stride(0), q.stride(1),
             k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), out.stride(0), out.stride(1),
             *(init[1].stride()[:2] if init else (0, 0)), init[2].stride(0) if init else 0,
+            *(ch[0].stride()[:2] if ch else (0, 0)), *(ch[2] if ch else (0, 0, 0)), int(ch[3]) if ch else 0,
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
             *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
-            HAS_INIT=init is not None,
+            HAS_INIT=init is not None, HAS_CHUNK=ch is not None,
             num_warps=config.num_warps, num_stages=config.num_stages)
     if rot_v:  # the pages hold v H: out H^T
         out = (out @ hadamard(D, q.device).T).to(dtype)

@@ -207,3 +207,73 @@ def test_host_lens_plan_without_a_device_read(monkeypatch):
             continue  # on a GPU the values are trusted (checking them would be the synchronization saved)
         with pytest.raises(ValueError, match=msg):
             extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", host_lens=bad)
+
+
+def test_chunk_attention_equals_masked_softmax():
+    """attend_chunks: each chunk's causal self-attention (key j visible to query i when j <= i, GQA heads sharing
+    their KV head) and its natural-log log-sum-exp, ragged chunks (one of them empty) in one call."""
+    g = torch.Generator().manual_seed(11)
+    cl, Hq, Hk, D = [5, 0, 9], 8, 2, 64
+    q, kn, vn = (torch.randn(sum(cl), h, D, generator=g).to(DEV, DT) for h in (Hq, Hk, Hk))
+    qo = torch.tensor([0, 5, 5, 14], dtype=torch.int32, device=DEV)
+    out, lse, (sb, sh, si), glob = dense.attend_chunks(q, kn, vn, qo, 9, D ** -0.5)
+    flat = lse.reshape(-1)
+    for b, (a, e) in enumerate(((0, 5), (5, 5), (5, 14))):
+        for h in range(Hq):
+            s = (q[a:e, h].float() @ kn[a:e, h // 4].float().T) * D ** -0.5
+            s = s.masked_fill(torch.triu(torch.ones(e - a, e - a, dtype=torch.bool, device=DEV), 1), float("-inf"))
+            want_o = torch.softmax(s, -1) @ vn[a:e, h // 4].float()
+            rows = torch.arange(e - a, device=DEV) + (a if glob else 0)
+            got_l = flat[b * sb + h * sh + rows * si]
+            torch.testing.assert_close(got_l, torch.logsumexp(s, -1), rtol=TOL, atol=TOL)
+            assert _err(out[a:e, h], want_o) < TOL if e > a else True
+
+
+def test_chunk_lse_padded_layout_merges_the_same():
+    """The fused kernel reads the chunk's log-sum-exp in either of flash's layouts: unpadded [Hq, C] (row = the
+    query's global index) and padded [B, Hq, max_qo_len] (row = its index in the chunk)."""
+    c = ([40, 300, 17], [2, 40, 30], 8, 2, 64, 16, "q4_0", [3, 0, 5])
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=8)
+    kv = check_prefix(q, *args, sch.k, sch.v, P, kw["k_fp"], kw["v_fp"], kw["fp_len"], None, None, 3)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    qol = qo.tolist()
+
+    def padded(qq, k, v, mx):
+        o, lse, (sb, sh, si), glob = dense.attend_chunks(qq, k, v, qo, mx, 64 ** -0.5)
+        assert glob
+        pad = torch.full((3, 8, mx), float("nan"), device=DEV)  # rows past a chunk's end are never read
+        for b in range(3):
+            pad[b, :, :qol[b + 1] - qol[b]] = lse[:, qol[b]:qol[b + 1]]
+        return o, pad, pad.stride(), False
+
+    cfg = ExtendConfig(block_m=16, block_n=16)
+    for chunk in (padded, lambda qq, k, v, mx: dense.attend_chunks(qq, k, v, qo, mx, 64 ** -0.5)):
+        got = ext_triton.run(q, kn, vn, qo, kv, 64 ** -0.5, cfg, chunk=chunk)
+        assert _err(got, ref) < TOL
+
+
+def test_dense_prefix_with_the_fused_causal_part(monkeypatch):
+    """Where flash does not take the chunk (attend_chunks returns None), the fused kernel runs the causal part from the
+    dense prefix's state."""
+    monkeypatch.setattr(dense, "attend_chunks", lambda *a, **k: None)
+    for c in (CASES[0], CASES[3], CASES[7]):
+        sch, P, q, kn, vn, qo, args, kw = _setup(c)
+        ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+        got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                     config={"block_m": 16, "block_n": 16})
+        assert _err(got, ref) < TOL
+
+
+def test_nan_chunk_key_poisons_only_later_queries():
+    """A NaN key in a chunk makes the rows of its sequence's queries that see it NaN (as the reference) and leaves the
+    earlier queries and the other sequence exact, with the chunk attended by attend_chunks."""
+    c = ([40, 33], [5, 6], 8, 2, 64, 16, "q4_0", None)
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=9)
+    kn[5 + 2, 1, 3] = float("nan")  # second sequence, chunk key 2, KV head 1
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=16)
+    nan = torch.isnan(got)
+    assert torch.equal(nan, torch.isnan(ref))
+    assert nan[7:, 4:].all() and not nan[:7].any() and not nan[7:, :4].any()
+    fin = ~nan
+    assert (got[fin].float() - ref[fin].float()).abs().max().item() / ref[fin].float().abs().max().item() < TOL
