@@ -10,6 +10,8 @@
 #   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
+#   bash benchmarks/h200_run.sh extend-chunk | extend-table  # extend GPU tests, profile (PROF_CASES), dense / fused
+#                                                            # rows at short shapes | the extend table (auto, auto_host)
 #   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
 #                                                      # the decode table with that tuned file
 #   bash benchmarks/h200_run.sh fused  # the Gluon decode's fused split merge: GPU tests, fused vs separate merge
@@ -152,6 +154,21 @@ extend-profile)   # extend GPU tests, then where an extend call's time goes (wit
   timeout "${PYTEST_S:-240}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE tests/kernels/extend \
     2>&1 | tee "$OUT/pytest_extend.log" | tail -4
   timeout "${PROF_S:-300}" python3 benchmarks/profile_extend.py --out "$OUT" 2>&1 | grep "^==" 
+  ;;
+extend-chunk)   # issue 17: extend GPU tests, the profile of chosen cases (PROF_CASES), then forced dense / fused rows
+  # for a few schemes at the short shapes (for auto's thresholds)
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE tests/kernels/extend \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -4
+  timeout "${PROF_S:-100}" python3 benchmarks/profile_extend.py --out "$OUT" ${PROF_CASES:+--cases "$PROF_CASES"} \
+    2>&1 | grep "^==" 
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${XTRA_S:-80}" python3 benchmarks/run.py --out "$OUT/xtra" --cases extend \
+    --extend-budget 60 --extend-backends dense_host,triton --extend-sweep none --fresh none \
+    --schemes "${XTRA_SCHEMES:-bf16,q4_0,fp8_e4m3,kivi4}" --extend-shapes smollm2_p8k,d256_p8k,p8k_b1 2>&1 | tail -3
+  ;;
+extend-table)   # issue 17: the extend table (auto_host, auto) for every scheme and shape
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-480}" --extend-backends auto_host,auto --extend-sweep none --fresh "${FRESH:-bf16,q4_0}" \
+    --extend-shapes p32k_b1,p8k_b1,p32k_b8,p8k_b8,smollm2_p8k,d256_p8k ${BENCH_ARGS:-} 2>&1 | tail -3
   ;;
 extend-bench)   # benchmarks/run.py extend case (default dispatch, fused kernel, fused sweep, peers)
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-560}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \

@@ -1,6 +1,6 @@
 """Where an extend call's time goes: torch.profiler over the default dispatch (dense prefix) and the fused kernel.
 
-    python benchmarks/profile_extend.py [--out DIR]
+    python benchmarks/profile_extend.py [--out DIR] [--cases SHAPE:SCHEME:BACKEND,...]
 
 Prints, per case, the wall time per call, and the CUDA and CPU self times of the top ops (key_averages).
 """
@@ -18,9 +18,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+DEFAULT_CASES = ("p32k_b1:bf16:auto", "p32k_b1:bf16:auto_host", "p32k_b1:q4_0:auto", "p32k_b1:q4_0:auto_host",
+                 "p32k_b8:q4_0:auto_host", "smollm2_p8k:q4_0:auto_host", "p32k_b1:q4_0:triton")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                    help="shape:scheme:backend triples (backend auto, auto_host, triton, dense, dense_host)")
     a = ap.parse_args()
     import kvlab
     from run import EXTEND_SHAPES, SCHEMES, page_size
@@ -28,10 +34,7 @@ def main() -> None:
     from kvlab.kernels.extend import extend
     from torch.profiler import ProfilerActivity, profile
     lines = []
-    for sname, name, backend in (("p32k_b1", "bf16", "auto"), ("p32k_b1", "bf16", "auto_host"),
-                                 ("p32k_b1", "q4_0", "auto"), ("p32k_b1", "q4_0", "auto_host"),
-                                 ("p32k_b8", "q4_0", "auto_host"), ("smollm2_p8k", "q4_0", "auto_host"),
-                                 ("p32k_b1", "q4_0", "triton")):
+    for sname, name, backend in (c.split(":") for c in a.cases.split(",")):
         shape = EXTEND_SHAPES[sname]
         sch = kvlab.scheme(SCHEMES[name])
         B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
@@ -41,8 +44,9 @@ def main() -> None:
         kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
 
-        hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if backend == "auto_host" else None
-        bk = "auto" if backend == "auto_host" else backend
+        host = backend.endswith("_host")
+        hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
+        bk = backend[:-len("_host")] if host else backend
 
         def fn():
             return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],

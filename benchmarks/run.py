@@ -375,8 +375,8 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                 if backend == "auto_flash":  # the dense prefix through flash instead of cuDNN
                     os.environ["KVLAB_DENSE_ATTN"] = "flash"
                     backend = "auto"
-                host = backend == "auto_host"  # default dispatch with the lengths on the host (no synchronization)
-                backend = "auto" if host else backend
+                host = backend.endswith("_host")  # the lengths on the host (no synchronization), as a pool passes them
+                backend = backend[:-len("_host")] if host else backend
                 try:
                     first_shape = sname == args.extend_shapes.split(",")[0]
                     if row["backend"] == "auto" and first_shape and name in args.fresh.split(","):
@@ -421,7 +421,8 @@ def main(argv=None) -> Path:
     ap.add_argument("--extend-sweep-shape", default="p32k_b1")
     ap.add_argument("--fresh", default="bf16,q4_0", help="schemes timed on prefixes of new lengths (auto_fresh rows)")
     ap.add_argument("--extend-backends", default="auto,auto_host,triton,auto_flash",
-                    help="extend rows per scheme: auto (default dispatch), triton (the fused kernel alone), auto_flash "
+                    help="extend rows per scheme: auto (default dispatch), triton (the fused kernel alone), dense (the dense "
+                         "prefix for every sequence), X_host (X with the lengths on the host), auto_flash "
                          "(the dense part through flash instead of cuDNN; bf16, q4_0, kivi4 only)")
     ap.add_argument("--extend-budget", type=float, default=420.0, help="seconds of extend timing before cells are skipped")
     args = ap.parse_args(argv)

@@ -238,16 +238,24 @@ def test_chunk_lse_padded_layout_merges_the_same():
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
     qol = qo.tolist()
 
-    def padded(qq, k, v, mx):
-        o, lse, (sb, sh, si), glob = dense.attend_chunks(qq, k, v, qo, mx, 64 ** -0.5)
-        assert glob
-        pad = torch.full((3, 8, mx), float("nan"), device=DEV)  # rows past a chunk's end are never read
-        for b in range(3):
-            pad[b, :, :qol[b + 1] - qol[b]] = lse[:, qol[b]:qol[b + 1]]
-        return o, pad, pad.stride(), False
+    def layout(want_glob):
+        def chunk(qq, k, v, mx):
+            o, lse, (sb, sh, si), glob = dense.attend_chunks(qq, k, v, qo, mx, 64 ** -0.5)
+            flat = lse.reshape(-1)
+            rows = [(b, h, i) for b in range(3) for h in range(8) for i in range(qol[b + 1] - qol[b])]
+            vals = torch.stack([flat[b * sb + h * sh + (i + qol[b] * glob) * si] for b, h, i in rows])
+            if want_glob:
+                new = torch.full((8, qol[-1]), float("nan"), device=DEV)
+                new[[h for _, h, _ in rows], [qol[b] + i for b, _, i in rows]] = vals
+            else:  # rows past a chunk's end are NaN: never read
+                new = torch.full((3, 8, mx), float("nan"), device=DEV)
+                new[[b for b, _, _ in rows], [h for _, h, _ in rows], [i for _, _, i in rows]] = vals
+            st = (0,) + new.stride() if want_glob else new.stride()
+            return o, new, st, want_glob
+        return chunk
 
     cfg = ExtendConfig(block_m=16, block_n=16)
-    for chunk in (padded, lambda qq, k, v, mx: dense.attend_chunks(qq, k, v, qo, mx, 64 ** -0.5)):
+    for chunk in (layout(False), layout(True)):
         got = ext_triton.run(q, kn, vn, qo, kv, 64 ** -0.5, cfg, chunk=chunk)
         assert _err(got, ref) < TOL
 
