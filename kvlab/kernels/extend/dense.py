@@ -245,9 +245,10 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
 
     q [C, Hq, D] (rotated already for Hadamard K specs). Returns None when no sequence qualifies, else
     (covered [B] int32 on q's device, o0 [Hk, G x C - row0 (+ padding), D] in V's tile column order, lse0 [Hk, same]
-    float32 natural log, row0): stacked row G x qo[b] + g x C_b + i of the whole chunk lies at row (that - row0)
+    float32 natural log, row0, complete): stacked row G x qo[b] + g x C_b + i of the whole chunk lies at row (that - row0)
     of o0 / lse0; rows of sequences not covered are left unset. With one covered sequence, o0 / lse0 are the
-    attention's own outputs (row0 = its first stacked row: no copy). The fused kernel reads the rest
+    attention's own outputs (row0 = its first stacked row: no copy). complete: every sequence's whole prefix is
+    covered (the fused kernel then reads no page). The fused kernel reads the rest
     (`triton.run(prefix=...)`).
     host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
     the device (one synchronization)."""
@@ -258,10 +259,11 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     P = kv.page_size
     B = len(qo) - 1
     covered = [0] * B
+    lens = [0] * B
     for b in range(B):
         a, e = qo[b], qo[b + 1]
         n_pages = indptr[b + 1] - indptr[b]
-        L = (n_pages - 1) * P + last[b] if n_pages else 0
+        L = lens[b] = (n_pages - 1) * P + last[b] if n_pages else 0
         if e > a and (e - a) * G >= min_rows and L >= max(min_prefix, bucket, 1) and 4 * Hq * (e - a) * L * D >= min_flops:
             covered[b] = L // bucket * bucket
     if not any(covered):
@@ -297,4 +299,5 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
             o0[:, G * a:G * e] = o[:, :rows]
             lse0[:, G * a:G * e] = lse[:, :rows]
     cov = torch.tensor(covered, dtype=torch.int32, pin_memory=q.is_cuda)
-    return cov.to(q.device, non_blocking=True), o0, lse0, row0
+    complete = all(c == n or qo[b + 1] == qo[b] for b, (c, n) in enumerate(zip(covered, lens)))
+    return cov.to(q.device, non_blocking=True), o0, lse0, row0, complete

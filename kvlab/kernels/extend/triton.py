@@ -21,6 +21,7 @@ from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
 
 
 LOG2E_ = tl.constexpr(LOG2E)
+MERGE_BLOCK_M = 64  # rows per program when the kernel only merges the dense parts' states
 
 
 @triton.jit
@@ -30,7 +31,8 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
                    D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
-                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr):
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr,
+                   MERGE_ONLY: tl.constexpr):
     b = tl.program_id(0)
     i0 = tl.program_id(1) * QB
     hk = tl.program_id(2)
@@ -51,9 +53,11 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
         d = tl.arange(0, D)
         kperm = tl.load(KPERM + d)
         vperm = tl.load(VPERM + d)
-        kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
-        q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None], other=0.0)
-        q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [R, D]
+        if not MERGE_ONLY:  # MERGE_ONLY: the dense parts attended every key; only their states are merged here
+            kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
+            q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None],
+                        other=0.0)
+            q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [R, D]
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
@@ -65,16 +69,17 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
             l_i = tl.where(rd, 1.0, l_i)
             acc = tl.load(O0 + hk * s00 + srow[:, None] * s01 + d[None, :], mask=rd[:, None],  # V's tile order
                           other=0.0).to(tl.float32)
-        for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
-            kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
-                             ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
-            valid = (t0 + tl.arange(0, BN)) < L
-            m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
-        if HAS_FP:
-            F = tl.load(FPLEN + b)
-            for t0 in range(0, F, BN):
-                kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
-                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+        if not MERGE_ONLY:
+            for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
+                kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
+                                 ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
+                valid = (t0 + tl.arange(0, BN)) < L
+                m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
+            if HAS_FP:
+                F = tl.load(FPLEN + b)
+                for t0 in range(0, F, BN):
+                    kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
+                    m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
         if HAS_CHUNK:  # the chunk's causal part was attended already (dense.attend_chunks): merge its (out, lse)
             lc = tl.load(LSEC + b * slcb + heads * slch + (qi + q0 * lsec_glob) * slci, mask=rm,
                          other=float("-inf")) * LOG2E_  # [R], base 2 as the kernel's scores
@@ -109,12 +114,14 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         prefix=None, chunk=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q) -> None | (covered [B] int32, o0, lse0 natural log, row0) given the rotated
-    queries, that attends the first covered[b] prefix tokens of some sequences itself (`dense.attend_prefixes`); the
-    kernel reads the rest of their prefix, their full-precision buffer and chunk, continuing from that softmax state.
+    prefix: None, or a callable (q) -> None | (covered [B] int32, o0, lse0 natural log, row0, complete) given the
+    rotated queries, that attends the first covered[b] prefix tokens of some sequences itself (`dense.attend_prefixes`;
+    complete: it covered every sequence's whole prefix); the kernel reads the rest of their prefix, their
+    full-precision buffer and chunk, continuing from that softmax state.
     chunk: None, or a callable (q, k_new, v_new, max_qo_len) -> None | (out, lse, lse strides, row_global) given the
     rotated inputs, that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
-    instead of reading the chunk's keys."""
+    instead of reading the chunk's keys. With a complete prefix, the chunk attended and no full-precision buffer, the
+    kernel only merges the two states (MERGE_ONLY, in a lighter launch)."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -130,12 +137,15 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         out = poisoned((Ctot, Hq, D), torch.float32 if rot_v else dtype, q.device)
     if max_qo_len is None:
         max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
-    QB = max(1, config.block_m // group)
-    R = max(16, triton.next_power_of_2(QB * group))
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
     init = prefix(q) if prefix is not None and B and max_qo_len else None
     ch = chunk(q, k_new, v_new, max_qo_len) if chunk is not None and B and max_qo_len else None
+    merge_only = bool(init is not None and init[4] and ch is not None and not has_fp)
+    if merge_only:  # no key left for the kernel: a light launch (the full kernel's 128 x 128 tiles spill registers)
+        config = config.replace(block_m=MERGE_BLOCK_M, num_warps=4, num_stages=1)
+    QB = max(1, config.block_m // group)
+    R = max(16, triton.next_power_of_2(QB * group))
     if B and max_qo_len:
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
@@ -150,7 +160,7 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
             *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
-            HAS_INIT=init is not None, HAS_CHUNK=ch is not None,
+            HAS_INIT=init is not None, HAS_CHUNK=ch is not None, MERGE_ONLY=merge_only,
             num_warps=config.num_warps, num_stages=config.num_stages)
     if rot_v:  # the pages hold v H: out H^T
         out = (out @ hadamard(D, q.device).T).to(dtype)

@@ -285,3 +285,21 @@ def test_nan_chunk_key_poisons_only_later_queries():
     assert nan[7:, 4:].all() and not nan[:7].any() and not nan[7:, :4].any()
     fin = ~nan
     assert (got[fin].float() - ref[fin].float()).abs().max().item() / ref[fin].float().abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("name", ["q4_0", "k=lm3:g32:rot=had,v=lm4", "bf16"])
+def test_complete_dense_prefix_merge_only(name):
+    """Prefixes that are whole buckets (64 and 32 tokens, buckets of 32) and no full-precision buffer: the dense part
+    is complete, so the kernel only merges the prefix's and the chunk's states (MERGE_ONLY); a sequence with an empty
+    chunk and one with no prefix ride along."""
+    c = ([64, 32, 40, 0], [7, 20, 0, 9], 8, 2, 64, 16, name, None)
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=10)
+    kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, kw.get("k_tensor_scale"),
+                      kw.get("v_tensor_scale"), 4)
+    st = dense.attend_prefixes(q, qo, kv, 64 ** -0.5, min_rows=1, min_prefix=1, bucket=32)
+    assert st[0].tolist() == [64, 32, 0, 0] and st[4] is True
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                 out=torch.full_like(q, float("nan")))
+    assert not torch.isnan(got).any()
+    assert _err(got, ref) < TOL
