@@ -16,7 +16,11 @@ slowly (`slow_in_fused`); the fused kernel otherwise. The thresholds come from t
 (sweeps/results/h200/runs/extend-6259b1c): the dense path carried about 1 ms of fixed cost per call, so it won at a
 32K prefix (B = 1: 2.1-3.3x cuDNN against the fused 2.5-23x) and lost at 8K for the fast codecs (q4_0 6.5x against
 4.0x) and at head_dim 64 (13-24x against 3-9x). Most of that cost was a device-to-host read of the lengths, which
-`host_lens` removes (B = 1 x 32K: 1.4-2.1x cuDNN, sweeps/results/h200/extend.csv); the thresholds were not re-derived.
+`host_lens` removes (B = 1 x 32K: 1.4-2.1x cuDNN at f7b71a9). With the chunk in flash (runs/extend-chunk-622972b,
+extend_dense_vs_fused.csv, host lengths, 8K prefix, 1K chunk): at head_dim 256 (6.9e10 flops) the dense prefix ran
+kivi4 0.78 ms against the fused 1.67, fp8 0.82 / 1.94, q4_0 1.03 / 1.11, bf16 1.22 / 0.98, so DENSE_MIN_FLOPS fell from
+1e11 to 5e10; at SmolLM2's shape (1.9e10) the fused prefix stays (0.26-0.41 ms against 0.95-1.35: the dense path's
+host work, ~0.7 ms a call, dominates there).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from ..tuned import attention_key, lookup
 BACKENDS = ("auto", "triton", "dense", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
 DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
-DENSE_MIN_FLOPS = 1e11       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
+DENSE_MIN_FLOPS = 5e10       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
 DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8 and 16-entry codebooks (`slow_in_fused`)
 
 
