@@ -44,7 +44,7 @@ COMMANDS = {
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
     "dispatch_header": "written with its decode.csv",
     "store": "python benchmarks/run.py --cases store (H200)",
-    "extend": "python benchmarks/run.py --cases extend --extend-backends auto,auto_host (H200; commit column)",
+    "extend": "bash benchmarks/h200_run.sh extend-table (H200; commit column)",
     "extend_before": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
@@ -211,7 +211,8 @@ class Paper:
         return (f"Prefill (a {c(int(r0.chunk), 'd', 'extend', 'chunk')}-token chunk per sequence over a quantized "
                 f"{c(int(r0.prefix) // 1024, 'd', 'extend', 'prefix (K)')}K prefix, batch "
                 f"{c(int(r0.batch), 'd', 'extend', 'batch')}): dequantizing the "
-                "prefix once into a workspace for cuDNN and merging the chunk's causal part by log-sum-exps runs at "
+                "prefix once into a workspace for cuDNN, attending each chunk's causal part with flash (one varlen call) "
+                "and merging the two by log-sum-exps runs at "
                 f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B8 32K')}-"
                 f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B8 32K')}x cuDNN on dense bf16 K/V for all "
                 f"{len(sel)} schemes when the caller gives the lengths on the host (as the pool's prefill does; "
