@@ -103,14 +103,19 @@ def page_inputs(kv: PagedKV, D: int, device) -> tuple[dict, dict]:
             page_operands(kv.v_pages, kv.v_spec, D, False, device, kv.v_tensor_scale))
 
 
-def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: list, D: int, dtype, device) -> tuple:
+def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: list, D: int, dtype, device,
+                      out=None) -> tuple:
     """Tokens t0..t0+n of sequence b's quantized pages -> (K, V) [Hk, n, D] in `dtype` (t0 a multiple of the
     page), columns in the tiles' order: column j holds channel ops[0]["perm"][j] (K), ops[1]["perm"][j] (V).
-    ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list."""
+    ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list; out: (K, V) views to write into (same
+    strides)."""
     K, V = ops
     Hk = kv.n_kv_heads
-    ok = torch.empty(Hk, n, D, dtype=dtype, device=device)
-    ov = torch.empty_like(ok)
+    if out is None:
+        ok = torch.empty(Hk, n, D, dtype=dtype, device=device)
+        ov = torch.empty_like(ok)
+    else:
+        ok, ov = out
     if n:
         idx = kv.kv_indices[indptr[b] + t0 // kv.page_size:]
         BT = max([BLOCK_T] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
@@ -125,14 +130,20 @@ def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: 
 
 
 def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
-    """Non-causal attention with its log-sum-exp: q [H, M, D], k / v [H, N, D] (same H) ->
-    (out [H, M, D] in q.dtype, lse [H, M] float32, natural log). The first of KVLAB_DENSE_ATTN / ATTN_ORDER that
-    runs ("cudnn", "flash"); on the CPU, torch's CPU flash attention."""
-    H, M, D = q.shape
-    q4, k4, v4 = q[None], k[None], v[None]
+    """Non-causal attention with its log-sum-exp: q [(n,) H, M, D], k / v [(n,) H, N, D] (same n and H) ->
+    (out [(n,) H, M, D] in q.dtype, lse [(n,) H, M] float32, natural log). The first of KVLAB_DENSE_ATTN / ATTN_ORDER
+    that runs ("cudnn", "flash"); on the CPU, torch's CPU flash attention."""
+    if q.dim() == 4:  # a batch of sequences of equal shape: one call
+        n, H, M, D = q.shape
+        q4, k4, v4 = q, k, v
+    else:
+        n = 0
+        H, M, D = q.shape
+        q4, k4, v4 = q[None], k[None], v[None]
+    lead = (n,) if n else ()
     if not q.is_cuda:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q4, k4, v4, 0.0, False, scale=sm_scale)[:2]
-        return out[0], lse.reshape(H, M)
+        return out.reshape(*lead, H, M, D), lse.reshape(*lead, H, M)
     order = tuple(os.environ.get("KVLAB_DENSE_ATTN", ATTN_ORDER).split(","))
     key = (order, q.device.type, D, q.dtype)
     first = _ATTN.get(key)  # the one that ran last time first, then the rest of the order
@@ -146,19 +157,21 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
         except RuntimeError:
             continue
         out, lse = res[0], res[1]
-        if out.shape != q4.shape or lse.numel() < H * M:
+        if out.shape != q4.shape or lse.numel() < max(n, 1) * H * M:
             continue
         _ATTN[key] = name
-        return out[0], lse.reshape(H, -1)[:, :M].float()
+        lse = lse.reshape(max(n, 1), H, -1)[..., :M].float()
+        return (out, lse) if n else (out[0], lse[0])
     raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
 
 
-def stack_queries(q, a: int, Cb: int, Hk: int, perm: torch.Tensor, rows_padded: int, dtype) -> torch.Tensor:
+def stack_queries(q, a: int, Cb: int, Hk: int, perm: torch.Tensor, rows_padded: int, dtype, out=None) -> torch.Tensor:
     """Chunk queries a..a+Cb of q [C, Hq, D] stacked per KV head for the dense pass: [Hk, rows_padded, D] in `dtype`,
-    row g x Cb + i = query a + i of head hk x G + g, column j = channel perm[j], zero rows past G x Cb (one launch)."""
+    row g x Cb + i = query a + i of head hk x G + g, column j = channel perm[j], zero rows past G x Cb (one launch);
+    written into `out` when given (a [Hk, rows_padded, D] view, contiguous in its last dim)."""
     D = q.shape[-1]
     G = q.shape[1] // Hk
-    qs = torch.empty(Hk, rows_padded, D, dtype=dtype, device=q.device)
+    qs = torch.empty(Hk, rows_padded, D, dtype=dtype, device=q.device) if out is None else out
     BR = 32
     _stack_kernel[(triton.cdiv(rows_padded, BR), Hk)](q, qs, perm, a, Cb, G * Cb, q.stride(0), q.stride(1),
                                                       qs.stride(0), qs.stride(1), G=G, D=D, BR=BR, num_warps=4)
@@ -234,6 +247,23 @@ def _host_lists(qo_indptr, kv: PagedKV) -> tuple[list, list, list]:
     return flat[:n0], flat[n0:n0 + n1], flat[n0 + n1:]
 
 
+def _groups(covered: list, qo: list, G: int, row_bucket: int, piece: int) -> list[list[int]]:
+    """Covered sequences in attention calls: those with the same covered length and padded row count share one batched
+    call while the group's workspace stays within `piece` tokens; a prefix longer than `piece` goes alone (in
+    pieces)."""
+    groups, open_ = [], {}
+    for b, cov in enumerate(covered):
+        if not cov:
+            continue
+        key = (cov, -(-G * (qo[b + 1] - qo[b]) // row_bucket))
+        g = open_.get(key)
+        if g is None or (len(g) + 1) * cov > piece:
+            g = open_[key] = []
+            groups.append(g)
+        g.append(b)
+    return groups
+
+
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
                     bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None):
     """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
@@ -280,16 +310,29 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
         o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
         lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
     row0 = 0
-    for b in range(B):
-        if not covered[b]:
+    perm = ops[0]["perm"]
+    for grp in _groups(covered, qo, G, row_bucket, piece):
+        cov, rp = covered[grp[0]], -(-G * (qo[grp[0] + 1] - qo[grp[0]]) // row_bucket) * row_bucket
+        if len(grp) > 1:  # equal shapes: one batched attention call (cuDNN's host cost is paid once)
+            qs = torch.empty(len(grp), Hk, rp, D, dtype=adt, device=q.device)
+            k = torch.empty(len(grp), Hk, cov, D, dtype=adt, device=q.device)
+            v = torch.empty_like(k)
+            for i, b in enumerate(grp):
+                stack_queries(q, qo[b], qo[b + 1] - qo[b], Hk, perm, rp, adt, out=qs[i])
+                dequantize_prefix(kv, ops, b, 0, cov, indptr, D, adt, q.device, out=(k[i], v[i]))
+            og, lg = attend_dense(qs, k, v, sm_scale)
+            for i, b in enumerate(grp):
+                a, e = qo[b], qo[b + 1]
+                o0[:, G * a:G * e] = og[i, :, :G * (e - a)]
+                lse0[:, G * a:G * e] = lg[i, :, :G * (e - a)]
             continue
+        b = grp[0]
         a, e = qo[b], qo[b + 1]
-        Cb = e - a
-        rows = G * Cb
-        qs = stack_queries(q, a, Cb, Hk, ops[0]["perm"], -(-rows // row_bucket) * row_bucket, adt)
+        rows = G * (e - a)
+        qs = stack_queries(q, a, e - a, Hk, perm, rp, adt)
         o = lse = None
-        for t0 in range(0, covered[b], piece):
-            n = min(piece, covered[b] - t0)
+        for t0 in range(0, cov, piece):
+            n = min(piece, cov - t0)
             k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
             op, lp = attend_dense(qs, k, v, sm_scale)
             o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)

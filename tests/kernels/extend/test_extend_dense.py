@@ -303,3 +303,20 @@ def test_complete_dense_prefix_merge_only(name):
                  out=torch.full_like(q, float("nan")))
     assert not torch.isnan(got).any()
     assert _err(got, ref) < TOL
+
+
+def test_equal_shapes_share_one_batched_attention(monkeypatch):
+    """Covered sequences with the same covered length and padded rows attend in one batched call (the group's
+    workspace within MAX_PIECE tokens), others alone; both equal the reference."""
+    assert dense._groups([64, 64, 96, 0, 64], [0, 5, 14, 18, 18, 30], 4, 256, 4096) == [[0, 1, 4], [2]]
+    assert dense._groups([64, 64, 64], [0, 5, 14, 18], 4, 256, 128) == [[0, 1], [2]]
+    assert dense._groups([64, 64], [0, 5, 14 + 64], 4, 256, 4096) == [[0], [1]]  # 20 vs 292 rows: 256 vs 512 padded
+    c = ([70, 64, 100, 66], [5, 9, 4, 7], 8, 2, 64, 16, "q4_0", [2, 0, 1, 3])
+    sch, P, q, kn, vn, qo, args, kw = _setup(c, seed=12)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    calls = []
+    real = dense.attend_dense
+    monkeypatch.setattr(dense, "attend_dense", lambda qs, k, v, s: calls.append(qs.dim()) or real(qs, k, v, s))
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32)
+    assert sorted(calls) == [3, 4]  # sequences 0, 1, 3 (64 tokens covered) batched; sequence 2 (96) alone
+    assert _err(got, ref) < TOL
