@@ -28,29 +28,10 @@ def main() -> None:
     ap.add_argument("--cases", default="p8k_b1:bf16:auto_host,smollm2_p8k:bf16:auto_host,p8k_b1:q4_0:auto_host")
     ap.add_argument("--calls", type=int, default=50)
     a = ap.parse_args()
-    import kvlab
-    from run import EXTEND_SHAPES, SCHEMES, page_size
-    from kvlab.kernels.autotune import synthetic_cache
-    from kvlab.kernels.extend import extend
+    from profile_extend import extend_case
     lines = []
     for sname, name, backend in (c.split(":") for c in a.cases.split(",")):
-        shape = EXTEND_SHAPES[sname]
-        sch = kvlab.scheme(SCHEMES[name])
-        B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
-        P = page_size(sch)
-        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
-        q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-        kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
-        host = backend.endswith("_host")
-        hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
-        bk = backend[:-len("_host")] if host else backend
-        out = torch.empty_like(q)
-
-        def fn():
-            return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
-                          c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                          max_qo_len=C, backend=bk, host_lens=hl, out=out)
+        fn = extend_case(sname, name, backend)
         for _ in range(5):
             fn()
         torch.cuda.synchronize()

@@ -22,36 +22,42 @@ DEFAULT_CASES = ("p32k_b1:bf16:auto", "p32k_b1:bf16:auto_host", "p32k_b1:q4_0:au
                  "p32k_b8:q4_0:auto_host", "smollm2_p8k:q4_0:auto_host", "p32k_b1:q4_0:triton")
 
 
+def extend_case(sname: str, name: str, backend: str, out=None):
+    """A no-argument callable running one default-dispatch `extend` call of benchmarks/run.py's shape `sname` and scheme
+    `name` on a synthetic cache; backend auto / triton / dense, with "_host" the lengths passed on the host."""
+    import kvlab
+    from run import EXTEND_SHAPES, SCHEMES, page_size
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.extend import extend
+    shape = EXTEND_SHAPES[sname]
+    sch = kvlab.scheme(SCHEMES[name])
+    B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+    P = page_size(sch)
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
+    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    host = backend.endswith("_host")
+    hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
+    bk = backend[:-len("_host")] if host else backend
+
+    def fn():
+        return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
+                      c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
+                      max_qo_len=C, backend=bk, host_lens=hl, out=out)
+    return fn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
                     help="shape:scheme:backend triples (backend auto, auto_host, triton, dense, dense_host)")
     a = ap.parse_args()
-    import kvlab
-    from run import EXTEND_SHAPES, SCHEMES, page_size
-    from kvlab.kernels.autotune import synthetic_cache
-    from kvlab.kernels.extend import extend
     from torch.profiler import ProfilerActivity, profile
     lines = []
     for sname, name, backend in (c.split(":") for c in a.cases.split(",")):
-        shape = EXTEND_SHAPES[sname]
-        sch = kvlab.scheme(SCHEMES[name])
-        B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
-        P = page_size(sch)
-        c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
-        q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-        kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
-
-        host = backend.endswith("_host")
-        hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
-        bk = backend[:-len("_host")] if host else backend
-
-        def fn():
-            return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
-                          c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                          max_qo_len=C, backend=bk, host_lens=hl)
+        fn = extend_case(sname, name, backend)
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
