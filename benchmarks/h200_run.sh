@@ -10,6 +10,7 @@
 #   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
+#   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
 #   bash benchmarks/h200_run.sh extend-chunk | extend-table  # extend GPU tests, profile (PROF_CASES), dense / fused
 #                                                            # rows at short shapes | the extend table (auto, auto_host)
 #   bash benchmarks/h200_run.sh codecs | codecs-bench  # issue 16: int2 / channel-axis Gluon codecs: tests + tuning;
@@ -164,6 +165,15 @@ extend-chunk)   # issue 17: extend GPU tests, the profile of chosen cases (PROF_
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${XTRA_S:-80}" python3 benchmarks/run.py --out "$OUT/xtra" --cases extend \
     --extend-budget 60 --extend-backends dense_host,triton --extend-sweep none --fresh none \
     --schemes "${XTRA_SCHEMES:-bf16,q4_0,fp8_e4m3,kivi4}" --extend-shapes smollm2_p8k,d256_p8k,p8k_b1 2>&1 | tail -3
+  ;;
+store-rot)   # issue 17: store GPU tests, the store table for every family (rotated specs also with the old torch
+  # rotation before the kernel), then the host profile of batch-1 extend calls
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-12}" -p no:cacheprovider -rfE tests/kernels/store \
+    tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -4
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/bench" --cases store \
+    --store-prerot int4_had,lm2,lm3,lm4 ${BENCH_ARGS:-} 2>&1 | tail -3
+  column -s, -t < "$OUT/bench/store.csv" | cut -c1-150
+  timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" 2>&1 | tail -40
   ;;
 extend-table)   # issue 17: the extend table (auto_host, auto) for every scheme and shape
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \

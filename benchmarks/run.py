@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
 SCHEMES = {"bf16": "bf16", "fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
            "int4_had": "int4:g32:asym:rot=had", "kivi4": "kivi4", "kivi2": "kivi2", "int3": "int3:g32:asym",
            "int2": "int2:g32:asym", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "nf4": "nf4", "iq4nl": "iq4nl",
-           "lm2": "lm2:rot=had", "lm3": "lm3:rot=had"}  # (lm2 / lm3: the Lloyd-Max codebooks the quality search picks;
+           "lm2": "lm2:rot=had", "lm3": "lm3:rot=had", "lm4": "lm4:rot=had"}  # (lm2 / lm3 / lm4: the Lloyd-Max codebooks the quality search picks;
 # not in issue 16's list of decode.csv schemes)
 SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=128),
           "b1": dict(batch=1, context=32768, heads_q=32, heads_kv=8, head_dim=128),
@@ -227,20 +227,28 @@ def case_store(out: Path, h: dict, names, args) -> None:
     from kvlab.kernels.autotune import store_write
     emit, f = _writer(out / "store.csv", STORE_COLUMNS)
     tuned.set_cache_path(str(out / "tuned_store.json"))  # the store's autotuned picks land here
-    for name in names:
+    from kvlab.kernels.store import triton as store_triton
+    fuses = store_triton.fuses_rotation
+    prerot = set(filter(None, (getattr(args, "store_prerot", "") or "").split(",")))
+    runs = [(n, False) for n in names] + [(n, True) for n in names if n in prerot]
+    for name, pre in runs:  # pre: a rotated spec with the rotation done by torch before the kernel (the old path)
         sch = kvlab.scheme(SCHEMES[name])
         row = {"scheme": name}
+        store_triton.fuses_rotation = (lambda spec, D: False) if pre else fuses
         try:
             w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
             backend = w()  # the first launch autotunes (Triton) outside the timing
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
-            cfg = tuned.lookup(tuned.store_key(dataclasses.replace(sch.k, rotation="none"), 8, 128))
+            kspec = sch.k if store_triton.fuses_rotation(sch.k, 128) else dataclasses.replace(sch.k, rotation="none")
+            cfg = tuned.lookup(tuned.store_key(kspec, 8, 128))
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
-                       fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"], backend=backend,
-                       config=json.dumps(cfg.to_dict()) if cfg else "")
+                       fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],
+                       backend=backend + ("_prerotated" if pre else ""), config=json.dumps(cfg.to_dict()) if cfg else "")
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            store_triton.fuses_rotation = fuses
         emit(row)
     tuned.export_configs(str(out / "tuned_store.json"))
     tuned.set_cache_path(None)
@@ -411,6 +419,8 @@ def main(argv=None) -> Path:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--shapes", default="b32,b1", help=f"decode shapes, of {','.join(SHAPES)}")
+    ap.add_argument("--store-prerot", default="", help="rotated schemes also stored with the rotation done by torch "
+                    "before the kernel (backend triton_prerotated), beside the fused rotation")
     ap.add_argument("--tuned", default=str(ROOT / "sweeps/results/h200/tuned_configs.json"),
                     help="tuned-config file for the dispatch=tuned rows ('' to skip them)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds of decode timing before cells are skipped")

@@ -6,7 +6,7 @@ Reuses the decode tool's stub driver (devtools/sm90_offline.py): launches become
 The store kernel has no main loop, so the counts are per thread for one program's tile
 (BLOCK_R token rows x D elements, or for axis chan BLOCK_R channels x G tokens) over 32 x 4 warps:
 `per element` = total / (tile elements / 128). The input is bf16 as the benchmark writes it; rotated
-specs get the float32 rotated tokens (`prerotate`), as the store passes them. Channel-axis specs get
+specs the kernel rotates itself (`fuses_rotation`) get it too, others the float32 rotated tokens (`prerotate`). Channel-axis specs get
 pages of whole token groups. The counts are static (every instruction of the program once); rare exact
 fallbacks (`RARE_PATHS` in the kernel: IEEE division, the full codebook search) are in them, and `--hot`
 drops them to count what nearly every tile runs.
@@ -58,7 +58,8 @@ def main() -> None:
         G = spec.group_size(D) if not spec.is_float_storage else D
         T, Hk = 64, 8
         P = max(16, G) if spec.axis == "chan" else 16
-        x, spec_r = prerotate(torch.randn(T, Hk, D, dtype=torch.bfloat16), spec)
+        x = torch.randn(T, Hk, D, dtype=torch.bfloat16)
+        x, spec_r = (x, spec) if st.fuses_rotation(spec, D) else prerotate(x, spec)
         pages = PageLayout(spec_r, D, P, Hk).allocate(T // P, "cpu")
         kw = {"tensor_scale": torch.ones(1)} if spec.tensor_scale else {}
         if spec.static_scale:

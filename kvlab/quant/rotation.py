@@ -4,6 +4,13 @@ A normalised Sylvester Hadamard matrix H (H @ H.T = I) spreads outlier channels 
 whole head, so one scale fits a rotated row better. For head_dims that are not a power of
 two (80, 96) the rotation is block-diagonal with the largest power-of-two block dividing D.
 Attention is invariant when q and k are rotated alike; V's output is rotated back with H.T.
+
+What a rotated spec stores is defined by `rotate`: a fast Walsh-Hadamard transform in float32, in a
+fixed order of operations (constant geometry: every stage maps x to [x_even + x_odd, x_even - x_odd],
+log2(block) stages, then one multiply by the float32 constant 1/sqrt(block)). Each operation is one IEEE
+add, subtract or multiply, so any implementation that follows the same order (the Triton store fuses it,
+`kvlab.kernels.tiles.rotate`) gets the same bits on any machine; a matmul by H would not (its summation
+order is the BLAS library's). Mathematically it is x @ H; the two differ by float32 rounding only.
 """
 from __future__ import annotations
 
@@ -48,11 +55,32 @@ def hadamard_blocks(head_dim: int, block: int, device=None) -> torch.Tensor:
     return _hadamard_on(head_dim, str(torch.device(device)) if device is not None else "cpu", block)
 
 
+def norm_constant(block: int) -> float:
+    """The float32 value of 1/sqrt(block) that `rotate` multiplies by (exactly representable in float32)."""
+    return float(torch.tensor(1.0 / block ** 0.5, dtype=torch.float32))
+
+
+def fwht(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Unnormalized Walsh-Hadamard transform of float32 x [..., D] in blocks of `block` (a power of two dividing
+    D), Sylvester order, constant geometry: log2(block) stages of y = [x_even + x_odd, x_even - x_odd]."""
+    D = x.shape[-1]
+    y = x.reshape(*x.shape[:-1], D // block, block)
+    for _ in range(block.bit_length() - 1):
+        a, b = y[..., 0::2], y[..., 1::2]
+        y = torch.cat([a + b, a - b], -1)
+    return y.reshape(x.shape)
+
+
 def rotate(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] -> x @ H (float32)."""
-    return x.float() @ hadamard(x.shape[-1], x.device)
+    """x [..., D] -> x @ H in float32, by the fixed-order transform `fwht` times 1/sqrt(block) (see the module
+    docstring: this order, not the matmul's, defines the rotated values a spec stores)."""
+    D = x.shape[-1]
+    if D % 8:
+        raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {D}")
+    b = hadamard_block(D)
+    return fwht(x.float(), b) * torch.tensor(norm_constant(b), dtype=torch.float32, device=x.device)
 
 
 def unrotate(y: torch.Tensor) -> torch.Tensor:
-    """Inverse of `rotate`: y [..., D] -> y @ H.T (float32)."""
-    return y.float() @ hadamard(y.shape[-1], y.device).T
+    """Inverse of `rotate` (H is symmetric and orthonormal, so the same transform): y [..., D] -> y @ H.T."""
+    return rotate(y)

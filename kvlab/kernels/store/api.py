@@ -117,7 +117,9 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         from . import triton
         backend = "triton" if triton.why_not(spec) is None else "reference"
     if backend == "triton":
-        xr, spec_r = prerotate(x, spec)
+        # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
+        # rotated here by the same fixed-order transform
+        xr, spec_r = (x, spec) if triton.fuses_rotation(spec, D) else prerotate(x, spec)
         key = store_key(spec_r, Hk, D)
         tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
                            config=cfg or lookup(key))

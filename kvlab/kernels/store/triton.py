@@ -23,6 +23,11 @@ through `kvlab.kernels._triton_utils` (exact on GPU and interpreter), and the la
 `enable_fp_fusion=False` so no multiply-add is fused. On sm_90+ GPUs fp8 codes come from the
 hardware conversion (constexpr HW), which rounds as the oracle does. rule=mse is not here (api.py uses the
 reference). The autotune key is (head_dim, n_heads, spec constexprs), never the token count.
+
+Rotated specs (`rot=had`) with a power-of-two head_dim of one Hadamard block and token rows (constexpr ROT =
+log2 D): the program loads its whole token rows once, rotates them in registers (`tiles.rotate.fwht_rows`, the
+oracle's fixed-order transform, so the bits match) and cuts the rotated rows into its tiles; other rotated specs
+are rotated by `kvlab.quant.rotation.rotate` before the launch (`fuses_rotation`).
 """
 from __future__ import annotations
 
@@ -34,9 +39,11 @@ import triton.language as tl
 
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook16, codebook_absmax
 from ...quant.packing import plane_order
+from ...quant.rotation import hadamard_block, norm_constant
 from ..configs import StoreConfig
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
+from ..tiles.rotate import byte_tiles, fwht_rows
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -44,13 +51,16 @@ SDT_IDS = {"f16": 0, "bf16": 1, "f32": 2, "e8m0": 3, "e4m3": 4}
 RULE_IDS = {"absmax": 0, "signed": 1, "unit": 2, "full": 0, "rms": 3}  # full: absmax statistics, divisor 2^(b-1)
 RND_IDS = {"even": 0, "away": 1, "up": 2}
 # (128, *): a whole head_dim of channels for axis chan (32 tokens a row: smaller tiles were mostly per-program
-# overhead, 242 vs 79 instructions an element offline); `_prune` drops them for D=128 token rows
+# overhead, 242 vs 79 instructions an element offline); `_prune` drops them for D=128 token rows. Fewer warps on
+# the same channel tile keep more of the reductions over tokens inside a thread (offline sm_90, kivi4, per element:
+# 128 rows 4 warps 79.2, 2 warps 55.9; 64 rows 1 warp 54.9)
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8),
-                                                               (128, 4), (128, 8))]
+                                                               (128, 4), (128, 8), (64, 1), (64, 2), (128, 2))]
 # the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS"]
+AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
+                "ROT"]
 
 
 @triton.jit
@@ -345,21 +355,28 @@ def _e2m1_odd(x, s, cb_ptr):
 
 
 @triton.jit
-def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
+def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, xrot,
            W: tl.constexpr, SH: tl.constexpr, PO: tl.constexpr, STRIDED: tl.constexpr,
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
            OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr,
-           CBS: tl.constexpr):
-    """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group)."""
+           CBS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group).
+    ROT: the plane's elements come from the rotated rows xrot [BLOCK_R, NG, G] (unpadded tiles)."""
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
     NBP: tl.constexpr = GP // K
     jj = tl.arange(0, NBP)[None, None, :, None]
     kk = tl.arange(0, K)[None, None, None, :]
-    i = _elem_of(jj, kk, NB, K, STRIDED)
-    xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
-    x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
+    if ROT > 0:
+        if STRIDED:  # element k * NB + j of byte j
+            x = tl.permute(tl.reshape(xrot, [BLOCK_R, NG, K, NB]), (0, 1, 3, 2))  # [BR, NG, NB, K]
+        else:
+            x = tl.reshape(xrot, [BLOCK_R, NG, NB, K])
+    else:
+        i = _elem_of(jj, kk, NB, K, STRIDED)
+        xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
+        x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
                s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
@@ -409,11 +426,13 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
-                ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, BLOCK_R: tl.constexpr):
+                ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
+                BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
-    a contiguous vector (strided GGML packing) or a K-strided one (sequential packing)."""
+    a contiguous vector (strided GGML packing) or a K-strided one (sequential packing). ROT: the BLOCK_R token
+    rows are loaded whole, rotated in registers and cut into the K element tiles."""
     R: tl.constexpr = BLOCK_R * NG
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -426,24 +445,52 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
     j = tl.arange(0, NB)[None, :]  # [1, NB]
     lm = (t < T)[:, None]
-    X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16
-    x0, i0 = _tile(xr, 0, j, lm, sd, NB, K, ST)
-    x1, i1 = x0, i0
-    x2, i2 = x0, i0
-    x3, i3 = x0, i0
-    if K >= 2:
-        x1, i1 = _tile(xr, 1, j, lm, sd, NB, K, ST)
-    if K == 4:
-        x2, i2 = _tile(xr, 2, j, lm, sd, NB, K, ST)
-        x3, i3 = _tile(xr, 3, j, lm, sd, NB, K, ST)
-    f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
+    X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16 and ROT == 0
+    if ROT > 0:  # whole token rows [BLOCK_R, D], rotated, then cut into [R, NB] element tiles
+        tt = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+        cc = tl.arange(0, NG * G)[None, :]
+        xt = as_f32(tl.load(x_ptr + tt.to(tl.int64) * st + h * sh + cc * sd, mask=tt < T, other=0.0))
+        y = tl.reshape(fwht_rows(xt, BLOCK_R, NG * G, ROT, RC), [R, G])
+        f0, f1, f2, f3 = byte_tiles(y, R, NB, K, ST)
+        i0 = _elem_of(j, 0, NB, K, ST)
+        i1, i2, i3 = i0, i0, i0
+        if K >= 2:
+            i1 = _elem_of(j, 1, NB, K, ST)
+        if K == 4:
+            i2 = _elem_of(j, 2, NB, K, ST)
+            i3 = _elem_of(j, 3, NB, K, ST)
+        x0, x1, x2, x3 = f0, f1, f2, f3
+    else:
+        x0, i0 = _tile(xr, 0, j, lm, sd, NB, K, ST)
+        x1, i1 = x0, i0
+        x2, i2 = x0, i0
+        x3, i3 = x0, i0
+        if K >= 2:
+            x1, i1 = _tile(xr, 1, j, lm, sd, NB, K, ST)
+        if K == 4:
+            x2, i2 = _tile(xr, 2, j, lm, sd, NB, K, ST)
+            x3, i3 = _tile(xr, 3, j, lm, sd, NB, K, ST)
+        f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     one = tl.full([R], 1.0, tl.float32)
     s_raw = one
     m_raw = one * 0.0
     if STATIC:
         s_raw = one * tl.load(static_ptr)
     elif RULE != 2:
-        if SYM and RULE == 1 and X16:  # GGML's signed extreme from one max over sort keys
+        if RULE == 3:  # rms (Lloyd-Max): sqrt(mean x^2) summed in float64 and rounded once, as the oracle
+            d = f0.to(tl.float64)
+            sq = d * d
+            if K >= 2:
+                d = f1.to(tl.float64)
+                sq = sq + d * d
+            if K == 4:
+                d = f2.to(tl.float64)
+                sq = sq + d * d
+                d = f3.to(tl.float64)
+                sq = sq + d * d
+            stat = tl.sqrt(tl.sum(sq, axis=1) / G).to(tl.float32)  # NaN with a NaN element, inf with an inf
+            bad = ~(stat < float("inf"))
+        elif SYM and RULE == 1 and X16:  # GGML's signed extreme from one max over sort keys
             key = tl.maximum(tl.maximum(_ext16(x0, i0), _ext16(x1, i1)),
                              tl.maximum(_ext16(x2, i2), _ext16(x3, i3)))
             b16 = ((key >> 16) | ((key & 1) << 15)).to(tl.int16)
@@ -475,7 +522,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             bad = ~((tl.abs(mx) < float("inf")) & (tl.abs(mn) < float("inf")))  # NaN-propagating extremes
             stat = mx - mn
             m_raw = mn
-        if SYM:  # the NaN-propagating |x| max (or signed extreme) is non-finite iff an element is
+        if SYM and RULE != 3:  # the NaN-propagating |x| max (or signed extreme) is non-finite iff an element is
             bad = ~(tl.abs(stat) < float("inf"))
         # a non-finite element makes the group's scale (and zero) NaN, as the oracle does (no per-element work)
         stat = tl.where(bad, float("nan"), stat)
@@ -505,14 +552,14 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
-                  HW: tl.constexpr, CBS: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
-                    W0, ST0, HW, CBS, BLOCK_R)
+                    W0, ST0, HW, CBS, ROT, RC, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -538,39 +585,54 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         ones = tl.full([BLOCK_R, NGP, 1], 1.0, tl.float32)
         s_raw = ones
         m_raw = ones * 0.0
+        xrot = ones
+        if ROT > 0:  # whole token rows, rotated once in registers: [BR, NG, G] (unpadded: NGP = NG, GP = G)
+            cc = tl.arange(0, D)[None, :]
+            rr = r.reshape([BLOCK_R, 1])
+            xt = as_f32(tl.load(x_ptr + rr.to(tl.int64) * st + h * sh + cc * sd, mask=rr < T, other=0.0))
+            xrot = tl.reshape(fwht_rows(xt, BLOCK_R, D, ROT, RC), [BLOCK_R, NG, G])
         if STATIC:  # axis tensor: one calibrated scale for the layer
             s_raw = ones * tl.load(static_ptr)
         elif RULE != 2:
             i = tl.arange(0, GP)[None, None, :]
-            xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
-            x0 = as_f32(tl.load(xp, mask=m, other=0.0))  # [BR, NGP, GP]
+            if ROT > 0:
+                x0 = xrot
+                m = (r < T) & (i < G)
+            else:
+                xp, m = _x_ptrs(x_ptr, r, g, i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
+                x0 = as_f32(tl.load(xp, mask=m, other=0.0))  # [BR, NGP, GP]
             s_raw, m_raw = _group_stats(x0, m, i, SYM, RULE, SDIV, GP)
             if HAS_TS:  # NVFP4: group scales live under the fp32 tensor scale
                 s_raw = tl.math.div_rn(s_raw, ones * tl.load(ts_ptr))
         s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, gok, SYM, STATIC, RULE,
                                           SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
-               W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW, CBS)
+               xrot, W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW,
+               CBS, ROT, BLOCK_R)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
-                   cb_ptr, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XORC, G * BITS // 8, HW, CBS)
+                   cb_ptr, xrot, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
+                   XORC, G * BITS // 8, HW, CBS, ROT, BLOCK_R)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
-                   cb_ptr, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XORC, G * BITS // 8, HW, CBS)
+                   cb_ptr, xrot, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
+                   QMAX, XORC, G * BITS // 8, HW, CBS, ROT, BLOCK_R)
 
 
 # ---- host side -----------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def kernel_params(spec, D: int, flat: bool = True) -> dict:
-    """The constexprs that carry `spec` (rotation already applied, rule != mse) for head_dim D.
+    """The constexprs that carry `spec` (rule != mse) for head_dim D. A rotated spec must be one the kernel
+    rotates itself (`fuses_rotation`; the others are passed rotated, as their spec without rotation).
     `flat=False` keeps single-plane token-row specs on the general [rows, groups, elements] path."""
     if spec.is_float_storage:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False, CBS=0)
+                    FLAT=False, CBS=0, ROT=0, RC=1.0)
+    if spec.rotation != "none" and not fuses_rotation(spec, D):
+        raise ValueError(f"the store kernel does not rotate {spec} at head_dim {D}; pass x rotated "
+                         "(kvlab.cache.paging.prerotate) with the spec's rotation none")
     fmt, b = spec.fmt, spec.bits
     G = spec.group_size(D)
     NG = 1 if spec.axis == "chan" else D // G
@@ -592,17 +654,29 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
-             CBS=_search_mode(fmt, spec.rule))
+             CBS=_search_mode(fmt, spec.rule), ROT=0, RC=1.0)
+    if spec.rotation == "had":  # the oracle's transform over the whole row, in registers
+        p.update(ROT=D.bit_length() - 1, RC=norm_constant(D))
     for k, (w, sh, st) in enumerate(planes[:3]):
         p.update({f"W{k}": w, f"SH{k}": sh, f"ST{k}": st})
     # one plane holding whole codes, token rows: the group-row path (`_store_rows`): int codes (GGML's reciprocal,
     # or IEEE division done as a multiply with a rare exact fallback) and codebooks; fp8 keeps the general tile
     # (the timings and offline counts: benchmarks/NOTES_store.md)
     no_div = fmt == "int" or p["FMT"] == 3
-    p["FLAT"] = (flat and no_div and spec.rule != "rms" and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b
+    p["FLAT"] = (flat and no_div and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b
                  and b in (2, 4, 8)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
+
+
+def fuses_rotation(spec, D: int) -> bool:
+    """True when the kernel applies a rotated spec's Hadamard rotation itself: token rows (not axis chan) of a
+    power-of-two head_dim 16..256 that is one Hadamard block, and power-of-two groups (unpadded tiles)."""
+    if spec.rotation != "had" or spec.axis == "chan" or spec.is_float_storage:
+        return False
+    G = spec.group_size(D)
+    return (16 <= D <= 256 and D == next_pow2(D) and hadamard_block(D) == D and G == next_pow2(G)
+            and D % G == 0)
 
 
 def _search_mode(fmt: str, rule: str) -> int:
