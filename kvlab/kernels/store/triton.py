@@ -427,12 +427,14 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                BLOCK_R: tl.constexpr):
+                WH: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
     a contiguous vector (strided GGML packing) or a K-strided one (sequential packing). ROT: the BLOCK_R token
-    rows are loaded whole, rotated in registers and cut into the K element tiles."""
+    rows are loaded whole, rotated in registers and cut into the K element tiles. WH > 0: a second, sequentially
+    packed bit plane of WH bits (int3 / lm3 = 2 + 1, int5 = 4 + 1, int6 = 4 + 2) from the same codes: its bytes
+    hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane."""
     R: tl.constexpr = BLOCK_R * NG
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -533,13 +535,37 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    byte = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+    GB: tl.constexpr = G * (W + WH) // 8  # bytes of a group, every plane
+    M0: tl.constexpr = (1 << W) - 1
+    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+    byte = u & M0 if WH > 0 else u
+    hi = u >> W  # [R, NB] the second plane's bits, WH a code (only used when WH > 0)
     if K >= 2:
-        byte = byte | (_codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << W)
+        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+        byte = byte | ((u & M0 if WH > 0 else u) << W)
+        hi = hi | ((u >> W) << WH)
     if K == 4:
-        byte = byte | (_codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << 4)
-        byte = byte | (_codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS) << 6)
-    tl.store(codes_ptr + unit[:, None] * NB + j, byte.to(tl.uint8), mask=live[:, None])
+        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+        byte = byte | ((u & M0 if WH > 0 else u) << 4)
+        hi = hi | ((u >> W) << (2 * WH))
+        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+        byte = byte | ((u & M0 if WH > 0 else u) << 6)
+        hi = hi | ((u >> W) << (3 * WH))
+    tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
+    if WH > 0:  # the second plane: M = 8 / (WH * K) adjacent first-plane bytes make one byte
+        M: tl.constexpr = 8 // (WH * K)
+        NB1: tl.constexpr = NB // M
+        S: tl.constexpr = K * WH  # bits one first-plane byte contributes
+        if M == 2:
+            b0, b1 = tl.split(tl.reshape(hi, [R, NB1, 2]))
+            hb = b0 | (b1 << S)
+        else:  # M == 4: byte j of the plane takes first-plane bytes 4j .. 4j + 3
+            e, o = tl.split(tl.reshape(hi, [R, NB1, 2, 2]))  # even / odd first-plane bytes: [R, NB1, 2]
+            p0, p2 = tl.split(e)
+            p1, p3 = tl.split(o)
+            hb = p0 | (p1 << S) | (p2 << (2 * S)) | (p3 << (3 * S))
+        j1 = tl.arange(0, NB1)[None, :]
+        tl.store(codes_ptr + unit[:, None] * GB + NB + j1, hb.to(tl.uint8), mask=live[:, None])
 
 
 @triton.jit
@@ -559,7 +585,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
-                    W0, ST0, HW, CBS, ROT, RC, BLOCK_R)
+                    W0, ST0, HW, CBS, ROT, RC, W1, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -663,8 +689,11 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     # or IEEE division done as a multiply with a rare exact fallback) and codebooks; fp8 keeps the general tile
     # (the timings and offline counts: benchmarks/NOTES_store.md)
     no_div = fmt == "int" or p["FMT"] == 3
-    p["FLAT"] = (flat and no_div and spec.axis != "chan" and p["W1"] == 0 and p["W0"] == b
-                 and b in (2, 4, 8)
+    one_plane = p["W1"] == 0 and p["W0"] == b and b in (2, 4, 8)
+    # two sequentially packed planes (3 = 2 + 1, 5 = 4 + 1, 6 = 4 + 2 bits): the second from the same codes
+    two_planes = (p["W2"] == 0 and p["W1"] > 0 and spec.pack != "ggml" and p["W0"] in (2, 4)
+                  and (8 // p["W1"]) % (8 // p["W0"]) == 0 and G * p["W1"] >= 8)
+    p["FLAT"] = (flat and no_div and spec.axis != "chan" and (one_plane or two_planes)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
 
