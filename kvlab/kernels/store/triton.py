@@ -156,11 +156,13 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-           HW: tl.constexpr, CBS: tl.constexpr):
+           HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
     CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a bracket over magnitudes),
     N >= 2 an ascending codebook of N levels (a binary search over the scaled levels); both with the search as a rare
-    exact fallback."""
+    exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
+    (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
+    exact path only."""
     if FMT == 0:
         if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
             nz = s_raw == 0
@@ -173,7 +175,10 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             den = tl.where(nz, 1.0, s_val)  # [.., 1] per group
             inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))  # one division a group
             v = num * inv
-            if RARE_PATHS:
+            if MODE == 2:
+                num_b, den_b = tl.broadcast(num, den)
+                v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
+            elif RARE_PATHS and MODE == 0:
                 if tl.max(_near_half(v, inv, OFF).to(tl.int32)) > 0:  # rare (~1e-5 an element): IEEE division
                     num_b, den_b = tl.broadcast(num, den)
                     v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
@@ -208,19 +213,40 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             _, u = narrow_float(y, 3, -6, 8, 8, 0x7F)
         else:
             _, u = narrow_float(y, 2, -14, 15, 8, 0x7F)
+    elif CBS >= 1 and MODE == 2:
+        u = _cb_search(x, s_eff, cb_ptr)
     elif CBS == 1:  # fp4 e2m1 (GGML index order): bracket |x| between two scaled magnitudes, as the search picks
         u = _e2m1_codes(x, s_eff, cb_ptr)
-        if RARE_PATHS:
+        if RARE_PATHS and MODE == 0:
             if tl.max(_e2m1_odd(x, s_eff, cb_ptr).to(tl.int32)) > 0:  # rare: an odd scale or |x| far past 6 s
                 u = _cb_search(x, s_eff, cb_ptr)
     elif CBS >= 2:  # an ascending codebook of CBS levels (nf4, iq4nl, Lloyd-Max): a binary search, as the search picks
         u = _sorted_codes(x, s_eff, cb_ptr, CBS)
-        if RARE_PATHS:
+        if RARE_PATHS and MODE == 0:
             if tl.max(_sorted_odd(x, s_eff, cb_ptr, CBS).to(tl.int32)) > 0:  # rare: an odd scale, |x| far out of range
                 u = _cb_search(x, s_eff, cb_ptr)
     else:
         u = _cb_search(x, s_eff, cb_ptr)
     return u
+
+
+@triton.jit
+def _odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RECIP: tl.constexpr,
+         OFF: tl.constexpr, CBS: tl.constexpr):
+    """int32 1 where `_codes`' fast path (MODE 1) may differ from its exact one (MODE 2), 0 elsewhere; all 0 for the
+    formats without a fast path (GGML's reciprocal ints, fp8, the full codebook search)."""
+    if FMT == 0 and not RECIP:
+        nz = s_val == 0
+        inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), tl.where(nz, 1.0, s_val)))
+        odd = _near_half((x if SYM else x - m_val) * inv, inv, OFF)
+    elif CBS == 1:
+        odd = _e2m1_odd(x, s_eff, cb_ptr)
+    elif CBS >= 2:
+        odd = _sorted_odd(x, s_eff, cb_ptr, CBS)
+    else:
+        odd = x != x
+        odd = odd & ~odd  # all false
+    return odd.to(tl.int32)
 
 
 @triton.jit
@@ -421,6 +447,31 @@ def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr)
 
 
 @triton.jit
+def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
+                RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
+                HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr, K: tl.constexpr, W: tl.constexpr,
+                WH: tl.constexpr):
+    """Codes of the K element tiles [R, NB] packed into the first plane's bytes (W bits a code) and, WH > 0, the
+    second plane's bits of each byte position (the codes' bits from W on, WH a code; int32 [R, NB] both)."""
+    M0: tl.constexpr = (1 << W) - 1
+    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+    byte = u & M0 if WH > 0 else u
+    hi = u >> W
+    if K >= 2:
+        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        byte = byte | ((u & M0 if WH > 0 else u) << W)
+        hi = hi | ((u >> W) << WH)
+    if K == 4:
+        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        byte = byte | ((u & M0 if WH > 0 else u) << 4)
+        hi = hi | ((u >> W) << (2 * WH))
+        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        byte = byte | ((u & M0 if WH > 0 else u) << 6)
+        hi = hi | ((u >> W) << (3 * WH))
+    return byte, hi
+
+
+@triton.jit
 def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid, h,
                 HK: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
@@ -536,21 +587,21 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
     GB: tl.constexpr = G * (W + WH) // 8  # bytes of a group, every plane
-    M0: tl.constexpr = (1 << W) - 1
-    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
-    byte = u & M0 if WH > 0 else u
-    hi = u >> W  # [R, NB] the second plane's bits, WH a code (only used when WH > 0)
-    if K >= 2:
-        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
-        byte = byte | ((u & M0 if WH > 0 else u) << W)
-        hi = hi | ((u >> W) << WH)
-    if K == 4:
-        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
-        byte = byte | ((u & M0 if WH > 0 else u) << 4)
-        hi = hi | ((u >> W) << (2 * WH))
-        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
-        byte = byte | ((u & M0 if WH > 0 else u) << 6)
-        hi = hi | ((u >> W) << (3 * WH))
+    # the fast codes of every element tile, and one block-wide check of their rare exact fallback for all of them (a
+    # check per tile is a reduction and a barrier each: K of them a program)
+    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
+    byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC,
+                           HW, CBS, 1 if HAS_ODD else 0, K, W, WH)
+    if HAS_ODD:
+        odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
+        if K >= 2:
+            odd = odd | _odd(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
+        if K == 4:
+            odd = odd | _odd(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
+            odd = odd | _odd(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
+        if tl.max(odd) > 0:  # rare: every tile of the program by the exact path
+            byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
+                                   XORC, HW, CBS, 2, K, W, WH)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
     if WH > 0:  # the second plane: M = 8 / (WH * K) adjacent first-plane bytes make one byte
         M: tl.constexpr = 8 // (WH * K)
