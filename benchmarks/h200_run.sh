@@ -169,11 +169,16 @@ extend-chunk)   # issue 17: extend GPU tests, the profile of chosen cases (PROF_
 store-rot)   # issue 17: store GPU tests, the store table for every family (rotated specs also with the old torch
   # rotation before the kernel), then the host profile of batch-1 extend calls
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-12}" -p no:cacheprovider -rfE tests/kernels/store \
-    tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -4
+    tests/kernels/test_nonfinite_kernels.py ${STORE_TESTS_K:+-k "$STORE_TESTS_K"} 2>&1 | tee "$OUT/pytest_store.log" \
+    | tail -4
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/bench" --cases store \
-    --store-prerot int4_had,lm2,lm3,lm4 ${BENCH_ARGS:-} 2>&1 | tail -3
-  column -s, -t < "$OUT/bench/store.csv" | cut -c1-150
-  timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" 2>&1 | tail -40
+    --store-prerot "${STORE_PREROT:-int4_had,lm2,lm3,lm4}" ${STORE_SCHEMES:+--schemes "$STORE_SCHEMES"} ${BENCH_ARGS:-} \
+    2>&1 | tail -3
+  cut -d, -f1-8 "$OUT/bench/store.csv"
+  timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" 2>&1 | grep "^=="
+  [ -n "${EXT_SHAPES:-}" ] && KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${EXT_S:-90}" python3 benchmarks/run.py \
+    --out "$OUT/ext" --cases extend --extend-budget 70 --extend-backends auto_host --extend-sweep none --fresh none \
+    --schemes "${EXT_SCHEMES:-bf16,q4_0}" --extend-shapes "$EXT_SHAPES" 2>&1 | tail -2
   ;;
 extend-table)   # issue 17: the extend table (auto_host, auto) for every scheme and shape
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \

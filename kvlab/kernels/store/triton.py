@@ -158,9 +158,9 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
            HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
-    CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a bracket over magnitudes),
-    N >= 2 an ascending codebook of N levels (a binary search over the scaled levels); both with the search as a rare
-    exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
+    CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a binary search over its
+    magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels); both with the
+    search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
     exact path only."""
     if FMT == 0:
@@ -215,8 +215,10 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             _, u = narrow_float(y, 2, -14, 15, 8, 0x7F)
     elif CBS >= 1 and MODE == 2:
         u = _cb_search(x, s_eff, cb_ptr)
-    elif CBS == 1:  # fp4 e2m1 (GGML index order): bracket |x| between two scaled magnitudes, as the search picks
-        u = _e2m1_codes(x, s_eff, cb_ptr)
+    elif CBS == 1:  # fp4 e2m1 (GGML index order): the magnitude by the binary search over the 8 ascending scaled
+        # magnitudes cb[0..7] (a tie keeps the smaller, as the search's first index), the sign as index + 8 (-0 is 0)
+        mag = _sorted_codes(tl.abs(x), s_eff, cb_ptr, 8)
+        u = tl.where((x < 0) & (mag > 0), mag + 8, mag)
         if RARE_PATHS and MODE == 0:
             if tl.max(_e2m1_odd(x, s_eff, cb_ptr).to(tl.int32)) > 0:  # rare: an odd scale or |x| far past 6 s
                 u = _cb_search(x, s_eff, cb_ptr)
@@ -273,30 +275,6 @@ def _cb_search(x, s_eff, cb_ptr):
         u = tl.where(better, j, u)
         best = tl.where(better, e, best)
     return u
-
-
-@triton.jit
-def _e2m1_codes(x, s, cb_ptr):
-    """fp4 e2m1 codes (GGML order: 0..7 = +0, .5, 1, 1.5, 2, 3, 4, 6; 8 + m their negatives) equal to the
-    16-entry search of `_cb_search` for groups with 2^-100 <= s <= 2^100 and |x| <= 12 s (`_e2m1_odd` is 0):
-    a_m = s * cb[m] rise strictly, so |x| lies in [a_m, a_m+1) and only those two errors (float32, as the
-    search computes them) can be the smallest; a tie keeps the smaller magnitude, as the first index does;
-    the opposite sign and farther values are at least s / 2 worse, far above float32 rounding at |x| <= 12 s;
-    +0 beats -0 (index 0 before 8). x [..], s [.., 1] per group."""
-    ax = tl.abs(x)
-    mag = tl.zeros(x.shape, tl.int32)
-    lo = ax * 0.0  # a_0 = s * 0
-    a = s * tl.load(cb_ptr + 1)
-    hi = a + ax * 0.0  # broadcast: a_1
-    for m in tl.static_range(1, 8):
-        a_next = s * tl.load(cb_ptr + m + 1 - m // 7)  # m = 7: a_7 again, a tie that keeps a_7
-        ge = ax >= a
-        mag = tl.where(ge, m, mag)
-        lo = tl.where(ge, a, lo)
-        hi = tl.where(ge, a_next, hi)
-        a = a_next
-    mag = mag + (tl.abs(hi - ax) < tl.abs(lo - ax)).to(tl.int32)
-    return tl.where((x < 0) & (mag > 0), mag + 8, mag)
 
 
 @triton.jit
@@ -374,8 +352,9 @@ def _sorted_odd(x, s, cb_ptr, N: tl.constexpr):
 
 @triton.jit
 def _e2m1_odd(x, s, cb_ptr):
-    """1 where `_e2m1_codes` may differ from the full search: the group scale outside [2^-100, 2^100] (zero, NaN,
-    inf, subnormal products), or |x| > 2 * 6 s (a scale saturated below the group's range)."""
+    """1 where the e2m1 magnitude search (`_sorted_codes` over cb[0..7]) may differ from the full search: the group
+    scale outside [2^-100, 2^100] (zero, NaN, inf, subnormal products), or |x| > 2 * 6 s (a scale saturated below
+    the group's range)."""
     ok = (s >= 7.888609052210118e-31) & (s <= 1.2676506002282294e30)
     return ~ok | (tl.abs(x) > s * tl.load(cb_ptr + 7) * 2.0)
 
@@ -473,7 +452,8 @@ def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, S
 
 @triton.jit
 def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid, h,
-                HK: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+                grp, HK: tl.constexpr, P: tl.constexpr, D: tl.constexpr, CHAN: tl.constexpr, FMT: tl.constexpr,
+                G: tl.constexpr, NG: tl.constexpr,
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
@@ -485,19 +465,32 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     a contiguous vector (strided GGML packing) or a K-strided one (sequential packing). ROT: the BLOCK_R token
     rows are loaded whole, rotated in registers and cut into the K element tiles. WH > 0: a second, sequentially
     packed bit plane of WH bits (int3 / lm3 = 2 + 1, int5 = 4 + 1, int6 = 4 + 2) from the same codes: its bytes
-    hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane."""
+    hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane.
+    CHAN (channel-axis groups, KIVI keys): the group rows are BLOCK_R channels of one G-token group (program grp),
+    the elements of a row G consecutive tokens; everything after the loads is the same."""
     R: tl.constexpr = BLOCK_R * NG
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
-    q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG
-    t = pid * BLOCK_R + q // NG
-    g = q % NG
-    slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
-    live = (t < T) & (slot >= 0)
-    unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
-    xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+    q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG (CHAN: channel)
     j = tl.arange(0, NB)[None, :]  # [1, NB]
-    lm = (t < T)[:, None]
+    if CHAN:  # one slot for the group's G tokens (consecutive slots from a multiple of G)
+        c = pid * BLOCK_R + q
+        t = c  # (unused for the loads' rows)
+        slot = tl.load(slot_ptr + grp * G + q * 0).to(tl.int64)  # [R], one value
+        live = (c < D) & (slot >= 0)
+        unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages
+        xr = (x_ptr + (grp * G).to(tl.int64) * st + h * sh + c * sd)[:, None]  # [R, 1]
+        lm = (c < D)[:, None]
+        est = st  # element (token) stride
+    else:
+        t = pid * BLOCK_R + q // NG
+        g = q % NG
+        slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+        live = (t < T) & (slot >= 0)
+        unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
+        xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+        lm = (t < T)[:, None]
+        est = sd
     X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16 and ROT == 0
     if ROT > 0:  # whole token rows [BLOCK_R, D], rotated, then cut into [R, NB] element tiles
         tt = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -514,15 +507,15 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             i3 = _elem_of(j, 3, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
     else:
-        x0, i0 = _tile(xr, 0, j, lm, sd, NB, K, ST)
+        x0, i0 = _tile(xr, 0, j, lm, est, NB, K, ST)
         x1, i1 = x0, i0
         x2, i2 = x0, i0
         x3, i3 = x0, i0
         if K >= 2:
-            x1, i1 = _tile(xr, 1, j, lm, sd, NB, K, ST)
+            x1, i1 = _tile(xr, 1, j, lm, est, NB, K, ST)
         if K == 4:
-            x2, i2 = _tile(xr, 2, j, lm, sd, NB, K, ST)
-            x3, i3 = _tile(xr, 3, j, lm, sd, NB, K, ST)
+            x2, i2 = _tile(xr, 2, j, lm, est, NB, K, ST)
+            x3, i3 = _tile(xr, 3, j, lm, est, NB, K, ST)
         f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     one = tl.full([R], 1.0, tl.float32)
     s_raw = one
@@ -635,7 +628,8 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
-                    h, HK, P, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF, QMAX, XORC,
+                    h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF,
+                    QMAX, XORC,
                     W0, ST0, HW, CBS, ROT, RC, W1, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
@@ -744,7 +738,9 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     # two sequentially packed planes (3 = 2 + 1, 5 = 4 + 1, 6 = 4 + 2 bits): the second from the same codes
     two_planes = (p["W2"] == 0 and p["W1"] > 0 and spec.pack != "ggml" and p["W0"] in (2, 4)
                   and (8 // p["W1"]) % (8 // p["W0"]) == 0 and G * p["W1"] >= 8)
-    p["FLAT"] = (flat and no_div and spec.axis != "chan" and (one_plane or two_planes)
+    # channel-axis groups (KIVI keys): the same tile with channels as its group rows (one plane, no rotation)
+    chan_ok = spec.axis != "chan" or (one_plane and spec.rotation == "none")
+    p["FLAT"] = (flat and no_div and chan_ok and (one_plane or two_planes)
                  and G == next_pow2(G) and NG == next_pow2(NG))  # unpadded tiles: power-of-two group sizes and counts
     return p
 
@@ -760,8 +756,8 @@ def fuses_rotation(spec, D: int) -> bool:
 
 
 def _search_mode(fmt: str, rule: str) -> int:
-    """The store's CBS constexpr: 1 for fp4 e2m1 in GGML order (its magnitude bracket; that order is not ascending),
-    the number of levels of an ascending codebook of 4, 8 or 16 levels (nf4, iq4nl, Lloyd-Max), 0 (the full search)
+    """The store's CBS constexpr: 1 for fp4 e2m1 in GGML order (a search over its 8 ascending magnitudes; the whole
+    order is not ascending), the number of levels of an ascending codebook of 4, 8 or 16 levels (nf4, iq4nl, Lloyd-Max), 0 (the full search)
     otherwise."""
     if fmt == "fp4_e2m1":
         return 1 if rule != "rms" else 0

@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 import torch
-from store_cases import DEV, POISON, as_bytes, assert_same_pages, make_input, run_store, spec_id, spec_of
+from store_cases import (DEV, POISON, as_bytes, assert_same_pages, make_input, page_size_for, run_store, spec_id,
+                         spec_of)
 
 from kvlab.cache.layout import PageLayout
 from kvlab.cache.paging import calibrate
@@ -145,7 +146,8 @@ FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=
               "int4:g32:asym:rot=had:recip", "mxfp4", "nvfp4", "nf4", "iq4nl", "int4:g32:asym", "int2:g32:asym",
               "int4:g32:asym:rot=had", "int8:g32:sym:rnd=away", "int2:g16:sym:rnd=up", "freetoken:q4_0",
               "fp4_e2m1:g32:s=f16", "fp4_e2m1:g16:s=e4m3:ts:rot=had", "int3:g32:asym", "int3:g16:sym:rot=had",
-              "int5:g32:sym:rnd=up:recip", "int6:g16:asym", "lm3:g64", "lm3:g32:rot=had", "lm2:g64:rot=had", "lm4:g64"]
+              "int5:g32:sym:rnd=up:recip", "int6:g16:asym", "lm3:g64", "lm3:g32:rot=had", "lm2:g64:rot=had", "lm4:g64",
+              "kivi4", "kivi2", "int2:g16:chan:sym", "int4:g16:chan:sym:rule=signed", "lm2:g16:chan", "nf4:g32:chan"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
@@ -158,7 +160,7 @@ def test_group_row_path(name, dtype, monkeypatch):
     spec = spec_of(name)
     assert kernel_params(dataclasses.replace(spec, rotation="none"), 64)["FLAT"], name
     x = edge_input(spec).to(dtype).to(DEV)
-    T, P = x.shape[0], 16
+    T, P = x.shape[0], page_size_for(spec)
     lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
     slots = torch.arange(T, device=DEV) + P
     s, ts = calibrate(x.float(), spec)
@@ -175,14 +177,16 @@ def test_group_row_path(name, dtype, monkeypatch):
 def test_group_row_path_selection():
     """FLAT for token rows of int (reciprocal, or IEEE division now a multiply by the group's reciprocal with a rare
     exact fallback) and codebook specs in one plane or two sequentially packed planes (3, 5, 6 bits; Lloyd-Max rms
-    specs too); not for fp8, GGML-packed bit planes, three planes, float storage, chan."""
+    specs too), for channel-axis groups of one plane (KIVI keys: channels as the group rows); not for fp8,
+    GGML-packed bit planes, three planes, float storage, channel-axis bit planes."""
     from kvlab.kernels.store.triton import kernel_params
     names = ["q4_0", "q8_0", "fp8_e4m3", "mxfp4", "int4:g32:asym", "freetoken:q4_0", "int3:g32:asym", "bf16",
              "int4:g32:chan:asym", "lm3:g64", "lm2:g64", "int5:g32:sym", "int6:g32:asym", "int7:g32:asym",
-             "int3:g32:asym:pack=ggml", "q5_0"]
+             "int3:g32:asym:pack=ggml", "q5_0", "int3:g32:chan:asym", "kivi2"]
     flat = {n: kernel_params(spec_of(n), 128)["FLAT"] for n in names}
     assert flat == {"q4_0": True, "q8_0": True, "fp8_e4m3": False, "mxfp4": True, "int4:g32:asym": True,
-                    "freetoken:q4_0": True, "int3:g32:asym": True, "bf16": False, "int4:g32:chan:asym": False,
+                    "freetoken:q4_0": True, "int3:g32:asym": True, "bf16": False, "int4:g32:chan:asym": True,
+                    "int3:g32:chan:asym": False, "kivi2": True,
                     "lm3:g64": True, "lm2:g64": True, "int5:g32:sym": True, "int6:g32:asym": True,
                     "int7:g32:asym": False, "int3:g32:asym:pack=ggml": False, "q5_0": False}
 
