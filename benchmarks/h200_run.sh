@@ -171,11 +171,19 @@ store-rot)   # issue 17: store GPU tests, the store table for every family (rota
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-12}" -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/test_nonfinite_kernels.py ${STORE_TESTS_K:+-k "$STORE_TESTS_K"} 2>&1 | tee "$OUT/pytest_store.log" \
     | tail -4
+  pkill -f "pytest" ; sleep 2   # xdist workers outlive a timeout and would load the CPU under the timings below
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/bench" --cases store \
     --store-prerot "${STORE_PREROT:-int4_had,lm2,lm3,lm4}" ${STORE_SCHEMES:+--schemes "$STORE_SCHEMES"} ${BENCH_ARGS:-} \
     2>&1 | tail -3
   cut -d, -f1-8 "$OUT/bench/store.csv"
   timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" 2>&1 | grep "^=="
+  for s in ${NCU_SCHEMES:-}; do   # Nsight Compute on one store launch (fixed 32-row tiles, 4 warps)
+    timeout 90 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section Occupancy --section SchedulerStats --section LaunchStats \
+      python3 benchmarks/profile_store.py "$s" --block-rows 32 > "$OUT/ncu_store_$s.txt" 2>&1
+    grep -E "Duration|Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible" \
+      "$OUT/ncu_store_$s.txt" | sed "s/^/$s /" | head -14
+  done
   [ -n "${EXT_SHAPES:-}" ] && KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${EXT_S:-90}" python3 benchmarks/run.py \
     --out "$OUT/ext" --cases extend --extend-budget 70 --extend-backends auto_host --extend-sweep none --fresh none \
     --schemes "${EXT_SCHEMES:-bf16,q4_0}" --extend-shapes "$EXT_SHAPES" 2>&1 | tail -2

@@ -24,7 +24,8 @@ def main() -> None:
     from kvlab.kernels.store import store
     from kvlab.spec import scheme
     spec = scheme(a.scheme).k
-    T, Hk, D, P = a.tokens, 8, 128, 16
+    T, Hk, D = a.tokens, 8, 128
+    P = max(16, spec.group) if spec.axis == "chan" else 16  # channel-axis groups fill whole pages
     x = torch.randn(T, Hk, D, device=a.device, dtype=torch.bfloat16)
     pages = PageLayout(spec, D, P, Hk).allocate(-(-T // P), a.device)
     slots = torch.arange(T, device=a.device, dtype=torch.int64)
