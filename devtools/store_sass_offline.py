@@ -73,10 +73,11 @@ def main() -> None:
             for ln in sass(k).splitlines():
                 m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
                 if m:
-                    ops[m.group(1) + ((m.group(2) or "") if m.group(1) in ("LDG", "STG") else "")] += 1
+                    ops[m.group(1) + ((m.group(2) or "") if m.group(1) in ("LDG", "STG", "LDS", "STS") else "")] += 1
             total, per_el = sum(ops.values()), tile / (32 * a.warps)
             print(f"{name:12s} {resources(k).split(' CONSTANT')[0]} instrs/thread={total} "
-                  f"per element={total / per_el:.1f} barriers={ops['BAR']}  " + " ".join(f"{o}:{c}" for o, c in ops.most_common(14)))
+                  f"per element={total / per_el:.1f} barriers={ops['BAR']} memory=[" + " ".join(
+                      f"{o}:{c}" for o, c in sorted(ops.items()) if o[:3] in ("LDG", "STG", "LDS", "STS")) + "]  " + " ".join(f"{o}:{c}" for o, c in ops.most_common(14)))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
 # the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
+# sequentially packed token rows load each group row as one contiguous vector and split it into the K element tiles
+# in registers (False: K strided scalar loads, one per element, which left int2's store L1-bound on the H200)
+SEQ_VECTOR = tl.constexpr(True)
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
                 "ROT"]
 
@@ -506,6 +509,16 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             i2 = _elem_of(j, 2, NB, K, ST)
             i3 = _elem_of(j, 3, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
+    elif SEQ_VECTOR and not CHAN and not ST and K > 1:  # sequential packing: one contiguous [R, G] load, split
+        cg = tl.arange(0, G)[None, :]
+        x0, x1, x2, x3 = byte_tiles(tl.load(xr + cg * sd, mask=lm, other=0.0), R, NB, K, False)
+        i0 = _elem_of(j, 0, NB, K, ST)
+        i1 = _elem_of(j, 1, NB, K, ST)
+        i2, i3 = i0, i0
+        if K == 4:
+            i2 = _elem_of(j, 2, NB, K, ST)
+            i3 = _elem_of(j, 3, NB, K, ST)
+        f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     else:
         x0, i0 = _tile(xr, 0, j, lm, est, NB, K, ST)
         x1, i1 = x0, i0

@@ -1,0 +1,54 @@
+"""Store kernel variants timed at fixed configs (no autotuning: seconds, not minutes, of compiles).
+
+    python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--seq-vector 0|1]
+
+One process per variant of a module-level constexpr (Triton keeps the first value it compiled with). Prints one line
+per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
+bandwidth measured in the same process.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("schemes", nargs="+")
+    ap.add_argument("--configs", default="16x4,32x4")
+    ap.add_argument("--seq-vector", type=int, default=1)
+    a = ap.parse_args()
+    import triton
+    import triton.language as tl
+
+    import kvlab
+    from kvlab.kernels.autotune import store_write
+    from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import triton as st
+    from run import SCHEMES, page_size
+    st.SEQ_VECTOR = tl.constexpr(bool(a.seq_vector))
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20, return_mode="median")
+    tbps = 2 * src.numel() / copy / 1e9
+    for name in a.schemes:
+        sch = kvlab.scheme(SCHEMES.get(name, name))
+        w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
+        for c in a.configs.split(","):
+            br, nw = (int(v) for v in c.split("x"))
+            cfg = StoreConfig(block_r=br, num_warps=nw)
+            w(cfg)
+            ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
+            print(f"variant seq_vector={a.seq_vector} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
