@@ -59,9 +59,11 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
 # the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
-# sequentially packed token rows load each group row as one contiguous vector and split it into the K element tiles
-# in registers (False: K strided scalar loads, one per element, which left int2's store L1-bound on the H200)
-SEQ_VECTOR = tl.constexpr(True)
+# True: sequentially packed token rows load each group row as one contiguous vector and split it into the K element
+# tiles in registers. Off until timed: the strided scalar loads (one per element) left int2's store L1-bound on the
+# H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%), but the split costs instructions (offline sm_90 --hot, int2
+# 37.2 -> 52.8 an element, 3 -> 7 barriers); `benchmarks/store_variants.py --seq-vector 0|1` measures both
+SEQ_VECTOR = tl.constexpr(False)
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
                 "ROT"]
 

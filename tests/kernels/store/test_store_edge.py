@@ -324,3 +324,27 @@ def test_sorted_codebook_bracket_exact(name, monkeypatch):
         ref, _ = run_store(y.to(DEV), slots, lay, 3, spec, "reference")
         tri, _ = run_store(y.to(DEV), slots, lay, 3, spec, "triton")
         assert_same_pages(ref, tri, name + " without the fallback")
+
+
+SEQ_SPECS = ["int2:g32:asym", "int3:g32:asym", "lm2:g64", "lm4:g32", "nf4", "int4:g16:sym:rule=signed",
+             "int4:g32:asym:rnd=up:recip"]
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="switches a module constexpr: interpreter only (a GPU keeps its compile)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("name", SEQ_SPECS, ids=[spec_id(n) for n in SEQ_SPECS])
+def test_sequential_vector_loads(name, dtype, monkeypatch):
+    """The group-row path's contiguous-load variant (SEQ_VECTOR: one vector load a group row, split into the K element
+    tiles in registers) stores the oracle's bytes, edge values included."""
+    import triton.language as tl
+
+    from kvlab.kernels.store import triton as st
+    monkeypatch.setattr(st, "SEQ_VECTOR", tl.constexpr(True))
+    spec = spec_of(name)
+    x = edge_input(spec).to(dtype).to(DEV)
+    T, P = x.shape[0], page_size_for(spec)
+    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+    _nan_aware_equal(ref, tri, f"{name} {dtype} SEQ_VECTOR", spec)
