@@ -196,7 +196,13 @@ class Paper:
                 f"Store (quantize + pack + scatter of a {c(int(st.loc['q4_0', 'tokens']) // 1024, 'd', 'store', 'tokens (K)')}K-token write) reaches "
                 f"{c(st.loc['q4_0', 'fraction_of_copy'], '.2f', 'store', 'q4_0 / fraction_of_copy')} of copy bandwidth "
                 f"for q4_0 but {c(st.loc['kivi4', 'fraction_of_copy'], '.2f', 'store', 'kivi4 / fraction_of_copy')} "
-                "for kivi4's channel-axis keys.", "", self._extend_line(), "", fi_line, ""]
+                "for kivi4's channel-axis keys, "
+                f"{c(st.loc['mxfp4', 'fraction_of_copy'], '.2f', 'store', 'mxfp4 / fraction_of_copy')} for mxfp4 and "
+                f"{c(st.loc['int4_had', 'fraction_of_copy'], '.2f', 'store', 'int4_had / fraction_of_copy')} for "
+                "int4_had, whose Hadamard rotation runs inside the kernel (the oracle defines it as a fixed-order fast "
+                "Walsh-Hadamard transform, so the kernel reproduces its bits): the formats with a division, a codebook "
+                "search or bit planes are bound by instruction issue or by one load per element, not by bytes.", "",
+                self._extend_line(), "", fi_line, ""]
 
     def _extend_line(self) -> str:
         """Prefill over a quantized prefix: the dense-prefix path against cuDNN on dense bf16 K/V."""

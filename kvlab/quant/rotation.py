@@ -63,11 +63,14 @@ def norm_constant(block: int) -> float:
 def fwht(x: torch.Tensor, block: int) -> torch.Tensor:
     """Unnormalized Walsh-Hadamard transform of float32 x [..., D] in blocks of `block` (a power of two dividing
     D), Sylvester order, constant geometry: log2(block) stages of y = [x_even + x_odd, x_even - x_odd]."""
-    D = x.shape[-1]
-    y = x.reshape(*x.shape[:-1], D // block, block)
-    for _ in range(block.bit_length() - 1):
-        a, b = y[..., 0::2], y[..., 1::2]
-        y = torch.cat([a + b, a - b], -1)
+    n = x.numel() // block
+    y = x.reshape(n, block)
+    bufs = [torch.empty(n, 2, block // 2, dtype=x.dtype, device=x.device) for _ in range(min(2, block.bit_length() - 1))]
+    for i in range(block.bit_length() - 1):  # ping-pong buffers: no concatenation copies (2x faster on the CPU)
+        pairs, out = y.view(n, block // 2, 2), bufs[i % 2]
+        torch.add(pairs[..., 0], pairs[..., 1], out=out[:, 0])  # [n, block/2] sums
+        torch.sub(pairs[..., 0], pairs[..., 1], out=out[:, 1])  # differences
+        y = out.view(n, block)
     return y.reshape(x.shape)
 
 

@@ -6,7 +6,7 @@ x_even - x_odd]; log2(D) stages; then one multiply by the float32 constant 1/sqr
 same operations on a [BR, D] register tile, so the store reads the 16-bit tokens once and never writes a
 float32 rotated copy. Each stage is a split of adjacent pairs, one add and one subtract an element, and a
 join + transpose that Triton lowers to register moves and a shared-memory exchange (offline sm_90: about
-17 instructions an element for the whole load-rotate-store of a [32, 128] tile, `benchmarks/NOTES_store.md`).
+17 instructions an element for a whole load-rotate-store of a [32, 128] tile; `benchmarks/NOTES_store.md`).
 
 This module imports Triton; only Triton backends and other tiles import it.
 """
