@@ -1,8 +1,8 @@
 """Store kernel variants timed at fixed configs (no autotuning: seconds, not minutes, of compiles).
 
-    python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--seq-vector 0|1]
+    python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--packed 0|1]
 
-One process per variant of a module-level constexpr (Triton keeps the first value it compiled with). Prints one line
+--packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
 bandwidth measured in the same process.
 """
@@ -23,17 +23,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("schemes", nargs="+")
     ap.add_argument("--configs", default="16x4,32x4")
-    ap.add_argument("--seq-vector", type=int, default=1)
+    ap.add_argument("--packed", type=int, default=1)
     a = ap.parse_args()
     import triton
-    import triton.language as tl
 
     import kvlab
     from kvlab.kernels.autotune import store_write
     from kvlab.kernels.configs import StoreConfig
     from kvlab.kernels.store import triton as st
     from run import SCHEMES, page_size
-    st.SEQ_VECTOR = tl.constexpr(bool(a.seq_vector))
+    st.PACKED_LOADS = bool(a.packed)
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20, return_mode="median")
@@ -46,7 +45,7 @@ def main() -> None:
             cfg = StoreConfig(block_r=br, num_warps=nw)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
-            print(f"variant seq_vector={a.seq_vector} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+            print(f"variant packed={a.packed} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

@@ -59,13 +59,13 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
 # the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
-# True: sequentially packed token rows load each group row as one contiguous vector and split it into the K element
-# tiles in registers. Off until timed: the strided scalar loads (one per element) left int2's store L1-bound on the
-# H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%), but the split costs instructions (offline sm_90 --hot, int2
-# 37.2 -> 52.8 an element, 3 -> 7 barriers); `benchmarks/store_variants.py --seq-vector 0|1` measures both
-SEQ_VECTOR = tl.constexpr(False)
+# sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
+# the per-element 2-byte loads left int2's store L1-bound on the H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%);
+# offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
+# element). False: the per-element loads (for `benchmarks/store_variants.py`)
+PACKED_LOADS = True
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
-                "ROT"]
+                "ROT", "PK"]
 
 
 @triton.jit
@@ -463,7 +463,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                WH: tl.constexpr, BLOCK_R: tl.constexpr):
+                WH: tl.constexpr, PK: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -472,7 +472,9 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     packed bit plane of WH bits (int3 / lm3 = 2 + 1, int5 = 4 + 1, int6 = 4 + 2) from the same codes: its bytes
     hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane.
     CHAN (channel-axis groups, KIVI keys): the group rows are BLOCK_R channels of one G-token group (program grp),
-    the elements of a row G consecutive tokens; everything after the loads is the same."""
+    the elements of a row G consecutive tokens; everything after the loads is the same. PK (sequential packing of
+    16-bit inputs with unit element stride, rows aligned): the K elements of a byte are K contiguous 16-bit values,
+    loaded as one 2K-byte word and cut by shifts, so a warp's load is one contiguous run instead of K strided ones."""
     R: tl.constexpr = BLOCK_R * NG
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -511,13 +513,18 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             i2 = _elem_of(j, 2, NB, K, ST)
             i3 = _elem_of(j, 3, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
-    elif SEQ_VECTOR and not CHAN and not ST and K > 1:  # sequential packing: one contiguous [R, G] load, split
-        cg = tl.arange(0, G)[None, :]
-        x0, x1, x2, x3 = byte_tiles(tl.load(xr + cg * sd, mask=lm, other=0.0), R, NB, K, False)
+    elif PK:  # byte j's K elements in one word [R, NB] (little-endian: element k at bits 16 k)
+        wt = tl.load(xr.to(tl.pointer_type(tl.int64 if K == 4 else tl.int32)) + j, mask=lm, other=0)
+        XT: tl.constexpr = x_ptr.dtype.element_ty
+        x0 = wt.to(tl.int16).to(XT, bitcast=True)
+        x1 = (wt >> 16).to(tl.int16).to(XT, bitcast=True)
+        x2, x3 = x0, x0
         i0 = _elem_of(j, 0, NB, K, ST)
         i1 = _elem_of(j, 1, NB, K, ST)
         i2, i3 = i0, i0
         if K == 4:
+            x2 = (wt >> 32).to(tl.int16).to(XT, bitcast=True)
+            x3 = (wt >> 48).to(tl.int16).to(XT, bitcast=True)
             i2 = _elem_of(j, 2, NB, K, ST)
             i3 = _elem_of(j, 3, NB, K, ST)
         f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
@@ -637,7 +644,8 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
-                  HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, PK: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
@@ -645,7 +653,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
                     h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF,
                     QMAX, XORC,
-                    W0, ST0, HW, CBS, ROT, RC, W1, BLOCK_R)
+                    W0, ST0, HW, CBS, ROT, RC, W1, PK, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -760,6 +768,15 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     return p
 
 
+def packed_loads(x: torch.Tensor, p: dict) -> bool:
+    """The group-row path's word loads (constexpr PK): sequentially packed token rows of 2 or 4 codes a byte, a 16-bit
+    x with unit element stride whose rows, heads and base are aligned to a word of K elements."""
+    K = 8 // p["W0"]
+    return bool(PACKED_LOADS and p["FLAT"] and not p["CHAN"] and not p["ROT"] and not p["ST0"] and K in (2, 4)
+                and x.element_size() == 2 and x.stride(2) == 1 and x.stride(0) % K == 0 and x.stride(1) % K == 0
+                and x.data_ptr() % (2 * K) == 0)
+
+
 def fuses_rotation(spec, D: int) -> bool:
     """True when the kernel applies a rotated spec's Hadamard rotation itself: token rows (not axis chan) of a
     power-of-two head_dim 16..256 that is one Hadamard block, and power-of-two groups (unpadded tiles)."""
@@ -870,7 +887,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
     args = (x, codes, scales, zeros, slots, static, ts, lut, T, *x.stride())
-    const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), **p)
+    const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), PK=packed_loads(x, p), **p)
     if config is None and interpreting():
         config = StoreConfig(block_r=min(16, max(4, next_pow2(n_rows))), num_warps=4)
     if config is not None:

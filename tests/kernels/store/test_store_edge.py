@@ -326,25 +326,32 @@ def test_sorted_codebook_bracket_exact(name, monkeypatch):
         assert_same_pages(ref, tri, name + " without the fallback")
 
 
-SEQ_SPECS = ["int2:g32:asym", "int3:g32:asym", "lm2:g64", "lm4:g32", "nf4", "int4:g16:sym:rule=signed",
-             "int4:g32:asym:rnd=up:recip"]
+
+PK_SPECS = ["int2:g32:asym", "int3:g32:asym", "lm2:g64", "lm4:g32", "nf4", "nvfp4", "int4:g16:sym:rule=signed",
+            "int6:g16:asym"]
 
 
-@pytest.mark.skipif(DEV != "cpu", reason="switches a module constexpr: interpreter only (a GPU keeps its compile)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("name", SEQ_SPECS, ids=[spec_id(n) for n in SEQ_SPECS])
-def test_sequential_vector_loads(name, dtype, monkeypatch):
-    """The group-row path's contiguous-load variant (SEQ_VECTOR: one vector load a group row, split into the K element
-    tiles in registers) stores the oracle's bytes, edge values included."""
-    import triton.language as tl
-
-    from kvlab.kernels.store import triton as st
-    monkeypatch.setattr(st, "SEQ_VECTOR", tl.constexpr(True))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", PK_SPECS, ids=[spec_id(n) for n in PK_SPECS])
+def test_packed_word_loads(name, dtype):
+    """Sequentially packed codes of 16-bit inputs load a byte's K elements as one word (PK): the oracle's bytes with
+    edge values; and an input whose rows are not word-aligned (a view one element in) takes the element loads, with
+    the same bytes."""
+    from kvlab.kernels.store.triton import kernel_params, packed_loads
     spec = spec_of(name)
     x = edge_input(spec).to(dtype).to(DEV)
     T, P = x.shape[0], page_size_for(spec)
     lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
     slots = torch.arange(T, device=DEV) + P
-    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
-    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton")
-    _nan_aware_equal(ref, tri, f"{name} {dtype} SEQ_VECTOR", spec)
+    s, ts = calibrate(x.float(), spec)
+    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    assert packed_loads(x, kernel_params(spec, 64))
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, tri, f"{name} {dtype} word loads", spec)
+    wide = torch.zeros(T, 1, 65, dtype=dtype, device=DEV)
+    wide[:, :, 1:] = x
+    odd = wide[:, :, 1:]  # unit element stride, rows 65 elements apart, base one element in: not word-aligned
+    assert not packed_loads(odd, kernel_params(spec, 64))
+    tri_odd, _ = run_store(odd, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, tri_odd, f"{name} {dtype} element loads", spec)
