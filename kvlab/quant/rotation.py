@@ -65,6 +65,11 @@ def fwht(x: torch.Tensor, block: int) -> torch.Tensor:
     D), Sylvester order, constant geometry: log2(block) stages of y = [x_even + x_odd, x_even - x_odd]."""
     n = x.numel() // block
     y = x.reshape(n, block)
+    if x.requires_grad:  # the same operations through autograd (out= writes are not differentiable)
+        for _ in range(block.bit_length() - 1):
+            pairs = y.view(n, block // 2, 2)
+            y = torch.cat([pairs[..., 0] + pairs[..., 1], pairs[..., 0] - pairs[..., 1]], -1)
+        return y.reshape(x.shape)
     bufs = [torch.empty(n, 2, block // 2, dtype=x.dtype, device=x.device) for _ in range(min(2, block.bit_length() - 1))]
     for i in range(block.bit_length() - 1):  # ping-pong buffers: no concatenation copies (2x faster on the CPU)
         pairs, out = y.view(n, block // 2, 2), bufs[i % 2]
