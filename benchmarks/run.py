@@ -227,20 +227,21 @@ def case_store(out: Path, h: dict, names, args) -> None:
     from kvlab.kernels.autotune import store_write
     emit, f = _writer(out / "store.csv", STORE_COLUMNS)
     tuned.set_cache_path(str(out / "tuned_store.json"))  # the store's autotuned picks land here
-    from kvlab.kernels.store import triton as store_triton
-    fuses = store_triton.fuses_rotation
+    from kvlab.kernels.store import api as store_api
+    fuses = store_api.fuses_rotation
     prerot = set(filter(None, (getattr(args, "store_prerot", "") or "").split(",")))
     runs = [(n, False) for n in names] + [(n, True) for n in names if n in prerot]
     for name, pre in runs:  # pre: a rotated spec with the rotation done by torch before the kernel (the old path)
         sch = kvlab.scheme(SCHEMES[name])
         row = {"scheme": name}
-        store_triton.fuses_rotation = (lambda spec, D: False) if pre else fuses
+        # pre: the api rotates in torch first (its picks land under the unrotated spec's key, as the old path's did)
+        store_api.fuses_rotation = (lambda spec, D: False) if pre else fuses
         try:
             w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
             backend = w()  # the first launch autotunes (Triton) outside the timing
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
-            kspec = sch.k if store_triton.fuses_rotation(sch.k, 128) else dataclasses.replace(sch.k, rotation="none")
+            kspec = sch.k if store_api.fuses_rotation(sch.k, 128) else dataclasses.replace(sch.k, rotation="none")
             cfg = tuned.lookup(tuned.store_key(kspec, 8, 128))
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
                        fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],
@@ -248,7 +249,7 @@ def case_store(out: Path, h: dict, names, args) -> None:
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         finally:
-            store_triton.fuses_rotation = fuses
+            store_api.fuses_rotation = fuses
         emit(row)
     tuned.export_configs(str(out / "tuned_store.json"))
     tuned.set_cache_path(None)

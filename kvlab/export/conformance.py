@@ -243,8 +243,11 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
                          "lowest plane first; a w-bit plane puts element i in byte i*w//8 at bit (i*w)%8 "
                          "(4-bit: element 2j in the low nibble of byte j, element 2j+1 in the high nibble)"))
     if spec.rotation == "had":
-        d["rotation"] = ("rows are rotated x @ H before grouping, H = kvlab.quant.rotation.hadamard(head_dim) "
-                         "(orthonormal Sylvester Hadamard, block-diagonal when head_dim is not a power of two); "
+        d["rotation"] = ("rows are rotated before grouping: x @ H with H the orthonormal Sylvester Hadamard matrix "
+                         "(block-diagonal in blocks of the largest power of two dividing head_dim, at most 256), "
+                         "computed in float32 exactly as kvlab.quant.rotation.rotate does for the stored bytes to "
+                         "match: per block, log2(block) stages of y = [x_even + x_odd, x_even - x_odd] (even / odd "
+                         "elements of the previous stage), then one multiply by 1/sqrt(block) rounded to float32; "
                          "decode returns y @ H.T")
     return d
 

@@ -213,8 +213,8 @@ def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
 
 
 def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
-    from ..cache.paging import prerotate
-    from .store.triton import CANDIDATES, fuses_rotation
+    from .store.plan import kernel_spec
+    from .store.triton import CANDIDATES
     write = store_write(spec, ctx, Hk, D, P, device)
 
     def launcher(cfg):
@@ -224,6 +224,5 @@ def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save:
     if not res:
         raise RuntimeError(f"no store config ran for {spec}")
     best_ms, best = min(res, key=lambda r: r[0])
-    kspec = spec if fuses_rotation(spec, D) else prerotate(write.x[:1], spec)[1]  # the spec the kernel sees (api.store)
-    record(store_key(kspec, Hk, D), best, best_ms, save=save)
+    record(store_key(kernel_spec(spec, D), Hk, D), best, best_ms, save=save)
     return best, best_ms

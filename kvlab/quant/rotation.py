@@ -56,13 +56,16 @@ def hadamard_blocks(head_dim: int, block: int, device=None) -> torch.Tensor:
 
 
 def norm_constant(block: int) -> float:
-    """The float32 value of 1/sqrt(block) that `rotate` multiplies by (exactly representable in float32)."""
+    """1/sqrt(block) rounded to float32 (returned as a Python float holding that float32 value): what `rotate`
+    multiplies by."""
     return float(torch.tensor(1.0 / block ** 0.5, dtype=torch.float32))
 
 
 def fwht(x: torch.Tensor, block: int) -> torch.Tensor:
     """Unnormalized Walsh-Hadamard transform of float32 x [..., D] in blocks of `block` (a power of two dividing
     D), Sylvester order, constant geometry: log2(block) stages of y = [x_even + x_odd, x_even - x_odd]."""
+    if block < 1 or block & (block - 1) or x.shape[-1] % block:
+        raise ValueError(f"Walsh-Hadamard block {block} must be a power of two dividing the last dim {x.shape[-1]}")
     n = x.numel() // block
     y = x.reshape(n, block)
     if x.requires_grad:  # the same operations through autograd (out= writes are not differentiable)
@@ -86,7 +89,9 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     if D % 8:
         raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {D}")
     b = hadamard_block(D)
-    return fwht(x.float(), b) * torch.tensor(norm_constant(b), dtype=torch.float32, device=x.device)
+    # a Python float (the float32 value): no host-to-device copy, so rotations can run inside CUDA-graph capture;
+    # float32 x times an exactly-float32 constant rounds once, as the kernel's multiply does
+    return fwht(x.float(), b) * norm_constant(b)
 
 
 def unrotate(y: torch.Tensor) -> torch.Tensor:

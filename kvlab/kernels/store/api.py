@@ -13,6 +13,7 @@ from ..checks import FLOAT_DTYPES, INDEX_DTYPES, need
 from ..configs import config_from_dict
 from ..env import can_launch
 from ..tuned import lookup, record, store_key
+from .plan import fuses_rotation
 
 BACKENDS = ("auto", "triton", "reference")
 
@@ -119,7 +120,7 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
     if backend == "triton":
         # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
         # rotated here by the same fixed-order transform
-        xr, spec_r = (x, spec) if triton.fuses_rotation(spec, D) else prerotate(x, spec)
+        xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
         key = store_key(spec_r, Hk, D)
         tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
                            config=cfg or lookup(key))

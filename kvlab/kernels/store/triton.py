@@ -39,11 +39,12 @@ import triton.language as tl
 
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook16, codebook_absmax
 from ...quant.packing import plane_order
-from ...quant.rotation import hadamard_block, norm_constant
+from ...quant.rotation import norm_constant
 from ..configs import StoreConfig
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 from ..tiles.rotate import byte_tiles, fwht_rows
+from .plan import fuses_rotation
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -614,6 +615,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         if K == 4:
             odd = odd | _odd(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
             odd = odd | _odd(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
+        odd = tl.where(live[:, None], odd, 0)  # rows past T or skipped (their zero scales would count as odd)
         if tl.max(odd) > 0:  # rare: every tile of the program by the exact path
             byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                    XORC, HW, CBS, 2, K, W, WH)
@@ -775,16 +777,6 @@ def packed_loads(x: torch.Tensor, p: dict) -> bool:
     return bool(PACKED_LOADS and p["FLAT"] and not p["CHAN"] and not p["ROT"] and not p["ST0"] and K in (2, 4)
                 and x.element_size() == 2 and x.stride(2) == 1 and x.stride(0) % K == 0 and x.stride(1) % K == 0
                 and x.data_ptr() % (2 * K) == 0)
-
-
-def fuses_rotation(spec, D: int) -> bool:
-    """True when the kernel applies a rotated spec's Hadamard rotation itself: token rows (not axis chan) of a
-    power-of-two head_dim 16..256 that is one Hadamard block, and power-of-two groups (unpadded tiles)."""
-    if spec.rotation != "had" or spec.axis == "chan" or spec.is_float_storage:
-        return False
-    G = spec.group_size(D)
-    return (16 <= D <= 256 and D == next_pow2(D) and hadamard_block(D) == D and G == next_pow2(G)
-            and D % G == 0)
 
 
 def _search_mode(fmt: str, rule: str) -> int:

@@ -164,3 +164,21 @@ def test_random_int_specs_bit_exact(spec, T, scale, seed):
     x, slots, lay, n_pages, kw = make_input(spec, T=T, Hk=1, D=64, seed=seed, scale=scale)
     assert_same_pages(run_store(x, slots, lay, n_pages, spec, "reference", **kw)[0],
                       run_store(x, slots, lay, n_pages, spec, "triton", **kw)[0], str(spec))
+
+
+def test_kernel_spec_names_the_launched_kernel():
+    """Rotated specs keep their rotation where the kernel rotates (token rows of a power-of-two head_dim of one
+    Hadamard block), else the kernel sees them unrotated; tuned configs are keyed by that spec (store call, tune(),
+    the sweep's speed stage)."""
+    import dataclasses
+
+    import kvlab
+    from kvlab.kernels.store.plan import fuses_rotation, kernel_spec
+    had = kvlab.scheme("int4:g32:asym:rot=had").k
+    plain = dataclasses.replace(had, rotation="none")
+    assert fuses_rotation(had, 128) and kernel_spec(had, 128) == had
+    assert fuses_rotation(had, 64) and fuses_rotation(had, 256)
+    assert not fuses_rotation(had, 96) and kernel_spec(had, 96) == plain  # blocks of 32: rotated in torch first
+    chan = kvlab.scheme("int4:g32:chan:asym:rot=had").k
+    assert kernel_spec(chan, 128) == dataclasses.replace(chan, rotation="none")
+    assert kernel_spec(plain, 128) == plain
