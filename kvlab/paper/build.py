@@ -365,8 +365,8 @@ class Paper:
         """Section 6: the searched schemes per budget on both models, and what the calibrated codebooks bought."""
         w = self.t["winners"]
         c = self.c
-        rows = ["| model | budget (bits) | fp window | decode budget | effective bits | PPL delta % (sd) | KL | "
-                "decode ms (H200) | bf16 cache ms |", "|---|---|---|---|---|---|---|---|---|"]
+        rows = ["| model | budget (bits) | fp window | candidates | decode budget | effective bits | PPL delta % (sd) | "
+                "KL | decode ms (H200) | bf16 cache ms |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in w.itertuples():
             key = f"{r.model} / {r.budget} / {r.budget_bits}"
             fast = "<= bf16" if "decode" in r.budget_bits else "-"
@@ -374,10 +374,12 @@ class Paper:
             sink = re.search(r"sink (\d+)", r.budget_bits)
             win = f"`{win.group(1)}`" if win else "none"  # read from the row's budget_bits text
             win += f" + `{sink.group(1)}` sinks" if sink else ""
+            cands = re.search(r"(\d+) candidates", r.budget_bits)
+            cands = f"`{cands.group(1)}`" if cands else "-"  # read from the row's budget_bits text
             ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
             ref = (c(r.bf16_decode_ms_h200, ".2f", "winners", f"{key} / bf16_decode_ms_h200")
                    if pd.notna(r.bf16_decode_ms_h200) else "-")
-            rows.append(f"| {r.model} | {c(r.budget, 'g', 'winners', f'{key} / budget')} | {win} | {fast} | "
+            rows.append(f"| {r.model} | {c(r.budget, 'g', 'winners', f'{key} / budget')} | {win} | {cands} | {fast} | "
                         f"{c(r.eff_bits, '.2f', 'winners', f'{key} / eff_bits')} | "
                         f"{c(r.ppl_delta_pct, '+.2f', 'winners', f'{key} / ppl_delta_pct')} "
                         f"({c(r.ppl_delta_pct_sd, '.2f', 'winners', f'{key} / ppl_delta_pct_sd')}) | "
@@ -404,8 +406,11 @@ class Paper:
                 "sensitivities are measured and charged in the bits; it buys more than any per-layer upgrade at "
                 "every budget. Sinks (`--sink`) keep the first tokens of every layer in bf16 as well: beside the "
                 "window they cost a few hundredths of a bit and lower the loss again at every budget. Every pair of "
-                "every row runs the Gluon decode kernel (codecs for the two- and three-bit codebooks, int3 at every head "
-                "dimension and int3 channel-axis keys; issue #16).", "",
+                "every row with a decode time runs the Gluon decode kernel (codecs for the two- and three-bit codebooks, "
+                "int3 at every head dimension and int3 channel-axis keys; issue #16). The search with the most candidates "
+                "adds codebooks whose group scales are fp8 e4m3 (`lm2:s=e4m3:rot=had`: half the scale bits), which at "
+                "the smallest budget frees room for three-bit keys on some layers; those codebooks have no Gluon codec "
+                "yet and no H200 time.", "",
                 *rows, "",
                 f"Calibrated codebooks (levels fitted per layer by a weighted k-means, KVQuant's non-uniform datatype) "
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
