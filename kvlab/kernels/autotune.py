@@ -213,7 +213,7 @@ def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
 
 
 def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
-    from .store.plan import kernel_spec
+    from .configs import store_kernel_spec
     from .store.triton import CANDIDATES
     write = store_write(spec, ctx, Hk, D, P, device)
 
@@ -224,5 +224,5 @@ def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save:
     if not res:
         raise RuntimeError(f"no store config ran for {spec}")
     best_ms, best = min(res, key=lambda r: r[0])
-    record(store_key(kernel_spec(spec, D), Hk, D), best, best_ms, save=save)
+    record(store_key(store_kernel_spec(spec, D), Hk, D), best, best_ms, save=save)
     return best, best_ms

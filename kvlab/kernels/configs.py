@@ -9,6 +9,11 @@
 the unversioned dicts of tuned files written before version 1 ("BLOCK_N", "ot", ...). The tuned-config
 store (`tuned.py`) and `decode(config=...)` / `extend(config=...)` / `store(config=...)` take these or
 their dicts. No Triton import.
+
+Also which spec the store kernel is launched with (`store_kernel_spec`): a rotated spec (`rot=had`) as it is where
+the kernel runs the rotation itself (`fuses_rotation`); otherwise the tokens are rotated by
+`kvlab.quant.rotation.rotate` before the launch and the kernel sees the spec without its rotation. Tuned store configs
+are keyed by that spec, so the store call, `tune()`, the sweep's speed stage and the benchmarks name the same entry.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
+from ..quant.rotation import hadamard_block
 from .checks import need as _check
 from .env import num_sms
 
@@ -184,3 +190,23 @@ def auto_splits(B: int, Hk: int, device=None, waves: int = 2, max_splits: int = 
     if s < 4:
         s = max(s, min(4, math.ceil(6 * sms / n)))
     return max(1, min(max_splits, s))
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def fuses_rotation(spec, D: int) -> bool:
+    """True when the kernel applies a rotated spec's Hadamard rotation itself: token rows (not axis chan) of a
+    power-of-two head_dim 16..256 that is one Hadamard block, and power-of-two groups (unpadded tiles)."""
+    if spec.rotation != "had" or spec.axis == "chan" or spec.is_float_storage:
+        return False
+    G = spec.group_size(D)
+    return 16 <= D <= 256 and _pow2(D) and hadamard_block(D) == D and _pow2(G) and D % G == 0
+
+
+def store_kernel_spec(spec, D: int):
+    """The spec the store kernel is launched with for head_dim D (see the module docstring)."""
+    if spec.rotation == "none" or fuses_rotation(spec, D):
+        return spec
+    return dataclasses.replace(spec, rotation="none")

@@ -10,10 +10,9 @@ from ...cache.layout import PageLayout
 from ...cache.paging import prerotate
 from ...spec import as_spec
 from ..checks import FLOAT_DTYPES, INDEX_DTYPES, need
-from ..configs import config_from_dict
+from ..configs import config_from_dict, fuses_rotation
 from ..env import can_launch
 from ..tuned import lookup, record, store_key
-from .plan import fuses_rotation
 
 BACKENDS = ("auto", "triton", "reference")
 

@@ -40,11 +40,10 @@ import triton.language as tl
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook16, codebook_absmax
 from ...quant.packing import plane_order
 from ...quant.rotation import norm_constant
-from ..configs import StoreConfig
+from ..configs import StoreConfig, fuses_rotation
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 from ..tiles.rotate import byte_tiles, fwht_rows
-from .plan import fuses_rotation
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}

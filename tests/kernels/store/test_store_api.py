@@ -173,7 +173,8 @@ def test_kernel_spec_names_the_launched_kernel():
     import dataclasses
 
     import kvlab
-    from kvlab.kernels.store.plan import fuses_rotation, kernel_spec
+    from kvlab.kernels.configs import fuses_rotation
+    from kvlab.kernels.configs import store_kernel_spec as kernel_spec
     had = kvlab.scheme("int4:g32:asym:rot=had").k
     plain = dataclasses.replace(had, rotation="none")
     assert fuses_rotation(had, 128) and kernel_spec(had, 128) == had
