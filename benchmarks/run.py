@@ -227,6 +227,7 @@ def case_store(out: Path, h: dict, names, args) -> None:
     from kvlab.kernels.autotune import store_write
     emit, f = _writer(out / "store.csv", STORE_COLUMNS)
     tuned.set_cache_path(str(out / "tuned_store.json"))  # the store's autotuned picks land here
+    from kvlab.kernels.configs import store_kernel_spec
     from kvlab.kernels.store import api as store_api
     fuses = store_api.fuses_rotation
     prerot = set(filter(None, (getattr(args, "store_prerot", "") or "").split(",")))
@@ -241,7 +242,7 @@ def case_store(out: Path, h: dict, names, args) -> None:
             backend = w()  # the first launch autotunes (Triton) outside the timing
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
-            kspec = sch.k if store_api.fuses_rotation(sch.k, 128) else dataclasses.replace(sch.k, rotation="none")
+            kspec = dataclasses.replace(sch.k, rotation="none") if pre else store_kernel_spec(sch.k, 128)
             cfg = tuned.lookup(tuned.store_key(kspec, 8, 128))
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
                        fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],

@@ -482,7 +482,6 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     j = tl.arange(0, NB)[None, :]  # [1, NB]
     if CHAN:  # one slot for the group's G tokens (consecutive slots from a multiple of G)
         c = pid * BLOCK_R + q
-        t = c  # (unused for the loads' rows)
         slot = tl.load(slot_ptr + grp * G + q * 0).to(tl.int64)  # [R], one value
         live = (c < D) & (slot >= 0)
         unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages

@@ -150,6 +150,17 @@ FLAT_SPECS = ["q4_0", "q4_1", "q8_0", "int2:g32:asym:recip", "int2:g16:sym:rule=
               "kivi4", "kivi2", "int2:g16:chan:sym", "int4:g16:chan:sym:rule=signed", "lm2:g16:chan", "nf4:g32:chan"]
 
 
+def _edge_case(spec, dtype):
+    """(x, slots, layout, pages, static kwargs): `edge_input` of `spec` in `dtype` on one head of 64, stored from the
+    second page on."""
+    x = edge_input(spec).to(dtype).to(DEV)
+    T, P = x.shape[0], page_size_for(spec)
+    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
+    s, ts = calibrate(x.float(), spec)
+    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    return x, torch.arange(T, device=DEV) + P, lay, n_pages, kw
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("name", FLAT_SPECS, ids=[spec_id(n) for n in FLAT_SPECS])
 def test_group_row_path(name, dtype, monkeypatch):
@@ -159,12 +170,7 @@ def test_group_row_path(name, dtype, monkeypatch):
     from kvlab.kernels.store.triton import kernel_params
     spec = spec_of(name)
     assert kernel_params(dataclasses.replace(spec, rotation="none"), 64)["FLAT"], name
-    x = edge_input(spec).to(dtype).to(DEV)
-    T, P = x.shape[0], page_size_for(spec)
-    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
-    slots = torch.arange(T, device=DEV) + P
-    s, ts = calibrate(x.float(), spec)
-    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
     tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, tri, f"{name} {dtype}", spec)
@@ -339,17 +345,12 @@ def test_packed_word_loads(name, dtype):
     the same bytes."""
     from kvlab.kernels.store.triton import kernel_params, packed_loads
     spec = spec_of(name)
-    x = edge_input(spec).to(dtype).to(DEV)
-    T, P = x.shape[0], page_size_for(spec)
-    lay, n_pages = PageLayout(spec, 64, P, 1), -(-T // P) + 1
-    slots = torch.arange(T, device=DEV) + P
-    s, ts = calibrate(x.float(), spec)
-    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
     assert packed_loads(x, kernel_params(spec, 64))
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
     tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, tri, f"{name} {dtype} word loads", spec)
-    wide = torch.zeros(T, 1, 65, dtype=dtype, device=DEV)
+    wide = torch.zeros(x.shape[0], 1, 65, dtype=dtype, device=DEV)
     wide[:, :, 1:] = x
     odd = wide[:, :, 1:]  # unit element stride, rows 65 elements apart, base one element in: not word-aligned
     assert not packed_loads(odd, kernel_params(spec, 64))
