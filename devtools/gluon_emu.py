@@ -6,7 +6,7 @@ tensors (layouts are ignored: Gluon's `convert_layout(..., assert_trivial=True)`
 guarantee that layouts only place elements, never change them), pointers are (flat tensor, offset
 tensor) pairs, and `inline_asm_elementwise` executes the PTX text through a small interpreter of
 the instructions the kvlab kernels use (mov, shr/shl, prmt (immediate or register selector), lop3, add/mul/fma
-.f16x2, cvt e4m3x2, cvt f32 -> f16). What this checks is
+.f16x2, cvt e4m3x2, cvt f32 -> f16, mul.wide.s32). What this checks is
 the kernel's index algebra, masking, softmax and merge logic and its PTX constants; what it cannot
 check is the Gluon compiler or the hardware (the GPU tests do that).
 """
@@ -112,6 +112,10 @@ def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarr
             src = val(ops[1]).astype(np.uint32)
             lut = _e4m3_to_f16_bits()
             regs[dst] = lut[src & 0xFF].astype(np.uint32) | (lut[(src >> 8) & 0xFF].astype(np.uint32) << 16)
+        elif op == "mul.wide.s32":  # int64 product of two signed 32-bit registers (the 'l' result, as int64)
+            a32 = np.asarray(val(ops[1])).astype(np.uint32).view(np.int32).astype(np.int64)
+            b32 = np.asarray(val(ops[2])).astype(np.uint32).view(np.int32).astype(np.int64)
+            regs[dst] = a32 * b32
         elif op == "lop3.b32":
             regs[dst] = _lop3(val(ops[1]), val(ops[2]), val(ops[3]), int(ops[4], 0))
         elif op in ("add.rn.f16x2", "mul.rn.f16x2", "fma.rn.f16x2", "sub.rn.f16x2"):
@@ -185,6 +189,8 @@ def _namespace() -> types.SimpleNamespace:
         for o, dt in zip(outs, dts):
             if dt == torch.float16:
                 res.append(torch.from_numpy((o & 0xFFFF).astype(np.uint16).view(np.float16).copy()))
+            elif dt == torch.int64:
+                res.append(torch.from_numpy(np.asarray(o).astype(np.int64).copy()))
             else:
                 res.append(torch.from_numpy(o.astype(np.uint32).view(np.int32).copy()))
         return tuple(res) if isinstance(dtype, tuple) else res[0]

@@ -163,20 +163,28 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2, D: int = 128) -> di
         reg_bases=[[0, b, 0, 0] for b in _bits(D // 8)],
         lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
         warp_bases=warps, block_bases=[], shape=[NW, D // 8, 4, 8])
+    # scores [NW, 8, TW] of the first 8 MMA rows: the accumulator's registers without its row-8 bit
+    s8 = ttgl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 8]] + ([[0, 0, 16]] if TW == 32 else []),
+        lane_bases=[[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+        warp_bases=[[b, 0, 0] for b in _bits(NW)], block_bases=[], shape=[NW, 8, TW])
     # the fused merge's [GPN, D] partials: a warp per head row, D / 32 contiguous channels per lane (D >= 64)
     ml = ttgl.BlockedLayout(size_per_thread=[1, max(1, D // 32)], threads_per_warp=[1, 32], warps_per_cta=[NW, 1],
                             order=[1, 0])
-    return dict(ML=ml, KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+    return dict(S8=s8, ML=ml, KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
                 B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
 
 
 @gluon.jit
 def _scores(q, kt, valid, m_i, l_i, MMA: ttgl.constexpr, GP: ttgl.constexpr, TW: ttgl.constexpr,
-            NW: ttgl.constexpr):
+            NW: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr):
     """One online-softmax step of every warp: scores q K^T [NW, GP, TW] (log2 domain; columns not `valid` are
-    -inf) -> (p, new max, new sum, alpha = the factor that rescales the accumulator)."""
+    -inf), of which the first ROWS rows (GP, or GPN = 8 when the accumulator is O^T; layout SR) -> (p [NW, ROWS,
+    TW], new max, new sum, alpha = the factor that rescales the accumulator)."""
     s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
     s = ttgl.where(valid[:, None, :], s, float("-inf"))
+    if ROWS < GP:  # the padded rows GPN.. of the MMA carry no head: drop them before the softmax (a register choice)
+        s = ttgl.convert_layout(_heads(s, ROWS, NW), SR, assert_trivial=True)
     m_new = ttgl.maximum(m_i, ttgl.max(s, 2))
     m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0, not NaN
     alpha = ttgl.exp2(m_i - m_safe)
@@ -199,15 +207,14 @@ def _heads(x, GPN: ttgl.constexpr, NW: ttgl.constexpr):
 @gluon.jit
 def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, MMA: ttgl.constexpr,
         GPN: ttgl.constexpr, NW: ttgl.constexpr):
-    """acc * alpha + P V for every warp. p [NW, GP, TW] fp32 (score layout), vt [NW, TW, D] fp16 (B fragment).
-    OT: acc is O^T [NW, D, GPN]: V^T is the A operand (the same registers as vt, reordered) and P^T the B
-    operand (p's registers for the first GPN rows), so the accumulator holds GPN heads, not 16 padded rows;
-    alpha moves to the accumulator's column layout (a warp-local exchange). Else acc is O [NW, GP, D]."""
+    """acc * alpha + P V for every warp. p fp32 (`_scores`' rows and layout), vt [NW, TW, D] fp16 (B fragment).
+    OT: acc is O^T [NW, D, GPN]: V^T is the A operand (the same registers as vt, reordered) and P^T [NW, TW, GPN]
+    the B operand (p's registers), so the accumulator holds GPN heads, not 16 padded rows; alpha moves to the
+    accumulator's column layout (a warp-local exchange). Else p is [NW, GP, TW] and acc is O [NW, GP, D]."""
     if OT:
-        pt = ttgl.convert_layout(ttgl.permute(_heads(p.to(ttgl.float16), GPN, NW), [0, 2, 1]), B,
-                                 assert_trivial=True)
+        pt = ttgl.convert_layout(ttgl.permute(p.to(ttgl.float16), [0, 2, 1]), B, assert_trivial=True)
         va = ttgl.convert_layout(ttgl.permute(vt, [0, 2, 1]), A, assert_trivial=True)
-        al = ttgl.convert_layout(_heads(alpha, GPN, NW), ttgl.SliceLayout(1, MMA))
+        al = ttgl.convert_layout(alpha, ttgl.SliceLayout(1, MMA))
         return mma_v2(va, pt, acc * al[:, None, :])
     else:
         return mma_v2(ttgl.convert_layout(p.to(ttgl.float16), A, assert_trivial=True), vt, acc * alpha[:, :, None])
@@ -282,9 +289,10 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
                        GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
-                       FUSED: ttgl.constexpr, ML: ttgl.constexpr):
+                       FUSED: ttgl.constexpr, ML: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
+                       PS: ttgl.constexpr):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
-    (page and head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
+    (page strides in units of PS elements, head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
@@ -327,33 +335,35 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile (fp tokens)
     q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
-    m_i = ttgl.full([NW, GP], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
-    l_i = ttgl.zeros([NW, GP], ttgl.float32, layout=ttgl.SliceLayout(2, MMA))
+    # softmax state of the score rows kept (ROWS: GPN with O^T, else the GP padded rows; layout SR)
+    m_i = ttgl.full([NW, ROWS], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, SR))
+    l_i = ttgl.zeros([NW, ROWS], ttgl.float32, layout=ttgl.SliceLayout(2, SR))
     if OT:
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
         acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
     if KCHAN:
-        kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D)
+        kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS)
     else:
-        kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D)
+        kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D,
+                                    PS)
     va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
-                                                  P, TW, VW, VWA, NW, D, KCHAN)
+                                                  P, TW, VW, VWA, NW, D, KCHAN, PS)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
         if KCHAN:
             nkw, nkw2, nks, nkz = kc_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW,
-                                          KCL, NW, D)
+                                          KCL, NW, D, PS)
         else:
             nkw, nkw2, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
-                                         KW, NW, D)
+                                         KW, NW, D, PS)
         nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1,
-                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN)
+                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS)
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
             kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW)
+        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
         kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb, \
@@ -363,21 +373,21 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             F = ttgl.load(FPLEN + b)
             for f0 in range(0, F, BN):
                 kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW, D)
-                s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW)
+                s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
                 vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW, D)
                 acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
 
     # merge the warps' softmax states
-    m_all = ttgl.max(m_i, 0)  # [GP]
+    m_all = ttgl.max(m_i, 0)  # [ROWS]
     m_all_safe = ttgl.where(m_all == float("-inf"), 0.0, m_all)
-    wgt = ttgl.exp2(m_i - m_all_safe[None, :])  # [NW, GP]
-    l_all = ttgl.sum(l_i * wgt, 0)  # [GP]
+    wgt = ttgl.exp2(m_i - m_all_safe[None, :])  # [NW, ROWS]
+    l_all = ttgl.sum(l_i * wgt, 0)  # [ROWS]
     inv = ttgl.where(l_all != 0, 1.0 / ttgl.where(l_all != 0, l_all, 1.0), 0.0)  # no token -> 0; NaN stays NaN
     if HAS_VTS:
         inv = inv * ttgl.load(VTS)
     OL: ttgl.constexpr = ttgl.SliceLayout(0, MMA)
     if OT:
-        sc = ttgl.convert_layout(_heads(wgt * inv[None, :], GPN, NW), ttgl.SliceLayout(1, MMA))
+        sc = ttgl.convert_layout(wgt * inv[None, :], ttgl.SliceLayout(1, MMA))
         o = ttgl.sum(acc * sc[:, None, :], 0)  # O^T [D, GPN]
         od = ttgl.arange(0, D, layout=ttgl.SliceLayout(1, OL))
         og = ttgl.arange(0, GPN, layout=ttgl.SliceLayout(0, OL))
@@ -397,7 +407,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
         ttgl.store(OP + row * D + och, o, mask=om)
         lse = ttgl.where(l_all != 0, m_all + ttgl.log2(ttgl.where(l_all != 0, l_all, 1.0)), float("-inf"))
-        lg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
+        lg = ttgl.arange(0, ROWS, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
         ttgl.store(LSE + lrow, lse, mask=lg < GROUP)
         if FUSED:
@@ -471,6 +481,11 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
                     ("V scales", vs)):
         if t is not None and not _tile_dense(t):
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
+    for name, t in (("K codes", kv.k_pages["codes"]), ("V codes", kv.v_pages["codes"]), ("K scales", ks),
+                    ("V scales", vs)):
+        if t is not None and t.dim() >= 2 and max(t.stride()[:2]) * t.element_size() >= 2 ** 31:
+            raise ValueError(f"{name}: a page of {t.stride()[0] * t.element_size()} bytes; the Gluon kernel "
+                             f"addresses pages with 32-bit strides (allowed: pages under 2 GiB)")
     for name, z, sc in (("K zeros", kz, ks), ("V zeros", vz, vs)):
         if z is not None and z.stride() != sc.stride():
             raise ValueError(f"{name} must have the scales' strides {sc.stride()}; got {z.stride()}")
@@ -513,6 +528,11 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     if cal:
         tab = tab.clone()
 
+    rows = 8 if config.transpose_o and group <= 8 else GP.value  # score rows the softmax keeps (`_scores`)
+    # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
+    # known multiples of 16, so the compiler keeps the row loads vectorized
+    ps = 16 if all(t.stride(0) % 16 == 0 for t in (kc, ks, vc, vs)) else 1
+
     def launch():
         for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
             tab[8 * i:8 * i + 8] = table_words_of(table)
@@ -530,13 +550,15 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
-            *kc.stride()[:2], *ks.stride()[:2], *vc.stride()[:2], *vs.stride()[:2],
+            kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
+            vs.stride(0) // ps, vs.stride(1),
             *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, KCHAN=kchan, KCL=lay["KCL"],
-            FUSED=fused, ML=lay["ML"], num_warps=NW, **launch_opts)
+            FUSED=fused, ML=lay["ML"], ROWS=rows, SR=lay["S8"] if rows == 8 else lay["MMA"], PS=ps, num_warps=NW,
+            **launch_opts)
         if S > 1 and not fused:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T

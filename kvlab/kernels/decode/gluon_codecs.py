@@ -609,29 +609,38 @@ def tile_tok(n, TW: ttgl.constexpr, PERM: ttgl.constexpr):
 
 
 @gluon.jit
+def wide(a, b):
+    """int64 a * b of int32 tensors a and b in one mul.wide.s32 (int64 casts first cost a 64-bit multiply)."""
+    return ttgl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r", [a, b], dtype=ttgl.int64, is_pure=True,
+                                      pack=1)
+
+
+@gluon.jit
 def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
              N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr,
-             PERM: ttgl.constexpr = False):
+             PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1):
     """[NW, N] (layout L2) int64 offsets of the rows of the tokens at positions t0 + w * TW + STEP * n (through
-    `tile_tok`) in a page tensor with strides c0 (page), c1 (head) and ROW (row; pages are dense within a
-    (page, head) tile). t0 % TW == 0 and P % 16 == 0, so a warp's tokens lie in at most two pages, looked up
+    `tile_tok`) in a page tensor with strides PS c0 (page; PS 16 keeps the offsets' alignment known to the
+    compiler, so row loads stay vectorized), c1 (head) and ROW (row; pages are dense within a (page, head) tile). t0 % TW == 0 and P % 16 == 0, so a warp's tokens lie in at most two pages, looked up
     once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed)."""
     tb = t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2)) * TW  # [NW] first token of each warp
     n = tile_tok(ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP, TW, PERM)
     r0 = tb % P  # row of the warp's first token in its page
-    base = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64) * c0 + hk * c1 + r0 * ROW
+    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
+    base = wide(pg, pg * 0 + c0) * PS + (hk * c1 + r0 * ROW)  # strides and in-page offsets fit int32 (`run` checks)
     if P % TW == 0:  # one page per warp and tile
         return base[:, None] + (n * ROW)[None, :]
     else:  # e.g. P = 16, TW = 32: tokens from row P - r0 on are rows 0.. of the next page
         nxt = (tb // P + 1) * P
-        base1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0).to(ttgl.int64) * c0 + hk * c1 + (r0 - P) * ROW
+        pg1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0)
+        base1 = wide(pg1, pg1 * 0 + c0) * PS + (hk * c1 + (r0 - P) * ROW)
         return ttgl.where((r0[:, None] + n[None, :]) < P, base[:, None], base1[:, None]) + (n * ROW)[None, :]
 
 
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
-           D: ttgl.constexpr):
+           D: ttgl.constexpr, PS: ttgl.constexpr = 1):
     """Raw K code words [NW, WK, r, TW] (int32), a second word tensor (int3: the plane word beside each 2-bit word;
     else the words again), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec has none) of tokens
     t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page; the
@@ -649,7 +658,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         o = c % G
         word = ((3 * G // 32) * gi + o // 16)[:, :, :, None]
         pword = ((3 * G // 32) * gi + G // 16 + o // 32)[:, :, :, None]
-    rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
+    rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW,
+                    False, PS)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
     if I3ANY:  # the plane word of each 2-bit word [NW, wi, r, TW], shifted to that word's first channel
         w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[:, :, :, None]
@@ -661,7 +671,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     elif D // 4 > G:  # a thread-row's channels span groups: a scale (and zero) per code word
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
-                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW)
+                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
         if I3ANY:  # int3 / lm3: the group of the word's first channel
@@ -673,7 +683,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
             m = ttgl.full([NW, WK, 4, TW], 0.0, ttgl.float16, layout=KW)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
-        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW)
+        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW, False, PS)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), CODEC)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
@@ -683,7 +693,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
 
 @gluon.jit
 def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, G: ttgl.constexpr,
-            P: ttgl.constexpr, TW: ttgl.constexpr, KCL: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr):
+            P: ttgl.constexpr, TW: ttgl.constexpr, KCL: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr,
+            PS: ttgl.constexpr = 1):
     """Channel-axis keys (pages [N, Hk, P / G, D, G bits / 8]; TW = 32, G % TW == 0, so a warp's tile is a
     quarter, half or all of one token group of one page): per thread (r = lane % 4, g = lane // 4) and channel
     pair x, the code units (int4: 2 bytes, int2: 1 byte; KC strides in those units) of channels
@@ -699,9 +710,9 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KCL))))
     LW: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, L3))
     tb = t0 + ttgl.arange(0, NW, layout=LW) * TW  # [NW] first token of each warp's tile
-    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0).to(ttgl.int64)
+    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
     gi = (tb % P) // G  # token group in the page
-    base = pg * kc0 + hk * kc1 + gi * (D * RU) + (tb % G) // 4
+    base = wide(pg, pg * 0 + kc0) * PS + (hk * kc1 + gi * (D * RU) + (tb % G) // 4)
     pair = (D // 4) * r[None, None, :] + 2 * x[None, :, None]  # [1, X, 4] first channel of the pair
     off = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
     wa = ttgl.load(KC + off).to(ttgl.int32)
@@ -712,7 +723,7 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
         sh = 4 * (u % 2)
         wa = wa | (((ttgl.load(KC + poff).to(ttgl.int32) >> sh) & 15) << 8)
         wb = wb | (((ttgl.load(KC + poff + RU).to(ttgl.int32) >> sh) & 15) << 8)
-    soff = (pg * ks0 + hk * ks1 + gi * (D // 2))[:, None, None] + pair // 2  # [NW, X, 4] scale-pair words
+    soff = (wide(pg, pg * 0 + ks0) * PS + (hk * ks1 + gi * (D // 2)))[:, None, None] + pair // 2  # [NW, X, 4] words
     soff = soff[:, :, :, None] + g[None, None, None, :] * 0
     return wa, wb, ttgl.load(KS + soff), ttgl.load(KZ + soff)
 
@@ -739,7 +750,7 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
 @gluon.jit
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
-           NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False):
+           NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0). Tile
@@ -764,7 +775,7 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     if HALF:  # thread g: half g % 2 of word g // 2
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM)
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
             tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
@@ -795,7 +806,7 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     else:  # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of the thread's bytes (g // 2)
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
-        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM)  # first token of a pair
+        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM, PS)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair

@@ -649,6 +649,49 @@ def test_emulated_kernel_matches_reference(c, monkeypatch):
             assert (got[b] == 0).all()
 
 
+def _restrided(t: torch.Tensor, pad_bytes: int) -> torch.Tensor:
+    """The same pages with `pad_bytes` unused bytes after each page (a page stride that is no multiple of 16
+    elements; the kernel's 32-bit word views need byte strides that are multiples of 4)."""
+    pad = pad_bytes // t.element_size()
+    buf = torch.full((t.shape[0], t[0].numel() + pad), -1, dtype=t.dtype)
+    buf[:, :t[0].numel()] = t.reshape(t.shape[0], -1)
+    return buf[:, :t[0].numel()].reshape(t.shape)
+
+
+@EMU
+@pytest.mark.parametrize("name", ["q4_0", "kivi4", "int3:g32:asym"])
+def test_emulated_odd_page_strides(name, monkeypatch):
+    """Pages whose stride is no multiple of 16 elements (a view into a larger pool): the kernel takes its
+    unaligned addressing (PS = 1) and returns what the dense pool gives."""
+    import dataclasses
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    P, tw = (32, 32) if name == "kivi4" else (16, 16)
+    lens = [64, 128] if name == "kivi4" else [17, 130]
+    sch, args, kw, q, ref = _case(name, lens, 8, 2, P, seed=5, q_seed=3)
+    kv = _kv(q, sch, args, kw, P)
+    odd = dataclasses.replace(kv, k_pages={k: v if v is None else _restrided(v, 12) for k, v in kv.k_pages.items()},
+                              v_pages={k: v if v is None else _restrided(v, 20) for k, v in kv.v_pages.items()})
+    assert odd.k_pages["codes"].stride(0) % 16 != 0
+    cfg = GluonDecodeConfig(num_splits=2, tokens_per_warp=tw)
+    dense, got = gluon.run(q, kv, 128 ** -0.5, cfg), gluon.run(q, odd, 128 ** -0.5, cfg)
+    assert torch.equal(got, dense)
+    assert _rel_err(got, ref) < TOL
+
+
+def test_pages_over_two_gib_are_refused():
+    """Page strides are 32-bit in the kernel: a page of 2 GiB or more is refused before any launch."""
+    import dataclasses
+    sch, args, kw, q, ref = _case("q4_0", [10], 8, 2, 16, seed=1, q_seed=1)
+    kv = _kv(q, sch, args, kw, 16)
+    codes = kv.k_pages["codes"]
+    one = codes[:1]  # one page, so a 2 GiB page stride stays inside its storage
+    huge = one.as_strided(one.shape, (2 ** 31 // one.element_size(),) + one.stride()[1:])
+    bad = dataclasses.replace(kv, k_pages={**kv.k_pages, "codes": huge})
+    with pytest.raises(ValueError, match="K codes: a page of 2147483648 bytes.*under 2 GiB"):
+        gluon.run(q, bad, 128 ** -0.5, GluonDecodeConfig())
+
+
 @EMU
 @pytest.mark.parametrize("name,S_", [("q4_0", 3), ("int4_had", 5), ("kivi4", 2)])
 def test_emulated_fused_merge_equals_merge_kernel(name, S_, monkeypatch):
