@@ -10,6 +10,7 @@
 #   bash benchmarks/h200_run.sh extend-tests | extend-bench | prefill-bench  # issue 17: extend + store tests on the
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
+#   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
 #   bash benchmarks/h200_run.sh extend-chunk | extend-table  # extend GPU tests, profile (PROF_CASES), dense / fused
 #                                                            # rows at short shapes | the extend table (auto, auto_host)
@@ -165,6 +166,27 @@ extend-chunk)   # issue 17: extend GPU tests, the profile of chosen cases (PROF_
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${XTRA_S:-80}" python3 benchmarks/run.py --out "$OUT/xtra" --cases extend \
     --extend-budget 60 --extend-backends dense_host,triton --extend-sweep none --fresh none \
     --schemes "${XTRA_SCHEMES:-bf16,q4_0,fp8_e4m3,kivi4}" --extend-shapes smollm2_p8k,d256_p8k,p8k_b1 2>&1 | tail -3
+  ;;
+s11)   # issue 16 / 17 (session 11): Gluon decode GPU tests, the decode table at DEC_SHAPES with default dispatch
+  # (every decode.csv scheme + lm2 / lm3), then the store's word loads against per-element loads (store_variants)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  if [ -n "${PYTEST_K:-not emulated and not ptx and not compiles}" ] && [ "${PYTEST_S:-150}" != 0 ]; then
+    timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+      -k "${PYTEST_K:-not emulated and not ptx and not compiles}" 2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
+    pkill -f pytest; sleep 2
+  fi
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout $(( ${BENCH_BUDGET:-250} + 50 )) python3 benchmarks/run.py --out "$OUT/bench" \
+    --cases decode --tuned "" --dispatch default \
+    --schemes "${BENCH_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl,lm2,lm3}" \
+    --shapes "${DEC_SHAPES:-b32,b1}" --budget "${BENCH_BUDGET:-250}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -3
+  [ -f "$OUT/bench/decode.csv" ] && python3 -c "
+import pandas as pd; d = pd.read_csv('$OUT/bench/decode.csv')
+print(d[['scheme', 'batch', 'head_dim', 'graph_ms', 'cudnn_bf16_ms', 'ratio_graph_vs_cudnn', 'roofline_frac_graph',
+         'error']].to_string(index=False))"
+  for pk in ${STORE_PACKED:-0 1}; do
+    timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int2 int3 nf4 iq4nl nvfp4} --packed "$pk" \
+      --configs "${SV_CONFIGS:-32x4,64x2}" 2>&1 | tee "$OUT/store_variants_packed$pk.txt" | tail -12
+  done
   ;;
 store-rot)   # issue 17: store GPU tests, the store table for every family (rotated specs also with the old torch
   # rotation before the kernel), then the host profile of batch-1 extend calls

@@ -196,7 +196,7 @@ def case_decode(out: Path, h: dict, names, args) -> None:
                 continue
             for dispatch, path, pkg in (("tuned", args.tuned, "1"), ("default", os.devnull, "1"),
                                         ("heuristic", os.devnull, "0")):
-                if dispatch == "tuned" and not args.tuned:
+                if (dispatch == "tuned" and not args.tuned) or dispatch not in args.dispatch.split(","):
                     continue
                 os.environ["KVLAB_PACKAGED_CONFIGS"] = pkg  # read when set_cache_path clears the caches
                 row = {**base, "dispatch": dispatch}
@@ -425,6 +425,8 @@ def main(argv=None) -> Path:
                     "before the kernel (backend triton_prerotated), beside the fused rotation")
     ap.add_argument("--tuned", default=str(ROOT / "sweeps/results/h200/tuned_configs.json"),
                     help="tuned-config file for the dispatch=tuned rows ('' to skip them)")
+    ap.add_argument("--dispatch", default="tuned,default,heuristic",
+                    help="decode rows per cell, of tuned (needs --tuned), default, heuristic")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds of decode timing before cells are skipped")
     ap.add_argument("--extend-shapes", default="p8k_b1,p32k_b1,p8k_b8,p32k_b8,smollm2_p8k,d256_p8k",
                     help=f"extend shapes, of {','.join(EXTEND_SHAPES)} (the first also runs the correctness gate)")
@@ -443,10 +445,11 @@ def main(argv=None) -> Path:
     names = [n for n in args.schemes.split(",") if n]
     unknown = (sorted(set(names) - set(SCHEMES)) + sorted(set(args.cases.split(",")) - set(CASES))
                + sorted(set(args.shapes.split(",")) - set(SHAPES))
-               + sorted(set(args.extend_shapes.split(",")) - set(EXTEND_SHAPES)))
+               + sorted(set(args.extend_shapes.split(",")) - set(EXTEND_SHAPES))
+               + sorted(set(args.dispatch.split(",")) - {"tuned", "default", "heuristic"}))
     if unknown:
-        raise SystemExit(f"unknown schemes / cases / shapes {unknown}; allowed: {sorted(SCHEMES)} / {sorted(CASES)} / "
-                         f"{sorted(SHAPES)}")
+        raise SystemExit(f"unknown schemes / cases / shapes / dispatch {unknown}; allowed: {sorted(SCHEMES)} / "
+                         f"{sorted(CASES)} / {sorted(SHAPES)} / ['default', 'heuristic', 'tuned']")
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kvlab_triton_cache"))
     h = header(out, args)
     print("header", h, flush=True)
