@@ -11,6 +11,7 @@
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
 #   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
+#   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
 #   bash benchmarks/h200_run.sh extend-chunk | extend-table  # extend GPU tests, profile (PROF_CASES), dense / fused
 #                                                            # rows at short shapes | the extend table (auto, auto_host)
@@ -187,6 +188,32 @@ print(d[['scheme', 'batch', 'head_dim', 'graph_ms', 'cudnn_bf16_ms', 'ratio_grap
     timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int2 int3 nf4 iq4nl nvfp4} --packed "$pk" \
       --configs "${SV_CONFIGS:-32x4,64x2}" 2>&1 | tee "$OUT/store_variants_packed$pk.txt" | tail -12
   done
+  ;;
+s11b)   # issue 16 (session 11): the kernel before / after at equal configs (AB_OLD: an untracked copy of the older
+  # kvlab tree), the decode table at DEC_SHAPES, tuning at B 32 of TUNE_SCHEMES merged into the packaged configs and
+  # those schemes' table rows again
+  for tag in old new old new; do
+    [ "$tag" = old ] && [ ! -d "${AB_OLD:-ab_old}/kvlab" ] && continue
+    pp="$PWD"; [ "$tag" = old ] && pp="$PWD/${AB_OLD:-ab_old}:$PWD"
+    PYTHONPATH="$pp" timeout "${AB_S:-70}" python3 benchmarks/decode_configs.py --tag "$tag" --schemes "${AB_SCHEMES:-q4_0,q8_0,mxfp4}" \
+      --shape b32 --configs "${AB_CONFIGS:-tw32:s3:r168,tw32:s3,tw16:s3,tw16:s3:r168}" 2>&1 | grep "^cfg" | tee -a "$OUT/ab.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout $(( ${BENCH_BUDGET:-150} + 40 )) python3 benchmarks/run.py --out "$OUT/bench" \
+    --cases decode --tuned "" --dispatch default \
+    --schemes "${BENCH_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl,lm2,lm3}" \
+    --shapes "${DEC_SHAPES:-smollm2,d256}" --budget "${BENCH_BUDGET:-150}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -2
+  [ -n "${TUNE_SCHEMES:-}" ] && timeout $(( ${TUNE_BUDGET:-120} + 30 )) python3 benchmarks/tune_buckets.py --out "$OUT/tune" \
+    --batches "${TUNE_B:-32}" --schemes "$TUNE_SCHEMES" --budget "${TUNE_BUDGET:-120}" 2>&1 | tee "$OUT/tune.log" | tail -6
+  if [ -f "$OUT/tune/tuned_configs.json" ]; then
+    python3 benchmarks/merge_tuned.py "$OUT/tune/tuned_configs.json" | tee -a "$OUT/merge.log" | tail -6
+    cp kvlab/kernels/data/tuned_nvidia_h200.json "$OUT/tuned_nvidia_h200.json"
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout 120 python3 benchmarks/run.py --out "$OUT/bench_tuned" --cases decode --tuned "" \
+      --dispatch default --schemes "${RETIME:-$TUNE_SCHEMES}" --shapes b32,b1 --budget 90 2>&1 | grep -v "^decode" | tail -2
+  fi
+  for f in bench/decode.csv bench_tuned/decode.csv; do [ -f "$OUT/$f" ] && python3 -c "
+import pandas as pd; d = pd.read_csv('$OUT/$f')
+print(d[['scheme', 'batch', 'head_dim', 'graph_ms', 'cudnn_bf16_ms', 'ratio_graph_vs_cudnn', 'roofline_frac_graph',
+         'error']].to_string(index=False))"; done
   ;;
 store-rot)   # issue 17: store GPU tests, the store table for every family (rotated specs also with the old torch
   # rotation before the kernel), then the host profile of batch-1 extend calls
