@@ -12,6 +12,7 @@
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
 #   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
+#   bash benchmarks/h200_run.sh tune-merge  # decode tuning (TUNE_SCHEMES at TUNE_B, TUNE2_SCHEMES at TUNE2_B) merged
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
 #   bash benchmarks/h200_run.sh extend-chunk | extend-table  # extend GPU tests, profile (PROF_CASES), dense / fused
 #                                                            # rows at short shapes | the extend table (auto, auto_host)
@@ -214,6 +215,18 @@ s11b)   # issue 16 (session 11): the kernel before / after at equal configs (AB_
 import pandas as pd; d = pd.read_csv('$OUT/$f')
 print(d[['scheme', 'batch', 'head_dim', 'graph_ms', 'cudnn_bf16_ms', 'ratio_graph_vs_cudnn', 'roofline_frac_graph',
          'error']].to_string(index=False))"; done
+  ;;
+tune-merge)   # decode tuning at the main shape (TUNE_SCHEMES at TUNE_B; TUNE2_SCHEMES at TUNE2_B), merged into the packaged
+  # configs on this machine (copied to $OUT/tuned_nvidia_h200.json)
+  for i in 1 2; do
+    v=TUNE_SCHEMES; b=TUNE_B; [ $i = 2 ] && v=TUNE2_SCHEMES && b=TUNE2_B
+    [ -z "${!v:-}" ] && continue
+    timeout $(( ${TUNE_BUDGET:-200} + 40 )) python3 benchmarks/tune_buckets.py --out "$OUT/tune$i" --batches "${!b:-32,1}" \
+      --schemes "${!v}" --budget "${TUNE_BUDGET:-200}" 2>&1 | tee "$OUT/tune$i.log" | grep -v "^tune:" | tail -30
+    [ -f "$OUT/tune$i/tuned_configs.json" ] && python3 benchmarks/merge_tuned.py "$OUT/tune$i/tuned_configs.json" \
+      | tee -a "$OUT/merge.log" | tail -30
+  done
+  cp kvlab/kernels/data/tuned_nvidia_h200.json "$OUT/tuned_nvidia_h200.json"
   ;;
 store-rot)   # issue 17: store GPU tests, the store table for every family (rotated specs also with the old torch
   # rotation before the kernel), then the host profile of batch-1 extend calls
