@@ -38,7 +38,7 @@ FILES = {
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
     "frontier": "python -m kvlab.sweep report sweeps/results/h200/default-gpu",
-    "decode": "bash benchmarks/h200_run.sh codecs2 (benchmarks/run.py --cases decode; H200; see header.json)",
+    "decode": "python benchmarks/run.py --cases decode --dispatch default,heuristic (H200, runs/s11-table-0a466a2; see header.json)",
     "decode_header": "written with decode.csv",
     "dispatch": "python benchmarks/run.py --shapes b32 (H200; see header.json)",
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
