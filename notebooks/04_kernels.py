@@ -115,12 +115,12 @@ pd.DataFrame([{"K spec": k.split("|")[1][2:][:40], "shape": "|".join(k.split("|"
 # Fraction of the copy bandwidth reached (read the bf16 input, write the stored bytes).
 
 # %% papermill={"duration": 0.25354, "end_time": "2026-12-02T19:19:00.496037+00:00", "exception": false, "start_time": "2026-12-02T19:19:00.242497+00:00", "status": "completed"}
-st = pd.read_csv(STORE)
-ax = sns.barplot(data=st, x="scheme", y="fraction_of_copy", color="C2")
+st = pd.read_csv(STORE)  # backend triton_prerotated: a rotated spec with the rotation done by torch first
+ax = sns.barplot(data=st, x="scheme", y="fraction_of_copy", hue="backend")
 ax.axhline(1.0, ls="--", color="0.3")
 ax.tick_params(axis="x", rotation=45)
 ax.set_title("store kernel: fraction of copy bandwidth (32K tokens)")
-st[["scheme", "graph_ms", "graph_gbps", "fraction_of_copy", "config"]].round(3)
+st[["scheme", "backend", "graph_ms", "graph_gbps", "fraction_of_copy", "config"]].round(3)
 
 # %% [markdown] papermill={"duration": 0.005057, "end_time": "2026-12-02T19:19:00.507809+00:00", "exception": false, "start_time": "2026-12-02T19:19:00.502752+00:00", "status": "completed"}
 # ## FlashInfer's fp8 decode on the same bytes

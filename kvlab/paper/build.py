@@ -166,7 +166,8 @@ class Paper:
         for s, r in piv.iterrows():
             drows.append(f"| {s} | {c(r['default'], '.2f', 'decode', f'{s} default B32 32K / ratio_graph_vs_cudnn')} | "
                          f"{c(r['heuristic'], '.2f', 'decode', f'{s} heuristic B32 32K / ratio_graph_vs_cudnn')} |")
-        st = self.t["store"].set_index("scheme")
+        store = self.t["store"]
+        st = store[store.backend == "triton"].set_index("scheme")  # the store kernel (not the torch-rotation rows)
         fi = self.t["flashinfer"]
         acc = fi[(fi.test == "correctness") & (fi.head_dim == 128) & (fi.scales == "calibrated")].set_index("impl")
         tim = fi[(fi.test == "timing") & (fi.batch == 32)].set_index("impl")
