@@ -289,8 +289,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
                        GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
-                       FUSED: ttgl.constexpr, ML: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
-                       PS: ttgl.constexpr):
+                       FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (page strides in units of PS elements, head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
@@ -335,7 +334,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile (fp tokens)
     q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
-    # softmax state of the score rows kept (ROWS: GPN with O^T, else the GP padded rows; layout SR)
+    # softmax state of the score rows kept (GPN with O^T, else the GP padded rows; layout SR)
+    ROWS: ttgl.constexpr = GPN if OT else GP
     m_i = ttgl.full([NW, ROWS], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, SR))
     l_i = ttgl.zeros([NW, ROWS], ttgl.float32, layout=ttgl.SliceLayout(2, SR))
     if OT:
@@ -479,11 +479,11 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     kz, vz = kv.k_pages.get("zeros"), kv.v_pages.get("zeros")
     for name, t in (("K codes", kv.k_pages["codes"]), ("V codes", kv.v_pages["codes"]), ("K scales", ks),
                     ("V scales", vs)):
-        if t is not None and not _tile_dense(t):
+        if t is None:
+            continue
+        if not _tile_dense(t):
             raise ValueError(f"{name} must be contiguous within a (page, head) tile; got strides {t.stride()}")
-    for name, t in (("K codes", kv.k_pages["codes"]), ("V codes", kv.v_pages["codes"]), ("K scales", ks),
-                    ("V scales", vs)):
-        if t is not None and t.dim() >= 2 and max(t.stride()[:2]) * t.element_size() >= 2 ** 31:
+        if max(t.stride()[:2]) * t.element_size() >= 2 ** 31:
             raise ValueError(f"{name}: a page of {t.stride()[0] * t.element_size()} bytes; the Gluon kernel "
                              f"addresses pages with 32-bit strides (allowed: pages under 2 GiB)")
     for name, z, sc in (("K zeros", kz, ks), ("V zeros", vz, vs)):
@@ -528,7 +528,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     if cal:
         tab = tab.clone()
 
-    rows = 8 if config.transpose_o and group <= 8 else GP.value  # score rows the softmax keeps (`_scores`)
+    gpn = 8 if group <= 8 else 16  # heads per accumulator (O^T); with 8, the softmax keeps 8 score rows (`_scores`)
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
     # known multiples of 16, so the compiler keeps the row loads vectorized
     ps = 16 if all(t.stride(0) % 16 == 0 for t in (kc, ks, vc, vs)) else 1
@@ -556,8 +556,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
-            VWA=lay["VWA"], OT=config.transpose_o, GPN=8 if group <= 8 else 16, D=D, KCHAN=kchan, KCL=lay["KCL"],
-            FUSED=fused, ML=lay["ML"], ROWS=rows, SR=lay["S8"] if rows == 8 else lay["MMA"], PS=ps, num_warps=NW,
+            VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
+            FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps, num_warps=NW,
             **launch_opts)
         if S > 1 and not fused:
             merge_splits(op, lse, o)
