@@ -41,10 +41,10 @@ from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
+    BYTE_SCALES,
     CHAN,
     CHAN_TW,
     CODECS,
-    F4,
     F4N,
     F8,
     HEAD_DIMS,
@@ -57,6 +57,7 @@ from .gluon_codecs import (
     k_load,
     kc_build,
     kc_load,
+    scale_code,
     tile_tok,
     v_build,
     v_channel_order,
@@ -289,9 +290,11 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        DIRECT: ttgl.constexpr, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
                        GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
-                       FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr):
+                       FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr,
+                       KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
-    (page strides in units of PS elements, head strides in elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
+    (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
+    elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
@@ -346,9 +349,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS)
     else:
         kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D,
-                                    PS)
+                                    PS, KSD)
     va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
-                                                  P, TW, VW, VWA, NW, D, KCHAN, PS)
+                                                  P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
     for t0 in range(lo, hi, BN):
         # the next tile's codes are requested before this tile's math (software prefetch into registers)
         if KCHAN:
@@ -356,9 +359,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                                           KCL, NW, D, PS)
         else:
             nkw, nkw2, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
-                                         KW, NW, D, PS)
+                                         KW, NW, D, PS, KSD)
         nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1,
-                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS)
+                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
@@ -442,7 +445,8 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     dev = torch.device(device)
     if dev.type != "cuda":
         return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
-    need = (8, 9) if {F8, F4N} & {sides[0][2], sides[1][2]} else (8, 0)  # (e4m3 conversion)
+    e4m3 = {F8, F4N} & {sides[0][2], sides[1][2]} or "e4m3" in (k_spec.scale_dtype, v_spec.scale_dtype)
+    need = (8, 9) if e4m3 else (8, 0)  # (e4m3 conversion)
     cap = tuple(torch.cuda.get_device_capability(dev))
     if cap < need:
         return f"needs sm_{need[0]}{need[1]}+ (mma.sync{', fp8 conversion' if need[1] else ''}); this GPU is sm_{cap[0]}{cap[1]}"
@@ -495,9 +499,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     else:
         kc = kv.k_pages["codes"].view(torch.int32)
     vc = kv.v_pages["codes"].view(torch.int32)
-    if kcodec in F4:  # e8m0 / e4m3 scale bytes, converted to fp16 in the kernel
+    ksd, vsd = scale_code(k_spec), scale_code(v_spec)
+    if k_spec.scale_dtype in BYTE_SCALES and not kchan:  # e8m0 / e4m3 scale bytes, converted to fp16 in the kernel
         ks = ks.view(torch.uint8)
-    if vcodec in F4:
+    if v_spec.scale_dtype in BYTE_SCALES:
         vs = vs.view(torch.uint8)
     WK, WV = (1 if kchan else words_k(kcodec, D)), words_v(vcodec, D)
     lay = layouts(NW, TW, WK, WV, D)
@@ -557,7 +562,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
-            FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps, num_warps=NW,
+            FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps, KSD=ksd, VSD=vsd,
+            num_warps=NW,
             **launch_opts)
         if S > 1 and not fused:
             merge_splits(op, lse, o)

@@ -112,6 +112,21 @@ _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2),
 # groups of 32: Gemma's heads with q4_0 / q8_0)
 PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3
 HEAD_DIMS = (64, 128, 256)
+# stored group-scale dtypes the loaders convert to fp16 (`scale16`): fp16 as is; e8m0 (mxfp4) and e4m3 bytes. e4m3
+# scales also serve the codebooks and the symmetric int codecs (`lm2:s=e4m3`: 2.125 bits at groups of 64); codecs
+# with zeros keep fp16 scales (their zeros are fp16 words beside them)
+SCALE_DTYPES = {"f16": 0, "e8m0": 1, "e4m3": 2}
+BYTE_SCALES = ("e8m0", "e4m3")
+
+
+def scale_code(spec) -> int:
+    """The `scale16` code of a spec's stored group scales (0 for specs without them)."""
+    return SCALE_DTYPES.get(spec.scale_dtype, 0)
+
+
+def _scales_ok(spec, byte_scales: bool) -> bool:
+    """Group scales a token-axis codec reads: fp16; e4m3 too for symmetric codecs (`byte_scales`)."""
+    return spec.scale_dtype == "f16" or (byte_scales and spec.scale_dtype == "e4m3" and not spec.tensor_scale)
 
 
 def words_k(codec: int, D: int = 128) -> int:
@@ -139,7 +154,7 @@ def codec_of(spec, role: str = "k") -> int | None:
     if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
             spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
-    if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16":
+    if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, spec.sym):
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
         if spec.bits == 8:
@@ -151,7 +166,7 @@ def codec_of(spec, role: str = "k") -> int | None:
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     table = _TABLE_OF.get(spec.fmt)  # codebooks; the 3-bit one in int3's layout, sequential packing only
-    if table is not None and spec.axis == "tok" and spec.group in GROUPS and spec.scale_dtype == "f16" and \
+    if table is not None and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, True) and \
             spec.pack in (("seq",) if table == CB3 else ("ggml", "seq")):
         return table
     if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
@@ -524,13 +539,13 @@ ASM_S_E4M3 = ttgl.constexpr("{ .reg .b32 r; .reg .b16 lo, hi; cvt.rn.f16x2.e4m3x
 
 
 @gluon.jit
-def scale16(x, CODEC: ttgl.constexpr):
-    """Stored group scales as fp16: fp16 as loaded; e8m0 / e4m3 bytes (fp4 codecs) converted."""
-    if CODEC == C_F4M:
+def scale16(x, SD: ttgl.constexpr):
+    """Stored group scales as fp16 (SD: `SCALE_DTYPES` code): fp16 as loaded; e8m0 / e4m3 bytes converted."""
+    if SD == 1:
         h = ttgl.inline_asm_elementwise(ASM_S_E8M0, "=h,r", [x.to(ttgl.int32)], dtype=ttgl.float16, is_pure=True,
                                         pack=1)
         return ttgl.where(x == 255, float("nan"), h)
-    elif CODEC == C_F4N:
+    elif SD == 2:
         return ttgl.inline_asm_elementwise(ASM_S_E4M3, "=h,h", [x.to(ttgl.int16)], dtype=ttgl.float16, is_pure=True,
                                            pack=1)
     else:
@@ -640,7 +655,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
-           D: ttgl.constexpr, PS: ttgl.constexpr = 1):
+           D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0):
     """Raw K code words [NW, WK, r, TW] (int32), a second word tensor (int3: the plane word beside each 2-bit word;
     else the words again), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec has none) of tokens
     t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page; the
@@ -676,7 +691,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
         if I3ANY:  # int3 / lm3: the group of the word's first channel
             sg = gi
-        s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), CODEC)  # [NW, wi, r, TW]
+        s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), SD)  # [NW, wi, r, TW]
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             m = ttgl.load(KZ + srows[:, None, None, :] + sg[:, :, :, None])
         else:
@@ -685,7 +700,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW, False, PS)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
-        s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), CODEC)
+        s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
     return w, w2, s, m
@@ -750,7 +765,8 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
 @gluon.jit
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
-           NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1):
+           NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1,
+           SD: ttgl.constexpr = 0):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0). Tile
@@ -811,8 +827,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
         off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
-        sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), CODEC)
-        sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), CODEC)
+        sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), SD)
+        sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
             mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)

@@ -36,7 +36,7 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
            "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
-           "lm3:rot=had", "int3:g64:asym"]
+           "lm3:rot=had", "int3:g64:asym", "lm2:s=e4m3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -87,6 +87,12 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("lm2", "lm2:g32:rot=had", "lm2:g128:pack=ggml", "lm2:cal")] == \
         [gc.CB2] * 4
     assert gc.codec_of(kvlab.scheme("lm2:g16").k) is None and gc.codec_of(kvlab.scheme("lm2:s=bf16").k) is None
+    # e4m3 group scales (bytes converted in the loaders) for the codebooks and the symmetric int codecs
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("lm2:s=e4m3:rot=had", "lm3:s=e4m3", "nf4:s=e4m3",
+                                                     "int4:g32:sym:s=e4m3", "int2:g32:sym:s=e4m3")] == \
+        [gc.CB2, gc.CB3, gc.CB, gc.Q4, gc.Q2]
+    assert [gc.scale_code(kvlab.scheme(n).k) for n in ("q4_0", "mxfp4", "nvfp4", "lm2:s=e4m3")] == [0, 1, 2, 2]
+    assert gc.codec_of(kvlab.scheme("lm2:s=e8m0").k) is None  # e8m0 scales: the fp4 codec only
     for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g16:asym", "int4:g32:chan:sym",
               "int3:g32:asym:pack=ggml", "int5:g32:asym",
               "lm3:g16", "lm3:s=bf16", "nf4:g64:s=bf16",
@@ -100,7 +106,7 @@ def test_codec_of():
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
                                          ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
-                                         ("lm2", 128, 16), ("lm2", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
+                                         ("lm2", 128, 16), ("lm2", 64, 16), ("lm2:s=e4m3", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
                                          ("int3:g32:asym", 64, 16), ("int3:g32:asym", 256, 16), ("lm3", 256, 16),
                                          ("k=int3:g32:chan:asym,v=lm2", 128, 32), ("k=int3:g32:chan:asym,v=lm3", 64, 32)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
@@ -583,6 +589,9 @@ EMU_CASES = [
     ("lm3:g32", [40, 130], 16, 2, 16, 2, 4, 32),
     ("k=lm3:g128:cal,v=lm3:rot=had:cal", [17, 90], 8, 2, 16, 2, 4, 16),  # calibrated tables, read from the pages
     ("k=lm4:rot=had,v=lm3:rot=had", [33, 90], 16, 2, 32, 1, 4, 16),      # the search's K | V pairs
+    ("lm2:s=e4m3:rot=had", [1, 17, 63, 200], 8, 2, 16, 2, 4, 16),   # e4m3 group scales (the 2.5-bit winners)
+    ("k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had", [33, 90], 8, 2, 16, 1, 2, 32, [4, 0]),
+    ("k=int4:g32:sym:s=e4m3,v=nf4:s=e4m3", [17, 100], 8, 2, 16, 2, 4, 16),
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 8, 2, 32, 2, 4, 32),
     ("k=int3:g32:chan:asym,v=int3:g32:asym", [32, 96, 160, 320], 8, 2, 32, 3, 4, 32),  # int3 channel-axis keys
     ("k=int3:g64:chan:asym,v=lm2:rot=had", [64, 192], 16, 2, 64, 2, 4, 32, [0, 8]),
@@ -763,6 +772,8 @@ EMU_D_CASES = [
     ("int3:g64:sym", [33, 90], 8, 4, 16, 3, 4, 32, 64, None),       # half a group (word), a value thread-row a quarter
     ("lm3:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 7]),
     ("lm3:g32:rot=had", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),
+    ("k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 20]),  # a winner's pair
+    ("lm2:g32:s=e4m3:rot=had", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),  # an e4m3 key scale per code word
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # searched K | V pairs
     ("k=int3:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, [0, 20]),
     ("k=int3:g32:chan:asym,v=int3:g32:asym", [96, 128], 4, 1, 32, 2, 4, 32, 256, None),
