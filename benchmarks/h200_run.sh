@@ -11,6 +11,7 @@
 #                                         # GPU; benchmarks/run.py --cases extend; benchmarks/prefill_bench.py
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
 #   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
+#   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
 #   bash benchmarks/h200_run.sh tune-merge  # decode tuning (TUNE_SCHEMES at TUNE_B, TUNE2_SCHEMES at TUNE2_B) merged
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
@@ -188,6 +189,24 @@ print(d[['scheme', 'batch', 'head_dim', 'graph_ms', 'cudnn_bf16_ms', 'ratio_grap
   for pk in ${STORE_PACKED:-0 1}; do
     timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int2 int3 nf4 iq4nl nvfp4} --packed "$pk" \
       --configs "${SV_CONFIGS:-32x4,64x2}" 2>&1 | tee "$OUT/store_variants_packed$pk.txt" | tail -12
+  done
+  ;;
+s12)   # session 12: Gluon GPU tests (e4m3-scaled codebooks), every winner's decode step with the 17 search
+  # candidates (CANDIDATES, FP window:sink pairs), and an ncu profile of q4_0 at the shipped and the regressed config
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-260}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    2>&1 | tee "$OUT/pytest_gluon.log" | tail -4
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-450}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --candidates "${CANDIDATES:-}" --budget "${BENCH_BUDGET:-400}" --fp "${FP:-0:0,32:4}" 2>&1 | tee "$OUT/winners.log" \
+    | tail -25
+  mkdir -p "$OUT/ncu"; ncu --version | tail -1 | tee "$OUT/ncu/version.txt"
+  for cfg in ${NCU_CONFIGS:-tw16:s4:r128:f tw32:s4:r168 tw32:s4}; do
+    timeout "${NCU_S:-100}" ncu --clock-control none -k regex:_decode_mma_kernel -c 1 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats --csv --page details \
+      python3 benchmarks/decode_configs.py --tag ncu --schemes "${NCU_SCHEME:-q4_0}" --shape b32 --configs "$cfg" \
+      > "$OUT/ncu/${NCU_SCHEME:-q4_0}_${cfg//:/_}.csv" 2> "$OUT/ncu/${cfg//:/_}.err"
+    echo "ncu $cfg rc=$? $(wc -l < "$OUT/ncu/${NCU_SCHEME:-q4_0}_${cfg//:/_}.csv") lines"
   done
   ;;
 s11b)   # issue 16 (session 11): the kernel before / after at equal configs (AB_OLD: an untracked copy of the older
