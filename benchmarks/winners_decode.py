@@ -55,9 +55,12 @@ def layer_pairs(scheme: str, model: str, context: int) -> list[tuple]:
 
 
 def merge(result_csv: str, winners_csv: str) -> int:
-    """Copy decode_ms_h200 of `result_csv` into `winners_csv` (rows matched on model and scheme); returns rows set."""
+    """Copy decode_ms_h200 of `result_csv` into `winners_csv` (rows matched on model and scheme), and the same run's
+    bf16 step into bf16_decode_ms_h200 where winners.csv has that column (a row's two times from one run); returns
+    rows set."""
     with open(result_csv) as f:
-        ms = {(r["model"], r["scheme"]): r["decode_ms_h200"] for r in csv.DictReader(f) if r["decode_ms_h200"]}
+        ms = {(r["model"], r["scheme"]): (r["decode_ms_h200"], r.get("bf16_ms", ""))
+              for r in csv.DictReader(f) if r["decode_ms_h200"]}
     with open(winners_csv) as f:
         rd = csv.DictReader(f)
         cols, rows = rd.fieldnames, list(rd)
@@ -65,7 +68,9 @@ def merge(result_csv: str, winners_csv: str) -> int:
     for r in rows:
         v = ms.get((r["model"], r["scheme"]))
         if v is not None:
-            r["decode_ms_h200"] = f"{float(v):.4f}"
+            r["decode_ms_h200"] = f"{float(v[0]):.4f}"
+            if "bf16_decode_ms_h200" in r and v[1]:
+                r["bf16_decode_ms_h200"] = f"{float(v[1]):.4f}"
             n += 1
     with open(winners_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
