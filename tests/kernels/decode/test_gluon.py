@@ -130,6 +130,24 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     assert smem.split("smem ops:")[1].strip() == "", f"shared-memory instructions in the main loop: {smem}"
 
 
+def test_gluon_default_tiles(monkeypatch):
+    """The untuned Gluon config: 16-token tiles once the (sequence, KV head) programs fill the SMs, 32-token tiles
+    below that and always for channel-axis keys (which run only those)."""
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(dapi, "num_sms", lambda device=None: 132)
+    q4, kivi = kvlab.scheme("q4_0").k, kvlab.scheme("kivi4").k
+    assert dapi.gluon_default(32, 8, q4).tokens_per_warp == 16        # 256 programs >= 132 SMs
+    assert dapi.gluon_default(32, 3, q4).tokens_per_warp == 32        # 96 programs: splits fill the GPU
+    assert dapi.gluon_default(1, 8, q4).tokens_per_warp == 32
+    assert dapi.gluon_default(64, 8, kivi).tokens_per_warp == 32      # channel-axis keys: 32-token tiles only
+    assert dapi.gluon_default(32, 8, q4).replace(tokens_per_warp=32) == dapi.GLUON_DEFAULT
+    kv4 = kvlab.scheme("kivi4")
+    assert "tokens_per_warp" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 16)
+    for B, Hk, sch in ((32, 8, kvlab.scheme("q4_0")), (1, 8, kvlab.scheme("q4_0")), (64, 8, kv4)):
+        why = gluon.unsupported(sch.k, sch.v, 128, 32, 4, "cpu", dapi.gluon_default(B, Hk, sch.k).tokens_per_warp)
+        assert "tokens_per_warp" not in why and "needs a CUDA GPU" in why  # no pick is refused for its tiles
+
+
 def test_gluon_config_rejects_other_schemes():
     sch = kvlab.scheme("int5:g32:asym")
     dev = "cuda" if CUDA else "cpu"
