@@ -410,8 +410,8 @@ class Paper:
                 "every row with a decode time runs the Gluon decode kernel (codecs for the two- and three-bit codebooks, "
                 "int3 at every head dimension and int3 channel-axis keys; issue #16). The search with the most candidates "
                 "adds codebooks whose group scales are fp8 e4m3 (`lm2:s=e4m3:rot=had`: half the scale bits), which at "
-                "the smallest budget frees room for three-bit keys on some layers; those codebooks have no Gluon codec "
-                "yet and no H200 time.", "",
+                "the smallest budget frees room for three-bit keys on some layers; the Gluon kernel converts those "
+                "scale bytes as it does fp4's (one hardware conversion per scale).", "",
                 *rows, "",
                 f"Calibrated codebooks (levels fitted per layer by a weighted k-means, KVQuant's non-uniform datatype) "
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "

@@ -1,0 +1,121 @@
+"""Where the 2.5-bit loss comes from, and key transforms that do not fix it (issue 18 probes, CPU).
+
+    python benchmarks/key_probes.py --out sweeps/results/quality/key_probes   # ~12 min on 2 cores
+
+SmolLM2-135M, 4 x 2,048 pydoc tokens (the winners' evaluation), calibration on the license text, 4 sinks and a
+32-token window in full precision (the sink + window winners' setting). Two parts:
+
+1. **K or V alone**: one side quantized, the other bf16, for the formats the 2.5-bit search chooses between.
+2. **Calibrated transforms of the keys** before `lm2:g64:s=e4m3:rot=had`, each exact in attention (scores shift by a
+   constant per query, which softmax ignores, or the transform folds into q):
+   - `center`: subtract the per-(layer, KV head) channel mean mu of the calibration keys (sinks left out);
+   - `smooth`: divide channel c by s_c, s_c^2 = rms(k_c) / rms(q_c) (q over the KV head's query heads), normalised
+     to unit mean square, q multiplied by s (SmoothQuant's balance: minimises (sum q_c^2 s_c^2)(sum k_c^2 / s_c^2));
+   - `center+smooth`: both;
+   - `signs`: a fixed random +-1 per channel before the Hadamard rotation (a randomized Hadamard, as TurboQuant's
+     random rotation).
+   Each is evaluated as dequantize(quantize(T(k))) mapped back through T^-1, which equals what a cache storing T(k)
+   with q transformed would score.
+
+Writes OUT.txt (one line per case: PPL delta mean, KL mean) and OUT.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+BASE = "window=32,sink=4"
+SPLIT = ["k=lm2:g64:s=e4m3:rot=had,v=bf16", "k=bf16,v=lm2:g64:s=e4m3:rot=had", "k=lm3:g64:s=e4m3:rot=had,v=bf16",
+         "k=int2:g32:chan:asym,v=bf16", "k=int2:g32:chan:asym:prerope,v=bf16"]
+KEY = "k=lm2:g64:s=e4m3:rot=had,v=bf16"
+TRANSFORMS = ["center", "smooth", "center+smooth", "signs"]
+
+
+def key_transforms(cap: dict, n_layers: int, sink: int = 4, seed: int = 1) -> dict:
+    """{layer: (mu [1, Hk, 1, D], s [1, Hk, 1, D], signs [D])} from a calibration capture (post-RoPE keys)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(n_layers):
+        k = cap["k"][i][:, :, sink:].float()                             # [1, Hk, T, D]
+        q = cap["q"][i][:, :, sink:].float()                             # [1, Hq, T, D]
+        Hk, D = k.shape[1], k.shape[-1]
+        qg = q.reshape(1, Hk, -1, q.shape[2], D)
+        mu = k.mean(2, keepdim=True)
+        a = k.pow(2).mean(2, keepdim=True).sqrt()
+        b = qg.pow(2).mean((2, 3)).sqrt()[:, :, None, :]
+        s = (a / b.clamp_min(1e-6)).clamp_min(1e-6).sqrt()
+        s = s / s.pow(2).mean(-1, keepdim=True).sqrt()
+        signs = (torch.randint(0, 2, (D,), generator=g) * 2 - 1).float()
+        out[i] = (mu, s, signs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output path without extension")
+    ap.add_argument("--segments", type=int, default=4)
+    a = ap.parse_args()
+    import kvlab.eval.faithful as F
+    from kvlab.eval.faithful import calibrate
+    from kvlab.eval.perplexity import bos_prefix, score_segments, segments, text_tokens
+    from kvlab.model import load_model
+    from kvlab.spec import as_scheme
+
+    model, tok = load_model("smollm2", dtype=torch.float32)
+    prefix = bos_prefix(tok)
+    segs = segments(text_tokens(tok, "pydoc"), 2048, a.segments, 0, prefix)
+    ct = torch.cat([torch.tensor(prefix, dtype=torch.int64), text_tokens(tok, "license")[:2048 - len(prefix)]])
+    n = model.config.n_layers
+    tr = key_transforms(model.capture(ct[None]), n)
+    orig = F.fake_quantize
+    mode = {"t": None}
+
+    def fq(x, spec, probe=None, **kw):  # the keys' quantizer with the probe's transform around it
+        t = mode["t"]
+        if probe is None or t is None:
+            return orig(x, spec, **kw)
+        mu, s, sg = tr[probe]
+        if t == "center":
+            return orig(x - mu, spec, **kw) + mu
+        if t == "smooth":
+            return orig(x / s, spec, **kw) * s
+        if t == "center+smooth":
+            return orig((x - mu) / s, spec, **kw) * s + mu
+        if t == "signs":
+            return orig(x * sg, spec, **kw) * sg
+        raise ValueError(t)
+
+    F.fake_quantize = fq
+    rows = []
+    cases = [(s, None) for s in SPLIT] + [(KEY, t) for t in TRANSFORMS]
+    for text, t in cases:
+        sch = as_scheme(f"{text},{BASE}")
+        mode["t"] = t
+        calib = calibrate(model, ct[None], sch)
+        if t is not None:
+            calib = {i: {**calib.get(i, {}), "k": {**calib.get(i, {}).get("k", {}), "probe": i}} for i in range(n)}
+        t0 = time.time()
+        res = score_segments(model, segs, sch, calib)
+        d, kl = [r["ppl_delta_pct"] for r in res], [r["kl"] for r in res]
+        row = {"scheme": str(sch), "transform": t or "none", "ppl_delta_pct": statistics.fmean(d),
+               "ppl_delta_pct_sd": statistics.stdev(d) if len(d) > 1 else 0.0, "kl": statistics.fmean(kl),
+               "segments": a.segments, "tokens": 2048, "text": "pydoc", "calib_text": "license",
+               "seconds": round(time.time() - t0, 1)}
+        rows.append(row)
+        print(f"{text:42s} {row['transform']:14s} PPL {row['ppl_delta_pct']:+7.2f}% +- {row['ppl_delta_pct_sd']:.2f}"
+              f"  KL {row['kl']:.4f}", flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    out.with_suffix(".txt").write_text("\n".join(
+        f"{r['scheme'][:60]:60s} {r['transform']:14s} PPL {r['ppl_delta_pct']:+7.2f}% +- {r['ppl_delta_pct_sd']:.2f}"
+        f"  KL {r['kl']:.4f}" for r in rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
