@@ -1,6 +1,6 @@
 """Where the 2.5-bit loss comes from, and key transforms that do not fix it (issue 18 probes, CPU).
 
-    python benchmarks/key_probes.py --out sweeps/results/quality/key_probes   # ~12 min on 2 cores
+    python benchmarks/key_probes.py --out sweeps/results/quality/key_probes   # about 15 min on 2 cores
 
 SmolLM2-135M, 4 x 2,048 pydoc tokens (the winners' evaluation), calibration on the license text, 4 sinks and a
 32-token window in full precision (the sink + window winners' setting). Two parts:
@@ -16,6 +16,9 @@ SmolLM2-135M, 4 x 2,048 pydoc tokens (the winners' evaluation), calibration on t
      random rotation).
    Each is evaluated as dequantize(quantize(T(k))) mapped back through T^-1, which equals what a cache storing T(k)
    with q transformed would score.
+
+3. `--winners`: instead of 1 and 2, the sink + window winners of the 17-candidate search (`winners.csv`) as
+   they are and with `smooth` around every key quantizer (the same stored bits: s is a calibration vector).
 
 Writes OUT.txt (one line per case: PPL delta mean, KL mean) and OUT.json.
 """
@@ -59,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output path without extension")
     ap.add_argument("--segments", type=int, default=4)
+    ap.add_argument("--winners", action="store_true", help="part 3: the 17-candidate sink + window winners, with and "
+                    "without key smoothing")
     a = ap.parse_args()
     import kvlab.eval.faithful as F
     from kvlab.eval.faithful import calibrate
@@ -92,9 +97,15 @@ def main() -> None:
 
     F.fake_quantize = fq
     rows = []
-    cases = [(s, None) for s in SPLIT] + [(KEY, t) for t in TRANSFORMS]
+    cases = [(f"{s},{BASE}", None) for s in SPLIT] + [(f"{KEY},{BASE}", t) for t in TRANSFORMS]
+    if a.winners:
+        import csv
+        with open(Path(__file__).resolve().parents[1] / "sweeps/results/quality/winners.csv") as f:
+            wins = [r["scheme"] for r in csv.DictReader(f) if r["model"].startswith("SmolLM2")
+                    and "sink 4; 17 candidates" in r["budget_bits"]]
+        cases = [(w, t) for w in wins for t in (None, "smooth")]
     for text, t in cases:
-        sch = as_scheme(f"{text},{BASE}")
+        sch = as_scheme(text)
         mode["t"] = t
         calib = calibrate(model, ct[None], sch)
         if t is not None:
@@ -107,7 +118,7 @@ def main() -> None:
                "segments": a.segments, "tokens": 2048, "text": "pydoc", "calib_text": "license",
                "seconds": round(time.time() - t0, 1)}
         rows.append(row)
-        print(f"{text:42s} {row['transform']:14s} PPL {row['ppl_delta_pct']:+7.2f}% +- {row['ppl_delta_pct_sd']:.2f}"
+        print(f"{text[:60]:60s} {row['transform']:14s} PPL {row['ppl_delta_pct']:+7.2f}% +- {row['ppl_delta_pct_sd']:.2f}"
               f"  KL {row['kl']:.4f}", flush=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
