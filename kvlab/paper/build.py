@@ -34,6 +34,8 @@ FILES = {
     "freetoken_rt": f"{R}/cpu/freetoken_roundtrip.csv",
     "winners": f"{R}/quality/winners.csv",
     "calibrated": f"{R}/quality/calibrated_eval.json",
+    "key_probes": f"{R}/quality/key_probes.json",
+    "key_probes_winners": f"{R}/quality/key_probes_winners.json",
 }
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
@@ -53,6 +55,8 @@ COMMANDS = {
     "freetoken_rt": "python -m kvlab.paper --refresh-data (CPU)",
     "winners": "python -m kvlab.sweep search ... (CPU; each row's source), then python devtools/winners_table.py",
     "calibrated": "python -m kvlab.eval --scheme lm3:rot=had --scheme lm3:rot=had:cal ... --json FILE (CPU)",
+    "key_probes": "python benchmarks/key_probes.py --out sweeps/results/quality/key_probes (CPU)",
+    "key_probes_winners": "python benchmarks/key_probes.py --winners --out sweeps/results/quality/key_probes_winners (CPU)",
 }
 
 
@@ -417,7 +421,29 @@ class Paper:
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
                 f"{ppl('lm3:g64:rot=had')}% against {ppl('lm3:g64:rot=had:cal')}% calibrated. Without the rotation they "
                 f"recover much of the loss of the fixed grid ({ppl('lm3:g64')}% against {ppl('lm3:g64:cal')}%) but stay "
-                "behind the rotation.", ""]
+                "behind the rotation.", "", *self._key_probes()]
+
+    def _key_probes(self):
+        c = self.c
+        kp = {(r["scheme"].split(",window")[0], r["transform"]): (i, r) for i, r in enumerate(self.t["key_probes"])}
+        kw = {(i, r["transform"]): r for i, r in enumerate(self.t["key_probes_winners"])}
+
+        def kl(key):
+            i, r = kp[key]
+            return c(r["kl"], ".3f", "key_probes", f"row {i} / kl")
+
+        def wp(i, t):  # the 2.5-bit winner (the last pair of rows), as searched and with smoothed keys
+            r = kw[(i, t)]
+            return c(r["ppl_delta_pct"], "+.2f", "key_probes_winners", f"row {i} / ppl_delta_pct")
+        n = len(self.t["key_probes_winners"])
+        k2, v2 = "k=lm2:g64:s=e4m3:rot=had,v=bf16", "k=bf16,v=lm2:g64:s=e4m3:rot=had"
+        return ["At the smallest budget the keys carry the loss (`benchmarks/key_probes.py`, sinks and window as the "
+                f"winners): two-bit codebook keys alone cost a KL of {kl((k2, 'none'))}, two-bit values alone "
+                f"{kl((v2, 'none'))}. Dividing each key channel by a calibrated factor (the square root of the ratio of "
+                "its key RMS to its query RMS) and multiplying the queries by it, which stores no bit, lowers the keys' "
+                f"KL to {kl((k2, 'smooth'))}; centering the keys or random signs before the rotation do not help. Around "
+                f"every key quantizer of the smallest-budget winner it moves the PPL delta from {wp(n - 2, 'none')}% to "
+                f"{wp(n - 1, 'smooth')}%; it is a probe around the oracle, not yet a scheme option.", ""]
 
     def limitations(self):
         return ["## 7. Limitations", "",
