@@ -16,6 +16,8 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane per group), groups of 32, 64 or 128.
 - CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
 - CB3 (15): 3-bit codebooks (lm3) with fp16 scales, in int3's layout: an 8-entry fp16 table in 4 registers.
+Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
+codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
 Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels
 always lie in one group; its D / 4 key channels do at D 64 and 128, and where they span groups (D 256 with groups of
@@ -79,7 +81,7 @@ F4_GROUPS = (16, 32, 64, 128)
 # bytes of entries 0-7 and 8-15), looked up by PRMT and picked by the code's bit 3; fp16 group scales
 CB = 11
 C_CB = ttgl.constexpr(CB)
-CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 scales"
+CODECS[CB] = "4-bit codebooks (nf4, iq4nl, lm4) with fp16 or e4m3 scales"
 WORDS_K[CB], WORDS_V[CB] = 4, 2
 CB_FORMATS = ("nf4", "iq4nl", "lm4")
 # int3 (2-bit plane + 1-bit plane, sequential; groups of 32 at head_dim 128): a thread-row of keys is one group (two
@@ -95,14 +97,14 @@ ASYM = ASYM + (I3A,)
 # at D 64), each code looked up in the table's low-byte and high-byte words (`_cb2_lookup`); fp16 group scales
 CB2 = 14
 C_CB2 = ttgl.constexpr(CB2)
-CODECS[CB2] = "2-bit codebooks (lm2) with fp16 scales"
+CODECS[CB2] = "2-bit codebooks (lm2) with fp16 or e4m3 scales"
 WORDS_K[CB2], WORDS_V[CB2] = 2, 1
 CB2_FORMATS = ("lm2",)
 # 3-bit codebooks (lm3, any 8-entry table): int3's layout and loads, each code (2-bit field + plane bit) looked up in
 # the table's low-byte and high-byte word pairs (`asm_cb3`); fp16 group scales
 CB3 = 15
 C_CB3 = ttgl.constexpr(CB3)
-CODECS[CB3] = "3-bit codebooks (lm3) with fp16 scales"
+CODECS[CB3] = "3-bit codebooks (lm3) with fp16 or e4m3 scales"
 WORDS_K[CB3], WORDS_V[CB3] = 2, 1
 CB3_FORMATS = ("lm3",)
 PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
