@@ -41,11 +41,9 @@ from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits
 from .gluon_codecs import (
-    BYTE_SCALES,
     CHAN,
     CHAN_TW,
     CODECS,
-    F4N,
     F8,
     HEAD_DIMS,
     PER_WORD,
@@ -445,7 +443,7 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     dev = torch.device(device)
     if dev.type != "cuda":
         return "needs a CUDA GPU with mma.sync (sm_80+; sm_89+ for fp8)"
-    e4m3 = {F8, F4N} & {sides[0][2], sides[1][2]} or "e4m3" in (k_spec.scale_dtype, v_spec.scale_dtype)
+    e4m3 = F8 in (sides[0][2], sides[1][2]) or "e4m3" in (k_spec.scale_dtype, v_spec.scale_dtype)  # (nvfp4 too)
     need = (8, 9) if e4m3 else (8, 0)  # (e4m3 conversion)
     cap = tuple(torch.cuda.get_device_capability(dev))
     if cap < need:
@@ -499,10 +497,10 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     else:
         kc = kv.k_pages["codes"].view(torch.int32)
     vc = kv.v_pages["codes"].view(torch.int32)
-    ksd, vsd = scale_code(k_spec), scale_code(v_spec)
-    if k_spec.scale_dtype in BYTE_SCALES and not kchan:  # e8m0 / e4m3 scale bytes, converted to fp16 in the kernel
+    ksd, vsd = scale_code(k_spec), scale_code(v_spec)  # nonzero: e8m0 / e4m3 scale bytes, converted in the kernel
+    if ksd:
         ks = ks.view(torch.uint8)
-    if v_spec.scale_dtype in BYTE_SCALES:
+    if vsd:
         vs = vs.view(torch.uint8)
     WK, WV = (1 if kchan else words_k(kcodec, D)), words_v(vcodec, D)
     lay = layouts(NW, TW, WK, WV, D)
@@ -562,9 +560,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
-            FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps, KSD=ksd, VSD=vsd,
-            num_warps=NW,
-            **launch_opts)
+            FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
+            KSD=ksd, VSD=vsd, num_warps=NW, **launch_opts)
         if S > 1 and not fused:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T

@@ -118,11 +118,10 @@ HEAD_DIMS = (64, 128, 256)
 # scales also serve the codebooks and the symmetric int codecs (`lm2:s=e4m3`: 2.125 bits at groups of 64); codecs
 # with zeros keep fp16 scales (their zeros are fp16 words beside them)
 SCALE_DTYPES = {"f16": 0, "e8m0": 1, "e4m3": 2}
-BYTE_SCALES = ("e8m0", "e4m3")
 
 
 def scale_code(spec) -> int:
-    """The `scale16` code of a spec's stored group scales (0 for specs without them)."""
+    """The `scale16` code of a spec's stored group scales: 0 for fp16 (or none), nonzero for scale bytes."""
     return SCALE_DTYPES.get(spec.scale_dtype, 0)
 
 

@@ -106,7 +106,8 @@ def test_codec_of():
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
                                          ("nf4", 128, 16), ("iq4nl", 128, 16), ("int3:g32:asym", 128, 16),
-                                         ("lm2", 128, 16), ("lm2", 64, 16), ("lm2:s=e4m3", 64, 16), ("lm3", 128, 16), ("lm3", 64, 16),
+                                         ("lm2", 128, 16), ("lm2", 64, 16), ("lm2:s=e4m3", 64, 16),
+                                         ("lm3", 128, 16), ("lm3", 64, 16),
                                          ("int3:g32:asym", 64, 16), ("int3:g32:asym", 256, 16), ("lm3", 256, 16),
                                          ("k=int3:g32:chan:asym,v=lm2", 128, 32), ("k=int3:g32:chan:asym,v=lm3", 64, 32)])
 def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
@@ -135,15 +136,14 @@ def test_gluon_default_tiles(monkeypatch):
     below that and always for channel-axis keys (which run only those)."""
     from kvlab.kernels.decode import api as dapi
     monkeypatch.setattr(dapi, "num_sms", lambda device=None: 132)
-    q4, kivi = kvlab.scheme("q4_0").k, kvlab.scheme("kivi4").k
-    assert dapi.gluon_default(32, 8, q4).tokens_per_warp == 16        # 256 programs >= 132 SMs
-    assert dapi.gluon_default(32, 3, q4).tokens_per_warp == 32        # 96 programs: splits fill the GPU
-    assert dapi.gluon_default(1, 8, q4).tokens_per_warp == 32
-    assert dapi.gluon_default(64, 8, kivi).tokens_per_warp == 32      # channel-axis keys: 32-token tiles only
-    assert dapi.gluon_default(32, 8, q4).replace(tokens_per_warp=32) == dapi.GLUON_DEFAULT
-    kv4 = kvlab.scheme("kivi4")
+    q4, kv4 = kvlab.scheme("q4_0"), kvlab.scheme("kivi4")
+    assert dapi.gluon_default(32, 8, q4.k).tokens_per_warp == 16        # 256 programs >= 132 SMs
+    assert dapi.gluon_default(32, 3, q4.k).tokens_per_warp == 32        # 96 programs: splits fill the GPU
+    assert dapi.gluon_default(1, 8, q4.k).tokens_per_warp == 32
+    assert dapi.gluon_default(64, 8, kv4.k).tokens_per_warp == 32       # channel-axis keys: 32-token tiles only
+    assert dapi.gluon_default(32, 8, q4.k).replace(tokens_per_warp=32) == dapi.GLUON_DEFAULT
     assert "tokens_per_warp" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 16)
-    for B, Hk, sch in ((32, 8, kvlab.scheme("q4_0")), (1, 8, kvlab.scheme("q4_0")), (64, 8, kv4)):
+    for B, Hk, sch in ((32, 8, q4), (1, 8, q4), (64, 8, kv4)):
         why = gluon.unsupported(sch.k, sch.v, 128, 32, 4, "cpu", dapi.gluon_default(B, Hk, sch.k).tokens_per_warp)
         assert "tokens_per_warp" not in why and "needs a CUDA GPU" in why  # no pick is refused for its tiles
 
