@@ -122,11 +122,20 @@ class PageLayout:
                  f"{getattr(cb, 'shape', cb)}")
         else:
             need(cb is None, f"{name}['codebook'] is given but spec {spec} is not calibrated")
+        sm = pages.get("smooth")
+        if spec.smooth:
+            need(isinstance(sm, torch.Tensor) and tuple(sm.shape) == (self.n_heads, self.head_dim)
+                 and sm.dtype == torch.float32 and sm.device == codes.device, f"{name}['smooth'] (float32 "
+                 f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's key smoothing factors) is required "
+                 f"for spec {spec}, got {getattr(sm, 'shape', sm)}")
+        else:
+            need(sm is None, f"{name}['smooth'] is given but spec {spec} does not smooth")
         return N
 
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
         """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored), plus "codebook"
-        (float32 [16]: the levels, then copies of the last, as the kernels read them) for a calibrated spec."""
+        (float32 [16]: the levels, then copies of the last, as the kernels read them) for a calibrated spec and
+        "smooth" (float32 [Hk, D]: the factors the stored keys were divided by) for a smoothed one."""
         codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)
         scales = zeros = None
         if self.has_group_scales:
@@ -136,4 +145,7 @@ class PageLayout:
         out = {"codes": codes, "scales": scales, "zeros": zeros}
         if self.spec.calibrated:  # the layer's levels, set by the pool (NaN until then: never read as valid)
             out["codebook"] = torch.full((CODEBOOK_SLOTS,), float("nan"), dtype=torch.float32, device=device)
+        if self.spec.smooth:  # the layer's key smoothing factors, set by the pool (NaN until then)
+            out["smooth"] = torch.full((self.n_heads, self.head_dim), float("nan"), dtype=torch.float32,
+                                       device=device)
         return out

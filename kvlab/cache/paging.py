@@ -15,6 +15,7 @@ import torch
 from ..quant import QTensor, quantize
 from ..quant.formats import FLOAT_STORAGE, store_scale
 from ..quant.rotation import rotate
+from ..quant.smoothing import unsmoothed
 from .layout import PageLayout
 
 
@@ -44,6 +45,7 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
     axis-tensor spec, `tensor_scale` NVFP4's fp32 second level (both float32, set by the pool).
     """
     T, Hk, D = x.shape
+    spec = unsmoothed(spec)  # a smoothed spec's pages hold keys already divided by pages["smooth"]
     x, spec = prerotate(x, spec)
     lay = PageLayout(spec, D, page_size, Hk)
     P, G = page_size, lay.group
@@ -79,7 +81,9 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
 def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,
                  tensor_scale=None) -> QTensor:
     """The first `n_tokens` tokens held by pages `page_ids` (in order) as the oracle's QTensor of
-    a [Hk, n_tokens, D] float32 tensor. Not for bf16/fp16 specs (use `read_values`)."""
+    a [Hk, n_tokens, D] float32 tensor. Not for bf16/fp16 specs (use `read_values`). A smoothed spec's tokens are
+    read as stored (divided by pages["smooth"]; the QTensor's spec drops `smooth`)."""
+    spec = unsmoothed(spec)
     codes = pages["codes"]
     P = codes.shape[2] * (spec.group if spec.axis == "chan" else 1)
     Hk = codes.shape[1]

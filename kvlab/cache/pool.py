@@ -89,8 +89,8 @@ class KVPool(PoolViews):
         shape = (max_seqs, n_kv_heads, W, head_dim)
         self.k_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
         self.v_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
-        self._static = [{"k": None, "v": None, "k_ts": None, "v_ts": None, "k_cb": False, "v_cb": False, "set": False}
-                        for _ in range(n_layers)]
+        self._static = [{"k": None, "v": None, "k_ts": None, "v_ts": None, "k_cb": False, "v_cb": False,
+                         "k_sm": False, "set": False} for _ in range(n_layers)]
         self._free = list(range(n_pages))[::-1]
         self._free_rows = list(range(max_seqs))[::-1]
         self._seqs: dict[int, _Seq] = {}
@@ -165,11 +165,15 @@ class KVPool(PoolViews):
 
     # ---- static scales ------------------------------------------------------------------
     def set_static_scales(self, layer: int, *, k_scale=None, v_scale=None, k_tensor_scale=None,
-                          v_tensor_scale=None, k_codebook=None, v_codebook=None) -> None:
-        """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`) and calibrated codebook levels
-        (`cal` specs: float [2^bits], e.g. from `kvlab.quant.fit_codebook` on calibration text) before its first
-        append; unset ones are calibrated from the first tokens appended to the layer (codebooks unweighted)."""
+                          v_tensor_scale=None, k_codebook=None, v_codebook=None, k_smooth=None) -> None:
+        """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`), calibrated codebook levels
+        (`cal` specs: float [2^bits], e.g. from `kvlab.quant.fit_codebook` on calibration text) and key smoothing
+        factors (`smooth` K specs: float [Hk, D], from `kvlab.quant.fit_smoothing` on calibration keys and queries)
+        before its first append; unset ones are calibrated from the first tokens appended to the layer (codebooks
+        unweighted; smoothing factors need the queries, so unset ones stay 1: no smoothing).
+        Static scales and codebooks given here are those of the stored (smoothed) keys."""
         from ..quant.oracle import check_codebook
+        from ..quant.smoothing import check_smoothing
         st = self._static[self._layer(layer)]
         if st["set"]:
             raise ValueError(f"layer {layer} already holds tokens; static scales are fixed before the first append")
@@ -189,6 +193,12 @@ class KVPool(PoolViews):
                 raise ValueError(f"layer {layer} {key[0].upper()} spec {spec} takes no codebook (not calibrated)")
             pages["codebook"].copy_(codebook_table(check_codebook(val, spec)).to(self.device))
             st[key] = True
+        if k_smooth is not None:
+            if not kspec.smooth:
+                raise ValueError(f"layer {layer} K spec {kspec} takes no smoothing factors (add ':smooth')")
+            self.k_pages[layer]["smooth"].copy_(check_smoothing(k_smooth, self.n_kv_heads, self.head_dim,
+                                                                "k_smooth").to(self.device))
+            st["k_sm"] = True
 
     def calibrate_from(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fix a layer's unset static scales and calibrated codebooks from k, v [T, Hk, D], exactly as its first append
@@ -200,6 +210,11 @@ class KVPool(PoolViews):
 
     def _calibrate(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         st = self._static[layer]
+        if self.specs[layer][0].smooth:
+            if not st["k_sm"]:  # the factors need the queries, which a pool never sees: none given, none applied
+                self.k_pages[layer]["smooth"].fill_(1.0)
+                st["k_sm"] = True
+            k = self.stored_keys(layer, k)
         for key, x, spec in (("k", k, self.specs[layer][0]), ("v", v, self.specs[layer][1])):
             scale, ts = calibrate(x, spec)
             st[key] = st[key] if st[key] is not None else scale
@@ -213,6 +228,14 @@ class KVPool(PoolViews):
                 pages["codebook"].copy_(codebook_table(fit_codebook(xs, spec)))
                 st[key + "_cb"] = True
         st["set"] = True
+
+    def stored_keys(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """Keys k [..., Hk, D] as the layer stores them: divided by its smoothing factors (in k's dtype) for a
+        `smooth` K spec, else k itself."""
+        if not self.specs[layer][0].smooth:
+            return k
+        from ..quant.smoothing import smooth_keys
+        return smooth_keys(k, self.k_pages[layer]["smooth"])
 
     # ---- appending ----------------------------------------------------------------------
     def _check_kv(self, name: str, t, T: int | None = None) -> None:
@@ -263,6 +286,8 @@ class KVPool(PoolViews):
                              f"{len(self._free)} of {self.n_pages} are free; free sequences or build a larger pool")
         if not self._static[layer]["set"]:  # (checked first: the concatenation is skipped once set)
             self.calibrate_from(layer, torch.cat([k for _, k, _ in items]), torch.cat([v for _, _, v in items]))
+        if self.specs[layer][0].smooth:  # pages and the fp buffer hold k / s; attention multiplies q by s
+            items = [(s, self.stored_keys(layer, k), v) for s, k, v in items]
         for (s, _, _), n in zip(items, need):
             self._seqs[s].pages.extend(self._free.pop() for _ in range(n))
         kf, vf = self.k_fp[layer], self.v_fp[layer]

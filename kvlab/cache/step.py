@@ -168,11 +168,14 @@ class DecodeStep:
                                  f"{pool.device}, got {tuple(t.shape) if isinstance(t, torch.Tensor) else t!r}")
         st = pool._static[layer]
         if not st["set"]:
-            if any(s.needs_tensor_scale for s in pool.specs[layer]):
-                raise ValueError(f"layer {layer}: static scales are calibrated from a layer's first append; prefill "
-                                 "a sequence through pool.append (or set_static_scales) before decode steps")
+            ks, vs = pool.specs[layer]
+            if (ks.needs_tensor_scale or vs.needs_tensor_scale or (ks.calibrated and not st["k_cb"])
+                    or (vs.calibrated and not st["v_cb"]) or (ks.smooth and not st["k_sm"])):
+                raise ValueError(f"layer {layer}: static scales, calibrated codebooks and smoothing factors come from "
+                                 "a layer's first append; prefill a sequence through pool.append (or "
+                                 "set_static_scales) before decode steps")
             st["set"] = True
-        k, v = k.detach().to(pool.fp_dtype), v.detach().to(pool.fp_dtype)
+        k, v = pool.stored_keys(layer, k.detach().to(pool.fp_dtype)), v.detach().to(pool.fp_dtype)
         r2 = self._rows[:, None]
         kspec, vspec = pool.specs[layer]
         for x, fp, spec, pages, key in ((k, pool.k_fp[layer], kspec, pool.k_pages[layer], "k"),

@@ -12,6 +12,8 @@ calibration pass (`calibrate`), never from the text being scored.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -227,19 +229,22 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: b
 
 def needs_calibration(spec: KVQuantSpec) -> bool:
     """True when the spec needs a per-tensor value calibrated on other text: a static scale, NVFP4's second level,
-    or a calibrated codebook's levels."""
-    return spec.needs_tensor_scale or spec.calibrated
+    a calibrated codebook's levels or key smoothing factors."""
+    return spec.needs_tensor_scale or spec.calibrated or spec.smooth
 
 
 @torch.no_grad()
 def calibrate(model, tokens: Tensor, scheme) -> dict:
-    """Static per-tensor scales and calibrated codebooks per layer from a calibration pass (a different text than
-    scored).
+    """Static per-tensor scales, calibrated codebooks and key smoothing factors per layer from a calibration pass (a
+    different text than scored).
 
-    Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale= or codebook=). A calibrated
-    key codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's
-    query heads; in the rotated domain when the spec rotates), so the fit minimises the error of the scores; value
+    Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale=, codebook=, smooth=). Smoothing
+    factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D]); the
+    other values are then fitted to the smoothed keys k / s (the queries they meet are q * s). A calibrated key
+    codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's query
+    heads; in the rotated domain when the spec rotates), so the fit minimises the error of the scores; value
     codebooks weigh elements alike."""
+    from ..quant.smoothing import fit_smoothing, smooth_keys, smooth_queries
     sch = as_scheme(scheme)
     n = model.config.n_layers
     specs = [sch.for_layer(i, n) for i in range(n)]
@@ -249,15 +254,23 @@ def calibrate(model, tokens: Tensor, scheme) -> dict:
     out = {}
     for i, (ks, vs) in enumerate(specs):
         out[i] = {}
+        q = cap["q"][i]
         for name, spec, x in (("k", ks, cap["k_pre"][i] if ks.pre_rope else cap["k"][i]), ("v", vs, cap["v"][i])):
             if not needs_calibration(spec):
                 continue
+            kw = {}
+            if spec.smooth:  # pair-tied factors: the same before or after RoPE
+                s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1))
+                kw["smooth"] = s[:, None, :]
+                x, q = smooth_keys(x.float(), s, heads_dim=-3), smooth_queries(q.float().transpose(1, 2), s)
+                q = q.transpose(1, 2)
+                spec = dataclasses.replace(spec, smooth=False)
             if spec.calibrated:
-                out[i][name] = {"codebook": fit_codebook(x.contiguous(), spec, _query_weights(cap["q"][i], x, spec)
-                                                         if name == "k" else None)}
-                continue
-            qt = quantize(x.contiguous(), spec)
-            out[i][name] = {"tensor_scale": qt.tensor_scale} if spec.tensor_scale else {"scale": qt.scales.float()}
+                kw["codebook"] = fit_codebook(x.contiguous(), spec, _query_weights(q, x, spec) if name == "k" else None)
+            elif spec.needs_tensor_scale:
+                qt = quantize(x.contiguous(), spec)
+                kw.update({"tensor_scale": qt.tensor_scale} if spec.tensor_scale else {"scale": qt.scales.float()})
+            out[i][name] = kw
     return out
 
 

@@ -4,6 +4,7 @@ from .encode import block_bytes, decode_bytes, encode
 from .oracle import dequantize, fake_quantize, quantize
 from .qtensor import QTensor
 from .rotation import hadamard, rotate, unrotate
+from .smoothing import fit_smoothing
 
 __all__ = ["quantize", "dequantize", "fake_quantize", "encode", "decode_bytes", "block_bytes", "QTensor", "hadamard", "rotate", "unrotate",
-           "fit_codebook"]
+           "fit_codebook", "fit_smoothing"]

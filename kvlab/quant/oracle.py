@@ -186,19 +186,56 @@ def _values(u, s_st, m_st, spec: KVQuantSpec, ts, table=None):
 
 
 # ---- public API ------------------------------------------------------------------------------
-def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None) -> QTensor:
+def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None, smooth=None) -> QTensor:
     """Quantize x [..., T, D] (float32/16/bf16, any device) with `spec` -> `QTensor`.
 
     `scale` fixes the static scale of an axis-tensor spec (calibrated, as vLLM's k_scale);
     `tensor_scale` fixes NVFP4's fp32 second-level scale (default: amax / (6 * 448) of x);
-    `codebook` gives a calibrated spec's (`cal`) levels: float [2^bits] (`fit_codebook`), required for it.
+    `codebook` gives a calibrated spec's (`cal`) levels: float [2^bits] (`fit_codebook`), required for it;
+    `smooth` gives a smoothed spec's factors (`smooth`), positive, broadcastable to x (e.g. [Hk, 1, D] for
+    x [Hk, T, D]; `kvlab.quant.smoothing.fit_smoothing`), required for it: the codes are those of x / smooth and
+    `dequantize` multiplies back (every other field, the static and tensor scales included, is of x / smooth).
     """
-    return _quantize(x, spec, scale, tensor_scale, packed=True, table=codebook)
+    s = check_smooth(smooth, spec, x)
+    if s is None:
+        return _quantize(x, spec, scale, tensor_scale, packed=True, table=codebook)
+    q = _quantize((x.float() / s).to(x.dtype), spec, scale, tensor_scale, packed=True, table=codebook)
+    q.smooth = s
+    return q
 
 
-def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None,
+                  smooth=None) -> torch.Tensor:
     """dequantize(quantize(x, spec)) without packing the codes (bit-identical, faster)."""
-    return _quantize(x, spec, scale, tensor_scale, packed=False, table=codebook)
+    s = check_smooth(smooth, spec, x)
+    if s is None:
+        return _quantize(x, spec, scale, tensor_scale, packed=False, table=codebook)
+    y = _quantize((x.float() / s).to(x.dtype), spec, scale, tensor_scale, packed=False, table=codebook)
+    return (y.float() * s).to(x.dtype)
+
+
+def check_smooth(smooth, spec, x) -> torch.Tensor | None:
+    """A smoothed spec's factors as float32 on x's device, broadcastable to x: ValueError unless the spec smooths
+    (then they are required) and they are finite, positive and of a broadcastable shape."""
+    spec = as_spec(spec)
+    if not spec.smooth:
+        if smooth is not None:
+            raise ValueError(f"smooth= gives key smoothing factors; spec {spec} does not smooth (add ':smooth' to a "
+                             "K spec)")
+        return None
+    if smooth is None:
+        raise ValueError(f"spec {spec} smooths its keys: pass smooth= (positive factors broadcastable to x, e.g. "
+                         "[Hk, 1, D]; kvlab.quant.smoothing.fit_smoothing, or the pool's pages['smooth'])")
+    s = torch.as_tensor(smooth).float().to(getattr(x, "device", "cpu"))
+    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+        raise ValueError("smooth factors must be finite and positive")
+    try:
+        torch.broadcast_shapes(tuple(s.shape), tuple(x.shape))
+    except RuntimeError:
+        raise ValueError(f"smooth factors of shape {tuple(s.shape)} do not broadcast to x {tuple(x.shape)}") from None
+    if torch.broadcast_shapes(tuple(s.shape), tuple(x.shape)) != tuple(x.shape):
+        raise ValueError(f"smooth factors of shape {tuple(s.shape)} would grow x {tuple(x.shape)}")
+    return s
 
 
 def check_codebook(table, spec: KVQuantSpec) -> torch.Tensor:
@@ -319,4 +356,6 @@ def dequantize(q: QTensor) -> torch.Tensor:
     x = ungroup(xg, spec, q.shape)
     if spec.rotation == "had":
         x = unrotate(x)
+    if q.smooth is not None:
+        x = x * q.smooth
     return x.to(q.dtype)

@@ -23,6 +23,9 @@ class QTensor:
     spec:         the `KVQuantSpec`
     shape, dtype: shape and dtype of the original tensor
     codebook:     float32 [2^bits] levels of a calibrated spec (`cal`), else None
+    smooth:       float32 factors of a smoothed spec (`smooth`), broadcastable to shape: the codes hold
+                  x / smooth and `dequantize` multiplies back; None otherwise (or for codes read from pages,
+                  which hold the smoothed keys)
     """
 
     codes: torch.Tensor
@@ -33,6 +36,7 @@ class QTensor:
     shape: tuple
     dtype: torch.dtype
     codebook: torch.Tensor | None = None
+    smooth: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -46,4 +50,4 @@ class QTensor:
     def to(self, device) -> "QTensor":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return QTensor(self.codes.to(device), mv(self.scales), mv(self.zeros), mv(self.tensor_scale),
-                       self.spec, self.shape, self.dtype, mv(self.codebook))
+                       self.spec, self.shape, self.dtype, mv(self.codebook), mv(self.smooth))

@@ -15,6 +15,8 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     ts            two-level scaling: an fp32 tensor scale above e4m3 group scales (NVFP4)
     prerope       keys quantized before RoPE
     twos          two's-complement sub-byte codes (FreeToken) instead of offset binary
+    cal           calibrated codebook levels (lm2..lm4)
+    smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing)
 
 A spec preset name (`q4_0`, `mxfp4`, `freetoken:q6_0`, ...) is accepted wherever a spec is.
 `format_spec` (kvlab.spec.text) prints the canonical text: format, group/axis, sym/asym (ints), then every

@@ -60,6 +60,9 @@ class KVQuantSpec:
     calibrated:  a Lloyd-Max format (lm2..lm4) whose 2^bits levels (RMS units) are calibrated per layer and
                  tensor (weighted k-means, `kvlab.quant.fit_codebook`) instead of the fixed Gaussian ones; the
                  table travels beside the pages (`pages["codebook"]`) and every reader and writer takes it
+    smooth:      K only: calibrated per-channel smoothing (`kvlab.quant.smoothing`): keys are stored divided by
+                 factors s [Hk, D] (`pages["smooth"]`) and queries multiplied by them, so scores are unchanged and
+                 the quantizer sees channels balanced against the queries (post-RoPE keys: not with pre_rope)
     """
 
     fmt: str = "int"
@@ -77,6 +80,7 @@ class KVQuantSpec:
     pre_rope: bool = False
     twos: bool = False
     calibrated: bool = False
+    smooth: bool = False
 
     def __post_init__(self) -> None:
         _allowed("format", self.fmt, FORMATS)
@@ -138,6 +142,11 @@ class KVQuantSpec:
         if self.calibrated and self.fmt not in LLOYD_MAX:
             raise ValueError(f"cal (a calibrated codebook) applies to the Lloyd-Max formats {', '.join(LLOYD_MAX)}, "
                              f"whose levels are in RMS units; got {self.fmt}")
+        if self.smooth and self.is_float_storage:
+            raise ValueError(f"smooth scales keys before quantizing them; {self.fmt} stores them as they are")
+        if self.smooth and self.pre_rope:
+            raise ValueError("smooth factors are per channel of post-RoPE keys (RoPE mixes channel c with c + D/2, "
+                             "so they do not commute with it); drop prerope or smooth")
         if self.pack == "ggml" and self.axis != "tok":
             raise ValueError("pack ggml describes per-token GGML blocks; it needs axis tok")
 
@@ -166,6 +175,11 @@ class KVQuantSpec:
     def needs_codebook(self) -> bool:
         """Readers and writers need the calibrated level table (`pages["codebook"]`, `quantize(codebook=)`)."""
         return self.calibrated
+
+    @property
+    def needs_smoothing(self) -> bool:
+        """Readers and writers need the layer's smoothing factors (`pages["smooth"]`, `quantize(smooth=)`)."""
+        return self.smooth
 
     @property
     def planes(self) -> tuple[int, ...]:

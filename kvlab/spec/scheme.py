@@ -46,6 +46,9 @@ class KVScheme:
             raise ValueError(f"sink={self.sink!r} must be an int >= 0 (first tokens kept full precision)")
         if self.v.pre_rope:
             raise ValueError("prerope applies to keys only; write it on the k= spec")
+        if self.v.smooth:
+            raise ValueError("smooth applies to keys only (their factors fold into the queries); write it on the k= "
+                             "spec")
         norm = []
         for item in self.overrides:
             if not isinstance(item, tuple) or len(item) not in (2, 3):
@@ -55,6 +58,8 @@ class KVScheme:
                 raise ValueError(f"layer override index {layer!r} must be an int")
             if ks.pre_rope or vs.pre_rope:
                 raise ValueError("prerope cannot be set through a layer override")
+            if vs.smooth:
+                raise ValueError(f"layer {layer} override: smooth applies to keys only (the K side of 'K|V')")
             norm.append((layer, ks, vs))
         object.__setattr__(self, "overrides", tuple(norm))
         layers = [l for l, *_ in self.overrides]

@@ -58,3 +58,41 @@ def test_pool_decode_equals_parallel_protocol(qkv, name, page):
             # both sides quantize the same values, so they hold the same codes (the Hadamard rotation's rows
             # did not depend on the row count, and 1-ulp changes of it flipped none): fp32 order only
             assert torch.allclose(got.float(), want, rtol=1e-4, atol=1e-5), (name, t, (got - want).abs().max())
+
+
+@pytest.mark.parametrize("name,page", [("k=lm2:g64:s=e4m3:rot=had:smooth,v=lm2:g64:s=e4m3:rot=had,window=8,sink=2", 16),
+                                       ("k=int4:g32:sym:smooth,v=q4_0", 1)])
+def test_pool_decode_equals_protocol_with_smoothing(qkv, name, page):
+    """A smoothed K spec: the pool stores k / s (pages and window) and decode multiplies q by s; the protocol
+    quantizes k / s and multiplies back. Both quantize the same values, so they agree to fp32 order, and the
+    factors change the result (they are not ignored)."""
+    from kvlab.quant import fit_smoothing
+    s = kvlab.scheme(name)
+    for q, k, v in qkv:
+        Hk, T, D = k.shape
+        sm = fit_smoothing(k[None], q[None], sink=s.sink)
+        assert (sm.log2().abs() > 0.2).any()
+        pool = KVPool(s, 1, Hk, D, n_pages=T // page + 2, page_size=page)
+        pool.set_static_scales(0, k_smooth=sm)
+        sid = pool.add_sequence()
+        pos = torch.arange(T)
+        cal = {"k": {"smooth": sm[:, None, :]}}
+        for t in range(T):
+            pool.append(sid, 0, k[:, t][None], v[:, t][None])
+            if t < 40:
+                continue
+            lc = pool.layer_cache(0)
+            bt, fp = pool.block_table([sid]), pool.fp_buffer(0, [sid])
+            got = decode(q[:, t][None], lc.k_pages, lc.v_pages, bt.kv_indptr, bt.kv_indices, bt.kv_last_page_len,
+                         lc.k_spec, lc.v_spec, page, k_fp=fp.k, v_fp=fp.v, fp_len=fp.length, backend="reference")[0]
+            kk, vv = k[None, :, : t + 1], v[None, :, : t + 1]
+            kq = quantized_history(kk, s.k, s, cal["k"])
+            vq = quantized_history(vv, s.v, s)
+            want = faithful_attention(q[None, :, t:t + 1], kk, vv, kq, vq, pos[t:t + 1], pos[: t + 1], s.k, s.v,
+                                      FpPolicy.of(s, 1))[0, :, 0]
+            assert torch.allclose(got.float(), want, rtol=1e-4, atol=1e-5), (name, t, (got - want).abs().max())
+        import dataclasses
+        base = dataclasses.replace(s.k, smooth=False)
+        unsmoothed = faithful_attention(q[None, :, T - 1:], k[None], v[None], quantized_history(k[None], base, s),
+                                        vq, pos[T - 1:], pos, base, s.v, FpPolicy.of(s, 1))[0, :, 0]
+        assert not torch.allclose(unsmoothed, want, rtol=1e-3, atol=1e-4)

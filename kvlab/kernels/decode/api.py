@@ -11,9 +11,12 @@ backend's own `why_not` accepts the call. Never imports Triton at import time.
 """
 from __future__ import annotations
 
+import torch
+
 from ..checks import check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import GluonDecodeConfig, TritonDecodeConfig, auto_splits, config_from_dict
 from ..env import num_sms
+from ..smoothing import strip_smoothing
 from ..tuned import attention_key, lookup, nearest
 
 GLUON_DEFAULT = GluonDecodeConfig(num_warps=4, tokens_per_warp=32)  # the shape most tuned Gluon entries share
@@ -94,6 +97,8 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
 
     q:                [B, Hq, D] float32/float16/bfloat16 (one new token per sequence)
     k_pages, v_pages: page dicts {"codes", "scales", "zeros"} laid out as `PageLayout(spec, D, page_size, Hk)`
+                      (plus "codebook" for `cal` specs; "smooth" for a `smooth` K spec, whose pages and k_fp hold
+                      k / smooth: q is multiplied by it here, exactly, and the backends see the plain spec)
     kv_indptr:        [B+1] int32/64, CSR offsets into kv_indices; kv_indices: page ids of every sequence, in order
     kv_last_page_len: [B] tokens used in each sequence's last page (1..page_size; ignored for 0 pages)
     k_spec, v_spec:   `KVQuantSpec` or spec text
@@ -110,6 +115,8 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     """
     need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
     Hq, D = check_query(q, "B")
+    q_in = q
+    q, k_pages, k_spec, smooth = strip_smoothing(q, k_pages, k_spec)
     kv = check_prefix(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size,
                       k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, q.shape[0])
     sm_scale = check_sm_scale(sm_scale, D)
@@ -118,6 +125,19 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     check_out(out, q)
     if backend == "reference":
         from . import reference
-        return (lambda: reference.run(q, kv, sm_scale)) if plan else reference.run(q, kv, sm_scale)
-    mod, cfg = resolve(q, kv, config, num_splits)
-    return mod.run(q, kv, sm_scale, cfg, out=out, plan=plan)
+        run = lambda: reference.run(q, kv, sm_scale)  # noqa: E731
+    else:
+        mod, cfg = resolve(q, kv, config, num_splits)
+        run = mod.run(q, kv, sm_scale, cfg, out=out, plan=plan)
+        if not plan:
+            return run
+    if not plan:
+        return run()
+    if smooth is None:
+        return run
+    s_rep = smooth.repeat_interleave(Hq // smooth.shape[0], 0).to(q.dtype)  # [Hq, D]
+
+    def launch():  # q is read in place each call: its smoothed copy is refreshed first (one fixed-shape multiply)
+        torch.mul(q_in, s_rep, out=q)
+        return run()
+    return launch

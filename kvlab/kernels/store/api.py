@@ -8,6 +8,7 @@ import torch
 
 from ...cache.layout import PageLayout
 from ...cache.paging import prerotate
+from ...quant.smoothing import unsmoothed
 from ...spec import as_spec
 from ..checks import FLOAT_DTYPES, INDEX_DTYPES, need
 from ..configs import config_from_dict, fuses_rotation
@@ -64,7 +65,8 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
           scale=None, tensor_scale=None, backend: str = "auto", check_slots: bool = True, config=None) -> str:
     """Quantize new tokens and write them into a paged cache tensor; returns the backend that ran.
 
-    x:            [T, Hk, D] float32 / float16 / bfloat16 (keys post-RoPE unless spec.pre_rope)
+    x:            [T, Hk, D] float32 / float16 / bfloat16 (keys post-RoPE unless spec.pre_rope; for a `smooth`
+                  spec, the keys as the cache stores them, already divided by pages["smooth"], as `KVPool` does)
     pages:        {"codes", "scales", "zeros"} of `PageLayout(spec, D, P, Hk).allocate(N)`
     slot_mapping: [T] int64 or int32, slot = page * P + offset; -1 skips the token. Axis chan:
                   T is a multiple of the group G and every run of G tokens has consecutive slots
@@ -84,6 +86,11 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
     """
     need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(BACKENDS)}")
     spec = as_spec(spec)
+    if spec.smooth:  # x is already divided: the codes are the plain spec's; the factors stay beside the pages
+        need(isinstance(pages, dict) and isinstance(pages.get("smooth"), torch.Tensor), f"pages['smooth'] (the "
+             f"layer's key smoothing factors) is required for spec {spec}")
+        pages = {k: v for k, v in pages.items() if k != "smooth"}
+        spec = unsmoothed(spec)
     need(isinstance(x, torch.Tensor) and x.dim() == 3, "x must be a tensor [T, Hk, D] (tokens, KV heads, head_dim)"
          f", got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     need(x.dtype in FLOAT_DTYPES, f"x dtype {x.dtype}; allowed: float32, float16, bfloat16")

@@ -1,0 +1,89 @@
+"""Calibrated key smoothing (`smooth` on a K spec): divide key channels by s, multiply queries by s.
+
+Scores are unchanged, q k^T = (q * s)(k / s)^T, but the stored keys' channels are balanced against the queries
+they meet (SmoothQuant's migration applied to attention, as KVQuant's per-channel pre-scaling): a channel where
+keys are large and queries small costs bits it does not repay in the scores. The factor of channel c balances the
+two sides, s_c^2 = rms(k_c) / rms(q_c) (keys over the calibration tokens past the sinks; queries over the same
+tokens and the KV head's query heads), which minimises (sum_c q_c^2 s_c^2)(sum_c k_c^2 / s_c^2).
+
+The factors are per channel of the stored (post-RoPE) keys, which is why `smooth` does not combine with `prerope`:
+RoPE mixes channel c with c + D/2, so a per-channel factor does not commute with it. Tying the factors within RoPE
+pairs would commute (and fold offline into W_q / W_k), and rounding them to powers of two would make k / s exact;
+both were measured on the 2.5-bit SmolLM2 winner and give the gain back (PPL delta +12.82% unsmoothed, +11.20%
+per channel, +12.30% pair-tied, +13.07% pair-tied powers of two; sweeps/results/quality/key_probes_smoothing.txt).
+So the full-precision window holds k / s rounded to the pool's fp dtype and queries are multiplied by s in their
+dtype: one more rounding of the size the fp dtype already makes.
+
+Shapes: s float32 [Hk, D] per layer (one vector per KV head).
+"""
+from __future__ import annotations
+
+import torch
+
+MAX_LOG2 = 8  # |log2 s| bound: a nearly dead channel must not scale keys by 2^-40
+
+
+def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0) -> torch.Tensor:
+    """Smoothing factors float32 [Hk, D] (geometric mean 1 per head, within [2^-8, 2^8]) from calibration keys
+    k [B, Hk, T, D] (post-RoPE, as the cache stores them) and queries q [B, Hq, T, D] (Hq a multiple of Hk). The
+    first `sink` tokens are left out (attention sinks have outlier keys that decode reads in full precision).
+    Channels where either side is all zero keep factor 1. ValueError for bad shapes or too few tokens."""
+    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
+        raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
+    B, Hk, T, D = k.shape
+    if (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or q.shape[2] != T or q.shape[3] != D
+            or q.shape[1] % Hk):
+        raise ValueError(f"q must be [B={B}, Hq (a multiple of {Hk}), T={T}, D={D}], got {getattr(q, 'shape', q)}")
+    if not 0 <= sink < T:
+        raise ValueError(f"smoothing needs calibration tokens past the {sink} sinks, got {T}")
+    kf, qf = k[:, :, sink:].float(), q[:, :, sink:].float()
+    kf = torch.where(torch.isfinite(kf), kf, torch.zeros_like(kf))
+    qf = torch.where(torch.isfinite(qf), qf, torch.zeros_like(qf))
+    a = kf.pow(2).mean((0, 2)).sqrt()                                           # [Hk, D]
+    b = qf.reshape(B, Hk, -1, T - sink, D).pow(2).mean((0, 2, 3)).sqrt()        # [Hk, D]
+    ok = (a > 0) & (b > 0)
+    log2s = torch.where(ok, 0.5 * (a.clamp_min(1e-30).log2() - b.clamp_min(1e-30).log2()), torch.zeros_like(a))
+    w = ok.float()
+    log2s = log2s - ((log2s * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1)) * w
+    return torch.exp2(log2s.clamp(-MAX_LOG2, MAX_LOG2)).float()
+
+
+def check_smoothing(s, n_kv_heads: int, head_dim: int, name: str = "smooth") -> torch.Tensor:
+    """A layer's smoothing factors as float32 [Hk, D]: ValueError unless finite and within [2^-8, 2^8]."""
+    t = torch.as_tensor(s)
+    if tuple(t.shape) != (n_kv_heads, head_dim) or not t.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor [Hk={n_kv_heads}, D={head_dim}], got {tuple(t.shape)} "
+                         f"{t.dtype}")
+    t = t.float()
+    lo, hi = 2.0 ** -MAX_LOG2, 2.0 ** MAX_LOG2
+    if not bool(torch.isfinite(t).all()) or not bool(((t >= lo) & (t <= hi)).all()):
+        raise ValueError(f"{name} factors must be finite and within [2^-{MAX_LOG2}, 2^{MAX_LOG2}], got min "
+                         f"{t.min().item()}, max {t.max().item()}")
+    return t
+
+
+def unsmoothed(spec):
+    """The spec without `smooth`: how the stored (already divided) keys are quantized and read."""
+    import dataclasses
+    return dataclasses.replace(spec, smooth=False) if spec.smooth else spec
+
+
+def smooth_queries(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """q [..., Hq, D] times s [Hk, D] (query head h meets KV head h // (Hq / Hk)), in q's dtype."""
+    Hq, Hk = q.shape[-2], s.shape[0]
+    return q * s.repeat_interleave(Hq // Hk, 0).to(q.dtype)
+
+
+def smooth_keys(k: torch.Tensor, s: torch.Tensor, heads_dim: int = -2) -> torch.Tensor:
+    """k with its KV-head axis at `heads_dim` (default [..., Hk, D]; -3 for [..., Hk, T, D]) divided by s [Hk, D]
+    in k's dtype: the keys a smoothed cache stores."""
+    shape = [1] * k.dim()
+    shape[heads_dim], shape[-1] = s.shape[0], s.shape[1]
+    return k / s.reshape(shape).to(k.dtype)
+
+
+def unsmooth_keys(k: torch.Tensor, s: torch.Tensor, heads_dim: int = -2) -> torch.Tensor:
+    """The inverse of `smooth_keys`: stored keys back to the model's."""
+    shape = [1] * k.dim()
+    shape[heads_dim], shape[-1] = s.shape[0], s.shape[1]
+    return k * s.reshape(shape).to(k.dtype)

@@ -1,0 +1,24 @@
+"""Key smoothing in the decode-faithful evaluation: `calibrate` fits the factors first."""
+import pytest
+import torch
+
+import kvlab
+from kvlab.quant import fit_smoothing
+
+
+def test_faithful_calibration_fits_factors_first(smollm2):
+    """`calibrate` gives a smoothed key spec its factors (past the scheme's sinks) and fits the calibrated codebook
+    to the smoothed keys; the evaluation refuses a smoothed scheme without them."""
+    from kvlab.eval.faithful import DecodeFaithfulBackend, calibrate
+    model, tok = smollm2
+    from kvlab.eval.perplexity import text_tokens
+    ids = text_tokens(tok, "license")[:64][None]
+    sch = kvlab.scheme("k=lm3:g64:cal:smooth,v=lm3,sink=4,L1=q4_0")
+    cal = calibrate(model, ids, sch)
+    n = model.config.n_layers
+    assert set(cal[0]["k"]) == {"smooth", "codebook"} and "k" not in cal[1] and "v" not in cal[0]
+    cap = model.capture(ids)
+    assert torch.equal(cal[0]["k"]["smooth"][:, 0], fit_smoothing(cap["k"][0], cap["q"][0], sink=4))
+    with pytest.raises(ValueError, match="calib=calibrate"):
+        DecodeFaithfulBackend(sch, n)
+    DecodeFaithfulBackend(sch, n, cal)
