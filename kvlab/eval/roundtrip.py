@@ -11,7 +11,10 @@ from .metrics import all_metrics
 
 def roundtrip(x: torch.Tensor, spec: KVQuantSpec, calib_x: torch.Tensor | None = None) -> dict:
     """Metrics of dequantize(quantize(x, spec)) against x [..., T, D], plus stored bits/element. A calibrated spec
-    (`cal`) fits its levels on `calib_x` (other data of the same kind; required for it)."""
+    (`cal`) fits its levels on `calib_x` (other data of the same kind; required for it). Key smoothing (`smooth`)
+    balances keys against queries, which a round trip has none of: it is measured without (factors 1)."""
+    from ..quant.smoothing import unsmoothed
+    spec = unsmoothed(spec)
     cb = None
     if spec.calibrated:
         if calib_x is None:

@@ -67,16 +67,21 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
                       sink: int = 0, window: int = 0) -> list[list[float]]:
     """sens[l][c]: mean KL over `segs` with layer l's K and V in candidate c, every other layer bf16 (the first
     `sink` tokens and the `window` most recent ones of every layer full precision, as the searched scheme will keep
-    them)."""
+    them). Candidates that need calibration (static scales, calibrated codebooks, key smoothing) are calibrated once
+    on the first segment (the calibration text the sensitivities are measured on; `kvlab.eval.faithful.calibrate`,
+    which reads the unquantized model, so one pass serves every layer)."""
+    from .faithful import calibrate, needs_calibration
     n = model.config.n_layers
     specs = [pair(c) for c in candidates]
     fp = as_scheme("bf16")
+    cals = [calibrate(model, segs[0][None], KVScheme(k=ks, v=vs, sink=sink, window=window))
+            if needs_calibration(ks) or needs_calibration(vs) else {} for ks, vs in specs]
     out = []
     for layer in range(n):
         row = []
-        for spec in specs:
+        for spec, cal in zip(specs, cals):
             sch = KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, overrides=((layer, *spec),))
-            rows = score_segments(model, segs, sch)
+            rows = score_segments(model, segs, sch, {layer: cal[layer]} if layer in cal else None)
             row.append(sum(r["kl"] for r in rows) / len(rows))
             if progress is not None:
                 progress()

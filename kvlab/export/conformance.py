@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..quant.formats import CODEBOOKS, FP8_MAX, scale_value
+from ..quant.smoothing import unsmoothed
 from ..spec import KVQuantSpec, KVScheme
 
 FILENAME = "conformance.safetensors"
@@ -128,7 +129,7 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
     for role, case, x, kw, info in todo:
         spec = specs[role]
         x = representable(x)
-        t, meta = _case_tensors(x, spec, kw)
+        t, meta = _case_tensors(x, unsmoothed(spec), kw)  # smoothed keys: the rows are the stored keys k / s
         for name, val in t.items():
             tensors[f"{role}.{case}.{name}"] = val
         cases.append({"role": role, "case": case, "spec": str(spec), **info, **meta})
@@ -197,7 +198,9 @@ def kvlab_encode_fn(x: np.ndarray, info: dict) -> np.ndarray:
     kw = {} if info.get("scale") is None else {"scale": info["scale"]}
     if info.get("tensor_scale") is not None:
         kw["tensor_scale"] = info["tensor_scale"]
-    return encode(torch.from_numpy(np.ascontiguousarray(x)), info["spec"], **kw)
+    from ..spec import as_spec
+    # a smoothed spec's rows are stored keys (already divided by the factors): the plain format's bytes
+    return encode(torch.from_numpy(np.ascontiguousarray(x)), unsmoothed(as_spec(info["spec"])), **kw)
 
 
 def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
@@ -242,6 +245,11 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
                          if spec.pack == "ggml" else
                          "lowest plane first; a w-bit plane puts element i in byte i*w//8 at bit (i*w)%8 "
                          "(4-bit: element 2j in the low nibble of byte j, element 2j+1 in the high nibble)"))
+    if spec.smooth:
+        d["smoothing"] = ("the rows are the keys as stored: the model's (post-RoPE) keys divided per channel by the "
+                          "layer's smoothing factors s [KV heads, head_dim] (kv_smoothing.safetensors, "
+                          "model.layers.{i}.self_attn.k_smooth); attention multiplies each query head by its KV "
+                          "head's s, so q . k is unchanged (kvlab.quant.smoothing)")
     if spec.rotation == "had":
         d["rotation"] = ("rows are rotated before grouping: x @ H with H the orthonormal Sylvester Hadamard matrix "
                          "(block-diagonal in blocks of the largest power of two dividing head_dim, at most 256), "

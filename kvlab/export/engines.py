@@ -200,6 +200,8 @@ def _gap(spec: KVQuantSpec, engine: Engine) -> str:
                                                     if engine.name == "llama.cpp" else ""))
     if spec.pre_rope:
         parts.append("pre-RoPE keys")
+    if spec.smooth:
+        parts.append("calibrated key smoothing (keys divided and queries multiplied per channel at run time)")
     if spec.tensor_scale:
         parts.append("two-level (tensor + group) scales")
     return ", ".join(parts) if parts else f"{spec_label(spec)} is not one of its cache dtypes"

@@ -66,8 +66,10 @@ def load(model: str):
     return m, tok, model
 
 
-def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None) -> list[dict]:
-    """Real K/V rows (head 0 of the first, middle and last layer) for the conformance vectors."""
+def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None,
+              smoothing: dict | None = None) -> list[dict]:
+    """Real K/V rows (head 0 of the first, middle and last layer) for the conformance vectors (a smoothed K spec's
+    rows divided by the layer's factors, as the cache stores them)."""
     ids, prov = cal.calibration_tokens(tok, text, rows_for(sch, rows))
     cap = m.capture(ids[None])
     L = m.config.n_layers
@@ -78,8 +80,13 @@ def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None) 
             kw = {}
             if scales and spec.static_scale and spec.fmt == "fp8_e4m3":
                 kw = {"scale": scales[f"{role}_scale"][layer]}   # the engine's calibrated layer scale
-            out.append({"role": role, "name": f"captured_L{layer}_h0", "x": cap[key][layer][0, 0], "kwargs": kw,
-                        "source": f"model.capture layer {layer} head 0, first tokens of {prov['text']} ({key})"})
+            x, how = cap[key][layer][0, 0], key
+            if role == "k" and spec.smooth:
+                if not smoothing or layer not in smoothing["layers"]:
+                    continue
+                x, how = x / smoothing["layers"][layer][0], f"{key} / k_smooth"
+            out.append({"role": role, "name": f"captured_L{layer}_h0", "x": x, "kwargs": kw,
+                        "source": f"model.capture layer {layer} head 0, first tokens of {prov['text']} ({how})"})
     return out
 
 
@@ -134,9 +141,18 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
             files.update(scales_json=f["json"], scales_safetensors=f["safetensors"])
         elif p.k.kv_spec.has_scale:
             log("warning: no --model, so no calibrated k/v scales: the engine will use 1.0 (kvlab fp8_e4m3)")
+    smoothing = None
+    if any(ks.smooth for ks in (sch.k, *(ks for _, ks, _ in sch.overrides))):
+        if m is not None:
+            log(f"calibrating key smoothing factors on {calib_tokens} tokens of {calib_text} ...")
+            smoothing = cal.key_smoothing(m, tok, sch, calib_text, calib_tokens)
+            files["smoothing"] = cal.write_smoothing(smoothing, out)
+        else:
+            log("warning: no --model, so no key smoothing factors: calibrate them with the model "
+                "(kvlab.quant.fit_smoothing) or the keys are stored unsmoothed (factors 1)")
     fl = flags(p, files.get("scales_json") and os.path.join(out, files["scales_json"]))
     fl["notes"] += _notes(p, scales)
-    captured = _captured(m, tok, sch, vectors, calib_text, scales) if m is not None else None
+    captured = _captured(m, tok, sch, vectors, calib_text, scales, smoothing) if m is not None else None
     log("writing conformance vectors ...")
     meta = write_vectors(out, sch, D, vectors, seed, captured)
     files["conformance"] = VECTORS

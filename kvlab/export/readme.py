@@ -51,6 +51,9 @@ def readme(info: dict, meta: dict) -> str:
             "scales_json": "per-layer fp8 KV scales, vLLM/SGLang `--quantization-param-path` layout",
             "scales_safetensors": "the same scales as checkpoint tensors `model.layers.{i}.self_attn.k_scale/v_scale`",
             "tuned_configs": "tuned kvlab kernel configs for this scheme (GPU named inside)",
+            "smoothing": "key smoothing factors `model.layers.{i}.self_attn.k_smooth` float32 [KV heads, head_dim]: "
+                         "the cache stores k / k_smooth per channel and attention multiplies each query head by its "
+                         "KV head's factors (calibration text in the metadata)",
             "engine": "everything below, machine-readable", "readme": "this file"}
     for key, fname in files.items():
         if fname:

@@ -223,3 +223,26 @@ def test_pool_factors_are_set_before_the_first_append_or_stay_one():
     with pytest.raises(ValueError, match=r"\['smooth'\].*is required"):
         lay.check_pages(pages, "cpu")
 
+
+
+def test_export_writes_vectors_of_the_stored_keys(tmp_path):
+    """The engine-neutral export of a smoothed scheme: its K vectors are the plain format's bytes of the rows (the
+    rows are stored keys, k / s), so kvlab's own encoder of the plain spec passes them; the layout names the factors;
+    an engine without the option names it among what it lacks."""
+    from kvlab.export.conformance import check_conformance, describe_layout, kvlab_encode_fn
+    from kvlab.export.engines import plan
+    from kvlab.export.exporter import export
+    from kvlab.quant import encode
+    sch = kvlab.scheme("k=int4:g32:sym:smooth,v=q4_0")
+    export(sch, "json", str(tmp_path / "x"), head_dim=64, vectors=32)
+    base = dataclasses.replace(sch.k, smooth=False)
+
+    def enc(x, info):
+        spec = base if info["role"] == "k" else sch.v
+        return encode(torch.from_numpy(x), spec)
+    res = check_conformance(str(tmp_path / "x"), enc)
+    assert res["ok"] and len(res["cases"]) >= 4
+    assert check_conformance(str(tmp_path / "x"), kvlab_encode_fn)["ok"]
+    assert "smoothing" in describe_layout(sch.k, 64) and "smoothing" not in describe_layout(base, 64)
+    reasons = " ".join(plan("llama.cpp", kvlab.scheme("k=int4:g32:sym:smooth,v=int4:g32:sym")).reasons)
+    assert "calibrated key smoothing" in reasons
