@@ -12,6 +12,7 @@
 #   bash benchmarks/h200_run.sh extend-profile  # extend GPU tests + benchmarks/profile_extend.py (host_lens vs not)
 #   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
+#   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
 #   bash benchmarks/h200_run.sh tune-merge  # decode tuning (TUNE_SCHEMES at TUNE_B, TUNE2_SCHEMES at TUNE2_B) merged
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
@@ -208,6 +209,15 @@ s12)   # session 12: Gluon GPU tests (e4m3-scaled codebooks), every winner's dec
       > "$OUT/ncu/${NCU_SCHEME:-q4_0}_${cfg//:/_}.csv" 2> "$OUT/ncu/${cfg//:/_}.err"
     echo "ncu $cfg rc=$? $(wc -l < "$OUT/ncu/${NCU_SCHEME:-q4_0}_${cfg//:/_}.csv") lines"
   done
+  ;;
+s13)   # session 13: key smoothing on the GPU (the smoothing tests through the pool with default dispatch, the
+  # smoothed decode case), then the winners of WINNERS (a winners.csv-shaped file) and CANDIDATES at FP window:sink
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/quant/test_smoothing.py \
+    tests/kernels/decode/test_decode.py -k "smooth or lm2 or plan or pool" 2>&1 | tee "$OUT/pytest_smooth.log" | tail -6
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --candidates "${CANDIDATES:-}" \
+    --budget "${BENCH_BUDGET:-360}" --fp "${FP:-32:4}" 2>&1 | tee "$OUT/winners.log" | tail -25
   ;;
 s11b)   # issue 16 (session 11): the kernel before / after at equal configs (AB_OLD: an untracked copy of the older
   # kvlab tree), the decode table at DEC_SHAPES, tuning at B 32 of TUNE_SCHEMES merged into the packaged configs and

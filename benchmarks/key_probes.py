@@ -20,6 +20,11 @@ SmolLM2-135M, 4 x 2,048 pydoc tokens (the winners' evaluation), calibration on t
 3. `--winners`: instead of 1 and 2, the sink + window winners of the 17-candidate search (`winners.csv`) as
    they are and with `smooth` around every key quantizer (the same stored bits: s is a calibration vector).
 
+4. `--smoothing-variants`: the 2.5-bit winner of the 17-candidate search as it is, with the `smooth` scheme option on
+   every K spec (`kvlab.quant.fit_smoothing`: per channel, calibrated past the sinks), and with the two constrained
+   variants the option was designed against (probes around the oracle): factors tied within RoPE pairs (c, c + D/2),
+   which commute with RoPE and fold into W_q / W_k, and the same rounded to powers of two, which make k / s exact.
+
 Writes OUT.txt (one line per case: PPL delta mean, KL mean) and OUT.json.
 """
 from __future__ import annotations
@@ -64,6 +69,8 @@ def main() -> None:
     ap.add_argument("--segments", type=int, default=4)
     ap.add_argument("--winners", action="store_true", help="part 3: the 17-candidate sink + window winners, with and "
                     "without key smoothing")
+    ap.add_argument("--smoothing-variants", action="store_true", help="part 4: the 2.5-bit winner unsmoothed, with the "
+                    "smooth option, and with pair-tied / power-of-two factors")
     a = ap.parse_args()
     import kvlab.eval.faithful as F
     from kvlab.eval.faithful import calibrate
@@ -76,7 +83,8 @@ def main() -> None:
     segs = segments(text_tokens(tok, "pydoc"), 2048, a.segments, 0, prefix)
     ct = torch.cat([torch.tensor(prefix, dtype=torch.int64), text_tokens(tok, "license")[:2048 - len(prefix)]])
     n = model.config.n_layers
-    tr = key_transforms(model.capture(ct[None]), n)
+    cap = model.capture(ct[None])
+    tr = key_transforms(cap, n)
     orig = F.fake_quantize
     mode = {"t": None}
 
@@ -93,7 +101,21 @@ def main() -> None:
             return orig((x - mu) / s, spec, **kw) * s + mu
         if t == "signs":
             return orig(x * sg, spec, **kw) * sg
+        if t in ("pair", "pair-pow2"):
+            s2 = pair_tied(probe, t == "pair-pow2")
+            return orig(x / s2, spec, **kw) * s2
         raise ValueError(t)
+
+    def pair_tied(i, pow2, cache={}):  # noqa: B006 (a per-run memo)
+        if (i, pow2) not in cache:
+            k, q = cap["k"][i][:, :, 4:].float(), cap["q"][i][:, :, 4:].float()
+            B, Hk, T, D = k.shape
+            a, b = k.pow(2).mean((0, 2)), q.reshape(B, Hk, -1, T, D).pow(2).mean((0, 2, 3))
+            pr = lambda m: (0.5 * (m[:, :D // 2] + m[:, D // 2:])).repeat(1, 2).sqrt()  # noqa: E731
+            lg = 0.5 * (pr(a).log2() - pr(b).log2())
+            lg = lg - lg.mean(-1, keepdim=True)
+            cache[(i, pow2)] = torch.exp2(lg.round() if pow2 else lg)[None, :, None, :]
+        return cache[(i, pow2)]
 
     F.fake_quantize = fq
     rows = []
@@ -104,6 +126,17 @@ def main() -> None:
             wins = [r["scheme"] for r in csv.DictReader(f) if r["model"].startswith("SmolLM2")
                     and "sink 4; 17 candidates" in r["budget_bits"]]
         cases = [(w, t) for w in wins for t in (None, "smooth")]
+    if a.smoothing_variants:
+        import csv
+        with open(Path(__file__).resolve().parents[1] / "sweeps/results/quality/winners.csv") as f:
+            w = [r["scheme"] for r in csv.DictReader(f) if r["model"].startswith("SmolLM2")
+                 and "sink 4; 17 candidates" in r["budget_bits"] and float(r["eff_bits"]) < 3.0][0]
+        sch0 = as_scheme(w)  # the K specs of the scheme and of every override gain ':smooth'
+
+        parts = [f"k={sch0.k}:smooth,v={sch0.v},window={sch0.window},sink={sch0.sink}"]
+        parts += [f"L{l}={ks}:smooth|{vs}" for l, ks, vs in sch0.overrides]
+        smoothed = ",".join(parts)
+        cases = [(w, None), (smoothed, None), (w, "pair"), (w, "pair-pow2")]
     for text, t in cases:
         sch = as_scheme(text)
         mode["t"] = t
@@ -113,7 +146,7 @@ def main() -> None:
         t0 = time.time()
         res = score_segments(model, segs, sch, calib)
         d, kl = [r["ppl_delta_pct"] for r in res], [r["kl"] for r in res]
-        row = {"scheme": str(sch), "transform": t or "none", "ppl_delta_pct": statistics.fmean(d),
+        row = {"scheme": str(sch), "transform": t or ("smooth option" if sch.k.smooth else "none"), "ppl_delta_pct": statistics.fmean(d),
                "ppl_delta_pct_sd": statistics.stdev(d) if len(d) > 1 else 0.0, "kl": statistics.fmean(kl),
                "segments": a.segments, "tokens": 2048, "text": "pydoc", "calib_text": "license",
                "seconds": round(time.time() - t0, 1)}

@@ -23,11 +23,22 @@ import torch
 MAX_LOG2 = 8  # |log2 s| bound: a nearly dead channel must not scale keys by 2^-40
 
 
-def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0) -> torch.Tensor:
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # migration strengths searched when a spec is given (0: no smoothing)
+SCORE_QUERIES = 256  # calibration queries (evenly spaced) the alpha search scores against every calibration key
+
+
+def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0, spec=None, alpha: float | None = None,
+                  alphas=ALPHAS) -> torch.Tensor:
     """Smoothing factors float32 [Hk, D] (geometric mean 1 per head, within [2^-8, 2^8]) from calibration keys
-    k [B, Hk, T, D] (post-RoPE, as the cache stores them) and queries q [B, Hq, T, D] (Hq a multiple of Hk). The
-    first `sink` tokens are left out (attention sinks have outlier keys that decode reads in full precision).
-    Channels where either side is all zero keep factor 1. ValueError for bad shapes or too few tokens."""
+    k [B, Hk, T, D] (post-RoPE, as the cache stores them) and queries q [B, Hq, T, D] (Hq a multiple of Hk):
+    s_c = (rms(k_c) / rms(q_c))^alpha. The first `sink` tokens are left out (attention sinks have outlier keys that
+    decode reads in full precision). Channels where either side is all zero keep factor 1.
+
+    alpha: the migration strength (0.5 balances the two sides, SmoothQuant's default). None with a `spec` (the K
+    spec the smoothed keys are quantized with; `smooth` and `cal` ignored): per layer, the strength in `alphas`
+    whose quantized keys give the least error in the attention scores of calibration queries (centred per query:
+    softmax ignores a shift), as AWQ searches its scaling exponent; 0 is among them, so a layer smoothing does not
+    help keeps s = 1. None without a spec: 0.5. ValueError for bad shapes or too few tokens."""
     if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
         raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
     B, Hk, T, D = k.shape
@@ -42,10 +53,48 @@ def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0) -> torch.Tens
     a = kf.pow(2).mean((0, 2)).sqrt()                                           # [Hk, D]
     b = qf.reshape(B, Hk, -1, T - sink, D).pow(2).mean((0, 2, 3)).sqrt()        # [Hk, D]
     ok = (a > 0) & (b > 0)
-    log2s = torch.where(ok, 0.5 * (a.clamp_min(1e-30).log2() - b.clamp_min(1e-30).log2()), torch.zeros_like(a))
     w = ok.float()
-    log2s = log2s - ((log2s * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1)) * w
-    return torch.exp2(log2s.clamp(-MAX_LOG2, MAX_LOG2)).float()
+    lr = torch.where(ok, a.clamp_min(1e-30).log2() - b.clamp_min(1e-30).log2(), torch.zeros_like(a))
+    lr = lr - ((lr * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1)) * w  # centred log ratio
+
+    def factors(al: float) -> torch.Tensor:
+        return torch.exp2((al * lr).clamp(-MAX_LOG2, MAX_LOG2)).float()
+    if alpha is not None or spec is None:
+        al = 0.5 if alpha is None else float(alpha)
+        if not 0.0 <= al <= 1.0:
+            raise ValueError(f"alpha={alpha!r} must be within [0, 1]")
+        return factors(al)
+    best = _best_alpha(kf, qf, spec, factors, alphas)                           # [Hk]
+    return torch.stack([factors(al)[h] for h, al in enumerate(best)])
+
+
+def _best_alpha(kf, qf, spec, factors, alphas) -> list[float]:
+    """Per KV head, the strength in `alphas` with the least centred score error of the quantized, smoothed keys
+    kf [B, Hk, T, D] against calibration queries qf [B, Hq, T, D] (the first minimum on ties)."""
+    import dataclasses
+
+    from ..spec import as_spec
+    from .oracle import fake_quantize
+    spec = as_spec(spec)
+    if spec.is_float_storage:
+        raise ValueError(f"spec {spec} stores keys as they are: there is nothing to smooth them for")
+    spec = dataclasses.replace(spec, smooth=False, calibrated=False, pre_rope=False)
+    B, Hk, T, D = kf.shape
+    if spec.axis == "chan":
+        T = T // spec.group * spec.group
+        kf, qf = kf[:, :, :T], qf[:, :, :T]
+    if T == 0:
+        return [0.5] * Hk
+    idx = torch.linspace(0, T - 1, min(SCORE_QUERIES, T)).round().long().to(kf.device)
+    qs = qf[:, :, idx].reshape(B, Hk, -1, D)                                   # [B, Hk, G * n, D]
+    errs = []
+    for al in alphas:
+        s = factors(al)[None, :, None, :]                                       # [1, Hk, 1, D]
+        kh = fake_quantize((kf / s).contiguous(), spec).float() * s
+        e = qs @ (kh - kf).transpose(-1, -2)                                   # [B, Hk, G * n, T]
+        errs.append((e - e.mean(-1, keepdim=True)).pow(2).sum((0, 2, 3)))       # [Hk]
+    pick = torch.stack(errs).argmin(0)                                          # the first minimum per head
+    return [float(alphas[int(i)]) for i in pick]
 
 
 def check_smoothing(s, n_kv_heads: int, head_dim: int, name: str = "smooth") -> torch.Tensor:

@@ -13,6 +13,7 @@ import kvlab
 from kvlab.cache.layout import PageLayout
 from kvlab.cache.paging import codebook_table
 from kvlab.quant import fit_codebook
+from kvlab.quant.smoothing import unsmoothed
 from kvlab.spec import KVQuantSpec
 
 NAN_BYTES = {torch.uint8: 255, torch.float8_e4m3fn: float("nan")}
@@ -49,6 +50,9 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
                 _poison(t) if t.dtype != torch.uint8 or t is not pages["codes"] else t.random_(0, 256, generator=g)
         xs = [torch.randn(Hk, n * P, D, generator=g) * (1 + torch.rand(1, 1, D, generator=g) * 3) for n in npages]
         cb = calibrated_levels(spec, D, seed) if spec.calibrated else None
+        qspec = unsmoothed(spec)
+        if spec.smooth:  # smoothed keys: factors in [1/2, 2] beside the pages, which hold the stored keys (x as drawn)
+            pages["smooth"].copy_(torch.exp2(torch.rand(Hk, D, generator=g) * 2 - 1))
         if cb is not None:  # a calibrated codebook: its table beside the pages (poisoned with NaN above)
             pages["codebook"].copy_(codebook_table(cb))
         ts = None
@@ -58,7 +62,7 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
             if n == 0:
                 continue
             ids = indices[indptr[b]:indptr[b + 1]].long()
-            qt = kvlab.quantize(x, spec, tensor_scale=ts, codebook=cb)
+            qt = kvlab.quantize(x, qspec, tensor_scale=ts, codebook=cb)
             if spec.is_float_storage:
                 pages["codes"][ids] = x.to(lay.code_dtype).reshape(Hk, n, P, D).transpose(0, 1)
             else:

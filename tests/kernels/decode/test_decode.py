@@ -22,6 +22,7 @@ CASES = [
        ("lm3:g32:rot=had", 16))],
     (2, [32, 64], 8, 2, 64, 32, "k=lm2:g32:chan,v=lm2", [5, 31], None),
     (2, [17, 40], 8, 2, 64, 16, "k=lm3:g64:rot=had:cal,v=lm4:g32:cal", [3, 0], None),  # calibrated tables
+    (2, [17, 40], 6, 2, 64, 16, "k=lm2:g64:s=e4m3:rot=had:smooth,v=lm2:g64:s=e4m3:rot=had", [3, 0], None),  # smoothing
     (2, [32, 64], 8, 2, 64, 32, "kivi4", [5, 31], None),
     (2, [64, 96], 8, 2, 64, 64, "kivi2", [0, 7], 3),
     (3, [1, 17, 63], 8, 2, 64, 16, "q4_0", [1, 0, 4], 3),
