@@ -162,8 +162,10 @@ def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
     args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
     fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True)
     from kvlab.kernels.checks import check_prefix
-    kv = check_prefix(q, *args[1:], *fp.values(), c["k_ts"], c["v_ts"], B)
-    _, cfg = api.resolve(q, kv)
+    from kvlab.kernels.smoothing import strip_smoothing
+    qs, kp, ks, _ = strip_smoothing(q, c["k_pages"], sch.k)  # what decode hands the dispatch for a smoothed K spec
+    kv = check_prefix(qs, kp, *args[2:6], ks, *args[7:], *fp.values(), c["k_ts"], c["v_ts"], B)
+    _, cfg = api.resolve(qs, kv)
     fn()
     ms = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
     g = triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")

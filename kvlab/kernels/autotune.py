@@ -106,6 +106,8 @@ def synthetic_cache(k_spec, v_spec, B: int, Hk: int, D: int, P: int, context: in
             t = pages.get(key)
             if t is not None:
                 t.fill_(120) if t.dtype == torch.uint8 else t.copy_(torch.full(t.shape, val, device=device).to(t.dtype))
+        if pages.get("smooth") is not None:  # key smoothing factors (finite; their values do not change the time)
+            pages["smooth"].fill_(1.0)
         out[f"{name}_pages"] = pages
         out[f"{name}_ts"] = torch.ones(1, device=device) if spec.needs_tensor_scale else None
     return out
