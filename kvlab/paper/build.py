@@ -412,10 +412,11 @@ class Paper:
                 "every budget. Sinks (`--sink`) keep the first tokens of every layer in bf16 as well: beside the "
                 "window they cost a few hundredths of a bit and lower the loss again at every budget. Every pair of "
                 "every row with a decode time runs the Gluon decode kernel (codecs for the two- and three-bit codebooks, "
-                "int3 at every head dimension and int3 channel-axis keys; issue #16). The search with the most candidates "
+                "int3 at every head dimension and int3 channel-axis keys; issue #16). The 17-candidate search "
                 "adds codebooks whose group scales are fp8 e4m3 (`lm2:s=e4m3:rot=had`: half the scale bits), which at "
                 "the smallest budget frees room for three-bit keys on some layers; the Gluon kernel converts those "
-                "scale bytes as it does fp4's (one hardware conversion per scale).", "",
+                "scale bytes as it does fp4's (one hardware conversion per scale). The 21-candidate search adds four "
+                "pairs whose keys are smoothed (below).", "",
                 *rows, "",
                 f"Calibrated codebooks (levels fitted per layer by a weighted k-means, KVQuant's non-uniform datatype) "
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
@@ -437,13 +438,27 @@ class Paper:
             return c(r["ppl_delta_pct"], "+.2f", "key_probes_winners", f"row {i} / ppl_delta_pct")
         n = len(self.t["key_probes_winners"])
         k2, v2 = "k=lm2:g64:s=e4m3:rot=had,v=bf16", "k=bf16,v=lm2:g64:s=e4m3:rot=had"
+        w = self.t["winners"]
+        r = w[(w.model == "SmolLM2-135M-Instruct") & (w.budget == 2.5) & w.budget_bits.str.contains("21 candidates")]
+        if r.empty:
+            raise KeyError(f"{FILES['winners']} has no SmolLM2 2.5-bit row of the 21-candidate (smoothed) search")
+        r = r.iloc[0]
+
+        def sm(col, fmt):  # the smoothed search's smallest-budget winner
+            return c(r[col], fmt, "winners", f"SmolLM2-135M-Instruct / 2.5 / {r.budget_bits} / {col}")
         return ["At the smallest budget the keys carry the loss (`benchmarks/key_probes.py`, sinks and window as the "
                 f"winners): two-bit codebook keys alone cost a KL of {kl((k2, 'none'))}, two-bit values alone "
                 f"{kl((v2, 'none'))}. Dividing each key channel by a calibrated factor (the square root of the ratio of "
                 "its key RMS to its query RMS) and multiplying the queries by it, which stores no bit, lowers the keys' "
                 f"KL to {kl((k2, 'smooth'))}; centering the keys or random signs before the rotation do not help. Around "
                 f"every key quantizer of the smallest-budget winner it moves the PPL delta from {wp(n - 2, 'none')}% to "
-                f"{wp(n - 1, 'smooth')}%; it is a probe around the oracle, not yet a scheme option.", ""]
+                f"{wp(n - 1, 'smooth')}%. Smoothing is a scheme option (`smooth` on a K spec: the pool stores k / s with "
+                "s beside the pages and `decode` / `extend` multiply q by s, so every kernel runs the plain format; the "
+                "factors are calibrated per layer and KV head on the license text). A search whose candidates add "
+                f"smoothed two- and three-bit codebook keys reaches {sm('ppl_delta_pct', '+.2f')}% "
+                f"(sd {sm('ppl_delta_pct_sd', '.2f')}, KL {sm('kl', '.4f')}) at {sm('eff_bits', '.2f')} effective bits, "
+                f"decoding in {sm('decode_ms_h200', '.2f')} ms against the bf16 cache's "
+                f"{sm('bf16_decode_ms_h200', '.2f')} ms (one multiply of q per layer and step).", ""]
 
     def limitations(self):
         return ["## 7. Limitations", "",
