@@ -23,7 +23,8 @@ SmolLM2-135M, 4 x 2,048 pydoc tokens (the winners' evaluation), calibration on t
 4. `--smoothing-variants`: the 2.5-bit winner of the 17-candidate search as it is, with the `smooth` scheme option on
    every K spec (`kvlab.quant.fit_smoothing`: per channel, calibrated past the sinks), and with the two constrained
    variants the option was designed against (probes around the oracle): factors tied within RoPE pairs (c, c + D/2),
-   which commute with RoPE and fold into W_q / W_k, and the same rounded to powers of two, which make k / s exact.
+   which commute with RoPE and fold into W_q / W_k, and the same rounded to powers of two, which make k / s exact;
+   and the option with its strength searched per KV head (`calibrate(smooth_search=True)`).
 
 Writes OUT.txt (one line per case: PPL delta mean, KL mean) and OUT.json.
 """
@@ -132,21 +133,24 @@ def main() -> None:
             w = [r["scheme"] for r in csv.DictReader(f) if r["model"].startswith("SmolLM2")
                  and "sink 4; 17 candidates" in r["budget_bits"] and float(r["eff_bits"]) < 3.0][0]
         sch0 = as_scheme(w)  # the K specs of the scheme and of every override gain ':smooth'
-
         parts = [f"k={sch0.k}:smooth,v={sch0.v},window={sch0.window},sink={sch0.sink}"]
         parts += [f"L{l}={ks}:smooth|{vs}" for l, ks, vs in sch0.overrides]
         smoothed = ",".join(parts)
-        cases = [(w, None), (smoothed, None), (w, "pair"), (w, "pair-pow2")]
+        cases = [(w, None), (smoothed, None), (smoothed, "searched strength"), (w, "pair"), (w, "pair-pow2")]
     for text, t in cases:
         sch = as_scheme(text)
+        mode["searched"] = t == "searched strength"
+        t = None if mode["searched"] else t
         mode["t"] = t
-        calib = calibrate(model, ct[None], sch)
+        calib = calibrate(model, ct[None], sch, smooth_search=mode["searched"])
         if t is not None:
             calib = {i: {**calib.get(i, {}), "k": {**calib.get(i, {}).get("k", {}), "probe": i}} for i in range(n)}
         t0 = time.time()
         res = score_segments(model, segs, sch, calib)
         d, kl = [r["ppl_delta_pct"] for r in res], [r["kl"] for r in res]
-        row = {"scheme": str(sch), "transform": t or ("smooth option" if sch.k.smooth else "none"), "ppl_delta_pct": statistics.fmean(d),
+        label = "smooth option, strength searched" if mode["searched"] else "smooth option"
+        row = {"scheme": str(sch), "transform": t or (label if sch.k.smooth else "none"),
+               "ppl_delta_pct": statistics.fmean(d),
                "ppl_delta_pct_sd": statistics.stdev(d) if len(d) > 1 else 0.0, "kl": statistics.fmean(kl),
                "segments": a.segments, "tokens": 2048, "text": "pydoc", "calib_text": "license",
                "seconds": round(time.time() - t0, 1)}

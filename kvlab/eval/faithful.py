@@ -234,12 +234,13 @@ def needs_calibration(spec: KVQuantSpec) -> bool:
 
 
 @torch.no_grad()
-def calibrate(model, tokens: Tensor, scheme) -> dict:
+def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dict:
     """Static per-tensor scales, calibrated codebooks and key smoothing factors per layer from a calibration pass (a
     different text than scored).
 
     Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale=, codebook=, smooth=). Smoothing
-    factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D]); the
+    factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D]; strength
+    0.5, or with `smooth_search` the per-head strength whose quantized keys give the least score error); the
     other values are then fitted to the smoothed keys k / s (the queries they meet are q * s). A calibrated key
     codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's query
     heads; in the rotated domain when the spec rotates), so the fit minimises the error of the scores; value
@@ -260,7 +261,7 @@ def calibrate(model, tokens: Tensor, scheme) -> dict:
                 continue
             kw = {}
             if spec.smooth:  # pair-tied factors: the same before or after RoPE
-                s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1))
+                s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1), spec=spec if smooth_search else None)
                 kw["smooth"] = s[:, None, :]
                 x, q = smooth_keys(x.float(), s, heads_dim=-3), smooth_queries(q.float().transpose(1, 2), s)
                 q = q.transpose(1, 2)
