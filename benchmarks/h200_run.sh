@@ -13,6 +13,7 @@
 #   bash benchmarks/h200_run.sh s11   # Gluon decode GPU tests + the decode table (default dispatch) + store word loads
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
+#   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
 #   bash benchmarks/h200_run.sh tune-merge  # decode tuning (TUNE_SCHEMES at TUNE_B, TUNE2_SCHEMES at TUNE2_B) merged
 #   bash benchmarks/h200_run.sh store-rot  # store tests + the store table (fused vs torch rotation) + host profile
@@ -218,6 +219,19 @@ s13)   # session 13: key smoothing on the GPU (the smoothing tests through the p
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
     --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --candidates "${CANDIDATES:-}" \
     --budget "${BENCH_BUDGET:-360}" --fp "${FP:-32:4}" 2>&1 | tee "$OUT/winners.log" | tail -25
+  ;;
+s13b)  # session 13: issue 17's store word loads timed against per-element loads and the store table; issue 16's decode
+  # table at DEC_SHAPES with default dispatch and no tuned file (what a new user gets)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  for pk in 0 1; do
+    timeout "${SV_S:-150}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int2 int3 nf4 iq4nl nvfp4} --packed "$pk" \
+      2>&1 | tee "$OUT/store_variants_p$pk.txt" | tail -12
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${STORE_S:-200}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tee "$OUT/store.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-260}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-b1,smollm2,d256}" --tuned "" --dispatch default --budget "${DEC_BUDGET:-230}" 2>&1 \
+    | tee "$OUT/decode.log" | tail -3
   ;;
 s11b)   # issue 16 (session 11): the kernel before / after at equal configs (AB_OLD: an untracked copy of the older
   # kvlab tree), the decode table at DEC_SHAPES, tuning at B 32 of TUNE_SCHEMES merged into the packaged configs and
