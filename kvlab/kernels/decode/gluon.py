@@ -39,7 +39,7 @@ from ...quant.formats import codebook16
 from ...quant.rotation import hadamard
 from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
-from ..tiles.operands import LOG2E, merge_splits
+from ..tiles.operands import LOG2E, merge_splits, merge_with_fp
 from .gluon_codecs import (
     CHAN,
     CHAN_TW,
@@ -294,7 +294,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
-    KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP). Writes OUT [B, Hq, D]
+    KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP; the launcher now attends them
+    beside the split merge instead, `merge_with_fp`, and launches with HAS_FP off). Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
     [B * Hk] int32 counters, zero between calls)."""
     b = ttgl.program_id(0)
@@ -515,13 +516,16 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     rot_k, rot_v = kv.rotated
     kern_out = out if not rot_v else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
     user_out = out
-    op = lse = kern_out  # split partials and their log-sum-exps (unused with one split)
-    if S > 1:
+    # full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), unrotated, so
+    # the paged kernel is compiled without them and always writes split partials
+    has_fp = kv.has_fp
+    direct = S == 1 and not has_fp
+    op = lse = kern_out  # split partials and their log-sum-exps (unused when direct)
+    if not direct:
         op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
-    fused = S > 1 and config.fused_merge
+    fused = S > 1 and config.fused_merge and not has_fp
     cnt = counters(q.device, B * Hk) if fused else kern_out
-    has_fp = kv.has_fp
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
     tab = tables(k_spec.fmt if kcodec in TABLES else None, v_spec.fmt if vcodec in TABLES else None, q.device)
@@ -539,29 +543,29 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     def launch():
         for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
             tab[8 * i:8 * i + 8] = table_words_of(table)
-        qr, kf, vf = q, kv.k_fp, kv.v_fp
+        qr = q
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
             qr = q.float() @ hadamard(D, q.device)
-            kf = None if kf is None else kf.float() @ hadamard(D, q.device)
-        if rot_v and vf is not None:
-            vf = vf.float() @ hadamard(D, q.device)
-        kf = kf if has_fp else kc  # never read without HAS_FP
-        vf = vf if has_fp else vc
+        kf, vf = kc, vc  # never read: the kernel runs without HAS_FP
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
             tab,
-            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
+            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
             vs.stride(0) // ps, vs.stride(1),
-            *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
-            HAS_FP=has_fp, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
+            0, 0, 0, 0, 0, 0,
+            HAS_FP=False, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
-            TW=TW, DIRECT=S == 1, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
+            TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
             KSD=ksd, VSD=vsd, num_warps=NW, **launch_opts)
+        if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
+            merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
+                          v_rot=hadamard(D, q.device) if rot_v else None)
+            return user_out
         if S > 1 and not fused:
             merge_splits(op, lse, o)
         if rot_v:  # the pages hold v H: out H^T

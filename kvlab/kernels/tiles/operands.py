@@ -1,5 +1,6 @@
 """Host side of the Triton attention kernels: page tensors -> kernel operands, the dot mode, the
-split-K merge launch. Shared by the decode and extend Triton backends."""
+split-K merge launch (with the full-precision tokens attended beside it: `merge_with_fp`). Shared by the decode
+and extend Triton backends and the Gluon decode."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,7 @@ import triton
 
 from ...quant.formats import CODEBOOKS, codebook16
 from ..env import can_launch, interpreting
-from .attention import merge_kernel
+from .attention import fp_merge_kernel, merge_kernel
 from .layout import tile_config
 
 HEAD_DIMS = (32, 64, 128, 256)  # power-of-two head dims the Triton kernels tile (tl.arange needs 2^k)
@@ -78,6 +79,33 @@ def merge_splits(op: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None
     B, Hq, S, D = op.shape
     merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
                           num_warps=4)
+
+
+def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: torch.Tensor, v_fp: torch.Tensor,
+                  fp_len: torch.Tensor, sm_scale: float, out: torch.Tensor, v_rot: torch.Tensor | None = None) -> None:
+    """out [B, Hq, D] = attention over a sequence's paged tokens, given as split partials op [B, Hq, S, D] fp32 with
+    their log2-sum-exps lse [B, Hq, S], and its full-precision tokens k_fp / v_fp [B, Hk, W, D] (fp_len [B] used),
+    attended here in fp32 from q [B, Hq, D] (the query in the full-precision tokens' space: not rotated).
+    v_rot: the Hadamard matrix H [D, D] when the pages hold v H (the partials are then rotated): out = part H^T +
+    the full-precision part, one addmm. One launch (plus the addmm): the paged kernel runs without the
+    full-precision path, so it keeps its registers and its splits, and the window is never rotated."""
+    B, Hq, S, D = op.shape
+    Hk, W = k_fp.shape[1], k_fp.shape[2]
+    group = Hq // Hk
+    if fp_len.dtype != torch.int32:
+        fp_len = fp_len.to(torch.int32)
+    q, k_fp, v_fp = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_fp, v_fp))
+    gp = max(16, triton.next_power_of_2(group))
+    bw = 16 if D >= 256 else 32
+    rot = v_rot is not None
+    o = torch.empty((B, Hq, D), dtype=torch.float32, device=op.device) if rot else out
+    u = torch.empty_like(o) if rot else o
+    fp_merge_kernel[(B, Hk)](op, lse, q, k_fp, v_fp, fp_len, o, u, S, sm_scale * LOG2E, q.stride(0), q.stride(1),
+                             *k_fp.stride()[:3], *v_fp.stride()[:3], o.stride(0), o.stride(1), GROUP=group, GP=gp,
+                             D=D, BW=bw, ROT=rot, num_warps=4)
+    if rot:
+        res = torch.addmm(u.view(B * Hq, D), o.view(B * Hq, D), v_rot.T)
+        out.copy_(res.view(B, Hq, D))
 
 
 def unsupported(q: torch.Tensor, kv) -> str | None:

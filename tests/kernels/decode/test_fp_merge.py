@@ -1,0 +1,76 @@
+"""`merge_with_fp`: the full-precision tokens (sinks, window) attended beside the split-K merge of the paged
+partials, against attention over all tokens in float32 (the Triton kernel under the interpreter on the CPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.kernels.paged import attend
+from kvlab.quant.rotation import hadamard
+
+LOG2 = torch.log(torch.tensor(2.0)).item()
+
+
+def _partials(q, k, v, cuts, sm_scale):
+    """Split partials of q [B, Hq, D] over k / v [B, Hk, L, D] cut at `cuts` (token ranges): normalized outputs
+    [B, Hq, S, D] and log2-sum-exps [B, Hq, S] (-inf for an empty split), as the paged kernels write them."""
+    B, Hq, D = q.shape
+    Hk = k.shape[1]
+    S = len(cuts)
+    op = torch.zeros(B, Hq, S, D)
+    lse = torch.full((B, Hq, S), float("-inf"))
+    for b in range(B):
+        for i, (lo, hi) in enumerate(cuts[:]):
+            if hi <= lo:
+                continue
+            kk = k[b, :, lo:hi].repeat_interleave(Hq // Hk, 0)  # [Hq, n, D]
+            vv = v[b, :, lo:hi].repeat_interleave(Hq // Hk, 0)
+            s = torch.einsum("hd,hnd->hn", q[b], kk) * sm_scale
+            op[b, :, i] = torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv)
+            lse[b, :, i] = torch.logsumexp(s, -1) / LOG2
+    return op, lse
+
+
+@pytest.mark.parametrize("D,Hq,Hk,rot", [(64, 9, 3, False), (64, 8, 2, True), (256, 4, 1, False), (256, 4, 1, True),
+                                         (128, 32, 8, True)])
+def test_merge_with_fp_is_attention_over_all_tokens(D, Hq, Hk, rot):
+    from kvlab.kernels.tiles.operands import merge_with_fp
+    g = torch.Generator().manual_seed(D + Hq)
+    B, L, W = 3, 40, 37
+    q = torch.randn(B, Hq, D, generator=g)
+    k = torch.randn(B, Hk, L, D, generator=g)
+    v = torch.randn(B, Hk, L, D, generator=g)
+    kf = torch.randn(B, Hk, W, D, generator=g).to(torch.bfloat16)
+    vf = torch.randn(B, Hk, W, D, generator=g).to(torch.bfloat16)
+    fp_len = torch.tensor([36, 0, 5], dtype=torch.int32)  # one sequence with no full-precision token
+    sm = D ** -0.5
+    H = hadamard(D, "cpu")
+    cuts = [(0, 16), (16, 32), (32, 40), (40, 40)]  # the last split empty (as a split past the sequence's end)
+    op, lse = _partials(q, k, v @ H if rot else v, cuts, sm)
+    op[2], lse[2] = 0.0, float("-inf")  # sequence 2: no paged token at all
+    out = torch.empty(B, Hq, D)
+    merge_with_fp(op, lse, q, kf, vf, fp_len, sm, out, v_rot=H if rot else None)
+    for b in range(B):
+        F = int(fp_len[b])
+        kb = torch.cat([k[b] if b != 2 else k[b, :, :0], kf[b, :, :F].float()], 1)
+        vb = torch.cat([v[b] if b != 2 else v[b, :, :0], vf[b, :, :F].float()], 1)
+        ref = attend(q[b:b + 1], kb, vb, sm)[0]
+        torch.testing.assert_close(out[b], ref, atol=2e-5, rtol=2e-5)
+
+
+def test_merge_with_fp_writes_the_out_dtype_and_strides():
+    from kvlab.kernels.tiles.operands import merge_with_fp
+    g = torch.Generator().manual_seed(3)
+    B, Hq, Hk, D, W = 2, 4, 2, 64, 8
+    q = torch.randn(B, Hq, D, generator=g)
+    op = torch.randn(B, Hq, 2, D, generator=g)
+    lse = torch.randn(B, Hq, 2, generator=g)
+    kf, vf = torch.randn(B, Hk, W, D, generator=g), torch.randn(B, Hk, W, D, generator=g)
+    fp_len = torch.tensor([8, 3])
+    big = torch.zeros(B, Hq, 2 * D, dtype=torch.bfloat16)
+    out = big[:, :, :D]  # a strided view: rows 2 D apart
+    merge_with_fp(op, lse, q, kf, vf, fp_len, 0.125, out)
+    assert big[:, :, D:].abs().sum() == 0  # nothing written past the view
+    ref = torch.empty(B, Hq, D)
+    merge_with_fp(op, lse, q, kf, vf, fp_len, 0.125, ref)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
