@@ -156,65 +156,57 @@ def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.con
 
 @triton.jit
 def fp_merge_kernel(OP, LSE, Q, KF, VF, FPLEN, OUT, UOUT, num_splits, qk_scale, sq0, sq1, kf0, kf1, kf2, vf0, vf1,
-                    vf2, so0, so1, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BW: tl.constexpr,
+                    vf2, so0, so1, GROUP: tl.constexpr, SP: tl.constexpr, D: tl.constexpr, BW: tl.constexpr,
                     ROT: tl.constexpr):
-    """The full-precision tokens (sinks, window) of sequence b for the GROUP query heads of KV head hk, merged with
-    the split partials of its paged tokens. Grid (B, Hk).
+    """The full-precision tokens (sinks, window) of sequence b for query head h, merged with the split partials of
+    its paged tokens. Grid (B, Hq): one head a program (the window is short; B x Hq programs fill the GPU where
+    B x Hk would not), fp32 FMAs and reductions, no tensor-core shape to pad to.
     OP [B, Hq, S, D] fp32 split outputs, LSE [B, Hq, S] (log2); Q [B, Hq, D] the unrotated query; KF / VF
     [B, Hk, W, D] the full-precision tokens as stored (FPLEN [B] used); qk_scale = sm_scale * log2 e.
     ROT (the pages hold v H): OUT [B, Hq, D] fp32 gets the paged part (still rotated) and UOUT [B, Hq, D] fp32 the
     full-precision part, both divided by the common softmax sum, so out = OUT H^T + UOUT; else OUT (any float
     dtype, strides so0 / so1) gets the whole output."""
     b = tl.program_id(0)
-    hk = tl.program_id(1)
-    g = tl.arange(0, GP)
-    gm = g < GROUP
-    heads = hk * GROUP + g
+    h = tl.program_id(1)
+    hk = h // GROUP
     d = tl.arange(0, D)
-    q = tl.load(Q + b * sq0 + heads[:, None] * sq1 + d[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
-    q = q * qk_scale
+    q = tl.load(Q + b * sq0 + h * sq1 + d).to(tl.float32) * qk_scale  # [D]
     F = tl.load(FPLEN + b)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    lsum = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
-    for f0 in range(0, F, BW):  # online softmax over the full-precision tokens, in fp32
+    # online softmax over the full-precision tokens, kept as a scalar max / sum and a [D] accumulator
+    m = tl.max(tl.full([BW], float("-inf"), tl.float32), 0)
+    lsum = tl.sum(tl.zeros([BW], tl.float32), 0)
+    acc = tl.zeros([D], tl.float32)
+    for f0 in range(0, F, BW):
         t = f0 + tl.arange(0, BW)
         tm = t < F
         k = tl.load(KF + b * kf0 + hk * kf1 + t[:, None] * kf2 + d[None, :], mask=tm[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [GP, BW]
-        s = tl.where(tm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
+        s = tl.sum(k.to(tl.float32) * q[None, :], 1)  # [BW]
+        s = tl.where(tm, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + tl.sum(p, 1)
+        p = tl.exp2(s - m_safe)
+        lsum = lsum * alpha + tl.sum(p, 0)
         v = tl.load(VF + b * vf0 + hk * vf1 + t[:, None] * vf2 + d[None, :], mask=tm[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m = m_new
-    # the paged part: S partials (normalized outputs and their log2-sum-exps), then one common maximum
-    row = (b * tl.num_programs(1) * GROUP + heads) * num_splits  # [GP] first split row of each head
+    # the paged part: S partials (normalized outputs and their log2-sum-exps), one common maximum with the window's
+    row = (b * tl.num_programs(1) + h) * num_splits
+    sp = tl.arange(0, SP)
+    lse = tl.load(LSE + row + sp, mask=sp < num_splits, other=float("-inf"))  # [SP]
     lse_fp = tl.where(lsum != 0, m + tl.log2(tl.where(lsum != 0, lsum, 1.0)), float("-inf"))
-    mx = lse_fp
-    for sp in range(0, num_splits):
-        mx = tl.maximum(mx, tl.load(LSE + row + sp, mask=gm, other=float("-inf")))
+    mx = tl.maximum(tl.max(lse, 0), lse_fp)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    main = tl.zeros([GP, D], tl.float32)
-    tot = tl.zeros([GP], tl.float32)
-    for sp in range(0, num_splits):
-        w = tl.exp2(tl.load(LSE + row + sp, mask=gm, other=float("-inf")) - mx)
-        o = tl.load(OP + (row + sp)[:, None] * D + d[None, :], mask=gm[:, None], other=0.0)
-        main += w[:, None] * o
-        tot += w
-    # the full-precision part: acc / lsum weighted by 2^(lse_fp - mx) = acc * 2^(m - mx)
+    w = tl.exp2(lse - mx)  # [SP]
+    o = tl.load(OP + (row + sp)[:, None] * D + d[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    main = tl.sum(w[:, None] * o, 0)  # [D]
+    # the window's part: acc / lsum weighted by 2^(lse_fp - mx) = acc * 2^(m - mx)
     wf = tl.exp2(tl.where(lsum != 0, m, float("-inf")) - mx)
-    fpart = acc * wf[:, None]
-    tot += tl.where(lsum != 0, lsum * wf, 0.0)
+    tot = tl.sum(w, 0) + tl.where(lsum != 0, lsum * wf, 0.0)
     inv = 1.0 / tl.where(tot != 0, tot, 1.0)
-    om = gm[:, None]
     if ROT:
-        orow = (b * tl.num_programs(1) * GROUP + heads)[:, None] * D + d[None, :]
-        tl.store(OUT + orow, main * inv[:, None], mask=om)
-        tl.store(UOUT + orow, fpart * inv[:, None], mask=om)
+        orow = (b * tl.num_programs(1) + h) * D + d
+        tl.store(OUT + orow, main * inv)
+        tl.store(UOUT + orow, acc * wf * inv)
     else:
-        out = (main + fpart) * inv[:, None]
-        tl.store(OUT + b * so0 + heads[:, None] * so1 + d[None, :], out.to(OUT.dtype.element_ty), mask=om)
+        tl.store(OUT + b * so0 + h * so1 + d, ((main + acc * wf) * inv).to(OUT.dtype.element_ty))

@@ -95,14 +95,12 @@ def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: to
     if fp_len.dtype != torch.int32:
         fp_len = fp_len.to(torch.int32)
     q, k_fp, v_fp = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_fp, v_fp))
-    gp = max(16, triton.next_power_of_2(group))
-    bw = 16 if D >= 256 else 32
     rot = v_rot is not None
     o = torch.empty((B, Hq, D), dtype=torch.float32, device=op.device) if rot else out
     u = torch.empty_like(o) if rot else o
-    fp_merge_kernel[(B, Hk)](op, lse, q, k_fp, v_fp, fp_len, o, u, S, sm_scale * LOG2E, q.stride(0), q.stride(1),
-                             *k_fp.stride()[:3], *v_fp.stride()[:3], o.stride(0), o.stride(1), GROUP=group, GP=gp,
-                             D=D, BW=bw, ROT=rot, num_warps=4)
+    fp_merge_kernel[(B, Hq)](op, lse, q, k_fp, v_fp, fp_len, o, u, S, sm_scale * LOG2E, q.stride(0), q.stride(1),
+                             *k_fp.stride()[:3], *v_fp.stride()[:3], o.stride(0), o.stride(1), GROUP=group,
+                             SP=triton.next_power_of_2(S), D=D, BW=16 if D >= 256 else 32, ROT=rot, num_warps=4)
     if rot:
         res = torch.addmm(u.view(B * Hq, D), o.view(B * Hq, D), v_rot.T)
         out.copy_(res.view(B, Hq, D))

@@ -9,6 +9,7 @@ from kvlab.kernels.paged import attend
 from kvlab.quant.rotation import hadamard
 
 LOG2 = torch.log(torch.tensor(2.0)).item()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU (tests/kernels/conftest.py)
 
 
 def _partials(q, k, v, cuts, sm_scale):
@@ -48,8 +49,9 @@ def test_merge_with_fp_is_attention_over_all_tokens(D, Hq, Hk, rot):
     cuts = [(0, 16), (16, 32), (32, 40), (40, 40)]  # the last split empty (as a split past the sequence's end)
     op, lse = _partials(q, k, v @ H if rot else v, cuts, sm)
     op[2], lse[2] = 0.0, float("-inf")  # sequence 2: no paged token at all
-    out = torch.empty(B, Hq, D)
-    merge_with_fp(op, lse, q, kf, vf, fp_len, sm, out, v_rot=H if rot else None)
+    out = torch.empty(B, Hq, D, device=DEV)
+    merge_with_fp(*(t.to(DEV) for t in (op, lse, q, kf, vf, fp_len)), sm, out, v_rot=H.to(DEV) if rot else None)
+    out = out.cpu()
     for b in range(B):
         F = int(fp_len[b])
         kb = torch.cat([k[b] if b != 2 else k[b, :, :0], kf[b, :, :F].float()], 1)
@@ -67,10 +69,27 @@ def test_merge_with_fp_writes_the_out_dtype_and_strides():
     lse = torch.randn(B, Hq, 2, generator=g)
     kf, vf = torch.randn(B, Hk, W, D, generator=g), torch.randn(B, Hk, W, D, generator=g)
     fp_len = torch.tensor([8, 3])
-    big = torch.zeros(B, Hq, 2 * D, dtype=torch.bfloat16)
+    op, lse, q, kf, vf, fp_len = (t.to(DEV) for t in (op, lse, q, kf, vf, fp_len))
+    big = torch.zeros(B, Hq, 2 * D, dtype=torch.bfloat16, device=DEV)
     out = big[:, :, :D]  # a strided view: rows 2 D apart
     merge_with_fp(op, lse, q, kf, vf, fp_len, 0.125, out)
     assert big[:, :, D:].abs().sum() == 0  # nothing written past the view
-    ref = torch.empty(B, Hq, D)
+    ref = torch.empty(B, Hq, D, device=DEV)
     merge_with_fp(op, lse, q, kf, vf, fp_len, 0.125, ref)
     torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_a_non_finite_window_token_shows_up():
+    """A NaN key in one sequence's window makes that sequence's heads of its KV head NaN (as the reference), and
+    no other output."""
+    from kvlab.kernels.tiles.operands import merge_with_fp
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hk, D, W = 2, 4, 2, 64, 8
+    q = torch.randn(B, Hq, D, generator=g)
+    op, lse = torch.randn(B, Hq, 3, D, generator=g), torch.randn(B, Hq, 3, generator=g)
+    kf, vf = torch.randn(B, Hk, W, D, generator=g), torch.randn(B, Hk, W, D, generator=g)
+    kf[0, 1, 2, 5] = float("nan")
+    out = torch.empty(B, Hq, D, device=DEV)
+    merge_with_fp(*(t.to(DEV) for t in (op, lse, q, kf, vf, torch.tensor([W, W]))), 0.125, out)
+    bad = out.isnan().any(-1).cpu()
+    assert bad.tolist() == [[False, False, True, True], [False, False, False, False]]
