@@ -224,7 +224,7 @@ s13)   # session 13: key smoothing on the GPU (the smoothing tests through the p
 s13e)  # session 13: full-precision tokens beside the split merge (merge_with_fp): Gluon + merge GPU tests, the
   # short-context probe, every winner's decode step again (WINNERS)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -x tests/kernels/decode/test_fp_merge.py \
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/decode/test_fp_merge.py \
     tests/kernels/decode/test_gluon.py tests/quant/test_smoothing.py 2>&1 | tee "$OUT/pytest.log" | tail -4
   timeout "${SC_S:-150}" python3 benchmarks/short_context.py --out "$OUT/short" --budget "${SC_BUDGET:-110}" \
     --splits "" 2>&1 | tee "$OUT/short.log" | tail -3
