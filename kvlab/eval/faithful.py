@@ -260,7 +260,7 @@ def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dic
             if not needs_calibration(spec):
                 continue
             kw = {}
-            if spec.smooth:  # pair-tied factors: the same before or after RoPE
+            if spec.smooth:  # per channel of the post-RoPE keys, per layer and KV head
                 s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1), spec=spec if smooth_search else None)
                 kw["smooth"] = s[:, None, :]
                 x, q = smooth_keys(x.float(), s, heads_dim=-3), smooth_queries(q.float().transpose(1, 2), s)
