@@ -142,30 +142,36 @@ def peers(shape) -> tuple[float | None, float | None, str]:
                        lambda fn: triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
 
 
-def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
-    """(eager median ms, graph-replay median ms, config) through the public decode with default dispatch."""
-    import triton
-
+def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "cuda"):
+    """(plan callable, resolved config) of the public decode with default dispatch over a synthetic cache of `sch`
+    at `shape` (its window and sinks as bf16 tokens); num_splits as decode's argument."""
     from kvlab.eval.speed import fp_tokens_of
     from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.checks import check_prefix
     from kvlab.kernels.decode import api, decode
+    from kvlab.kernels.smoothing import strip_smoothing
     B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
-    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, device)
     W = fp_tokens_of(sch)
     fp = dict(k_fp=None, v_fp=None, fp_len=None)  # in check_prefix's argument order
     if W:
-        fp["k_fp"] = torch.randn(B, Hk, W, D, device="cuda", dtype=torch.bfloat16)
+        fp["k_fp"] = torch.randn(B, Hk, W, D, device=device, dtype=torch.bfloat16)
         fp["v_fp"] = torch.randn_like(fp["k_fp"])
-        fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device="cuda")
-    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
+        fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device=device)
+    q = torch.randn(B, Hq, D, device=device, dtype=torch.bfloat16)
     args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
-    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True)
-    from kvlab.kernels.checks import check_prefix
-    from kvlab.kernels.smoothing import strip_smoothing
+    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True, num_splits=num_splits)
     qs, kp, ks, _ = strip_smoothing(q, c["k_pages"], sch.k)  # what decode hands the dispatch for a smoothed K spec
     kv = check_prefix(qs, kp, *args[2:6], ks, *args[7:], *fp.values(), c["k_ts"], c["v_ts"], B)
-    _, cfg = api.resolve(qs, kv)
+    _, cfg = api.resolve(qs, kv, None, num_splits)
+    return fn, cfg
+
+
+def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
+    """(eager median ms, graph-replay median ms, config) through the public decode with default dispatch."""
+    import triton
+    fn, cfg = decode_plan(sch, shape)
     fn()
     ms = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
     g = triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")

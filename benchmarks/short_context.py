@@ -23,6 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEVICE = "cuda"
 SHAPES = {"gemma3": dict(heads_q=4, heads_kv=1, head_dim=256), "smollm2": dict(heads_q=9, heads_kv=3, head_dim=64)}
@@ -38,26 +39,9 @@ def _scheme(text: str, window: int, sink: int):
 
 
 def _plan(sch, B: int, L: int, Hq: int, Hk: int, D: int, splits: int | None):
-    """(plan callable, resolved config dict) through the public decode, as run.py's decode_cell builds it."""
-    from kvlab.eval.speed import fp_tokens_of
-    from kvlab.kernels.autotune import synthetic_cache
-    from kvlab.kernels.checks import check_prefix
-    from kvlab.kernels.decode import api, decode
-    from kvlab.kernels.smoothing import strip_smoothing
-    P = 32 if sch.k.axis == "chan" else 16
-    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, DEVICE)
-    W = fp_tokens_of(sch)
-    fp = dict(k_fp=None, v_fp=None, fp_len=None)
-    if W:
-        fp["k_fp"] = torch.randn(B, Hk, W, D, device=DEVICE, dtype=torch.bfloat16)
-        fp["v_fp"] = torch.randn_like(fp["k_fp"])
-        fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(B, Hq, D, device=DEVICE, dtype=torch.bfloat16)
-    args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
-    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True, num_splits=splits)
-    qs, kp, ks, _ = strip_smoothing(q, c["k_pages"], sch.k)
-    kv = check_prefix(qs, kp, *args[2:6], ks, *args[7:], *fp.values(), c["k_ts"], c["v_ts"], B)
-    _, cfg = api.resolve(qs, kv, None, splits)
+    """(plan callable, resolved config dict) through the public decode (run.py's `decode_plan`)."""
+    from run import decode_plan
+    fn, cfg = decode_plan(sch, dict(batch=B, context=L, heads_q=Hq, heads_kv=Hk, head_dim=D), splits, DEVICE)
     return fn, cfg.to_dict()
 
 

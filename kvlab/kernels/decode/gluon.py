@@ -514,11 +514,11 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     kz = ks if kz is None else kz
     vz = vs if vz is None else vz
     rot_k, rot_v = kv.rotated
-    kern_out = out if not rot_v else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
-    user_out = out
     # full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), unrotated, so
     # the paged kernel is compiled without them and always writes split partials
     has_fp = kv.has_fp
+    kern_out = out if not rot_v or has_fp else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
+    user_out = out
     direct = S == 1 and not has_fp
     op = lse = kern_out  # split partials and their log-sum-exps (unused when direct)
     if not direct:

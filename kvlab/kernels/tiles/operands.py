@@ -90,8 +90,7 @@ def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: to
     the full-precision part, one addmm. One launch (plus the addmm): the paged kernel runs without the
     full-precision path, so it keeps its registers and its splits, and the window is never rotated."""
     B, Hq, S, D = op.shape
-    Hk, W = k_fp.shape[1], k_fp.shape[2]
-    group = Hq // Hk
+    group = Hq // k_fp.shape[1]
     if fp_len.dtype != torch.int32:
         fp_len = fp_len.to(torch.int32)
     q, k_fp, v_fp = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_fp, v_fp))
