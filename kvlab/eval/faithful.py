@@ -239,7 +239,8 @@ def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dic
     different text than scored).
 
     Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale=, codebook=, smooth=). Smoothing
-    factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D]; strength
+    factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D], tied
+    within RoPE pairs for `smooth=pair`; strength
     0.5, or with `smooth_search` the per-head strength whose quantized keys give the least score error); the
     other values are then fitted to the smoothed keys k / s (the queries they meet are q * s). A calibrated key
     codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's query
@@ -260,12 +261,13 @@ def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dic
             if not needs_calibration(spec):
                 continue
             kw = {}
-            if spec.smooth:  # per channel of the post-RoPE keys, per layer and KV head
-                s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1), spec=spec if smooth_search else None)
+            if spec.smooth:  # per channel (or RoPE pair) of the post-RoPE keys, per layer and KV head
+                s = fit_smoothing(x, q, sink=min(sch.sink, x.shape[2] - 1), spec=spec if smooth_search else None,
+                                  pairs=spec.smooth_pairs)
                 kw["smooth"] = s[:, None, :]
                 x, q = smooth_keys(x.float(), s, heads_dim=-3), smooth_queries(q.float().transpose(1, 2), s)
                 q = q.transpose(1, 2)
-                spec = dataclasses.replace(spec, smooth=False)
+                spec = dataclasses.replace(spec, smooth=False, smooth_pairs=False)
             if spec.calibrated:
                 kw["codebook"] = fit_codebook(x.contiguous(), spec, _query_weights(q, x, spec) if name == "k" else None)
             elif spec.needs_tensor_scale:

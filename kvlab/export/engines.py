@@ -201,7 +201,9 @@ def _gap(spec: KVQuantSpec, engine: Engine) -> str:
     if spec.pre_rope:
         parts.append("pre-RoPE keys")
     if spec.smooth:
-        parts.append("calibrated key smoothing (keys divided and queries multiplied per channel at run time)")
+        parts.append("calibrated key smoothing (keys divided and queries multiplied per RoPE pair at run time, or "
+                     "folded offline into W_k / W_q rows, which tied factors allow)" if spec.smooth_pairs else
+                     "calibrated key smoothing (keys divided and queries multiplied per channel at run time)")
     if spec.tensor_scale:
         parts.append("two-level (tensor + group) scales")
     return ", ".join(parts) if parts else f"{spec_label(spec)} is not one of its cache dtypes"

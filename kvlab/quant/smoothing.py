@@ -6,11 +6,15 @@ keys are large and queries small costs bits it does not repay in the scores. The
 two sides, s_c^2 = rms(k_c) / rms(q_c) (keys over the calibration tokens past the sinks; queries over the same
 tokens and the KV head's query heads), which minimises (sum_c q_c^2 s_c^2)(sum_c k_c^2 / s_c^2).
 
-The factors are per channel of the stored (post-RoPE) keys, which is why `smooth` does not combine with `prerope`:
-RoPE mixes channel c with c + D/2, so a per-channel factor does not commute with it. Tying the factors within RoPE
-pairs would commute (and fold offline into W_q / W_k), and rounding them to powers of two would make k / s exact;
-both were measured on the 2.5-bit SmolLM2 winner and give the gain back (PPL delta +12.82% unsmoothed, +11.20%
-per channel, +12.30% pair-tied, +13.07% pair-tied powers of two; sweeps/results/quality/key_probes_smoothing.txt).
+The factors of `smooth` are per channel of the stored (post-RoPE) keys, which is why it does not combine with
+`prerope`: RoPE mixes channel c with c + D/2, so a per-channel factor does not commute with it, and the balance it
+finds depends on the positions of the calibration text: the low-frequency pairs have hardly rotated within 512
+calibration tokens, and at 8K their energy sits on the other channel of the pair. The smoothed 2.5-bit SmolLM2
+winner found the 8K passkey 0 of 3 times with per-channel factors and 3 of 3 with factors tied within RoPE pairs
+(sweeps/results/quality/passkey_smoothing.txt). `smooth=pair` fits one factor per pair from the pair's energy,
+which rotation leaves unchanged (at 2K the two cost the same within one sd: +11.57% per channel, +12.30% tied,
++12.82% unsmoothed, key_probes_smoothing.txt). Rounding factors to powers of two would make k / s exact but gave
+the gain back (+13.07%).
 So the full-precision window holds k / s rounded to the pool's fp dtype and queries are multiplied by s in their
 dtype: one more rounding of the size the fp dtype already makes.
 
@@ -28,7 +32,7 @@ SCORE_QUERIES = 256  # calibration queries (evenly spaced) the alpha search scor
 
 
 def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0, spec=None, alpha: float | None = None,
-                  alphas=ALPHAS) -> torch.Tensor:
+                  alphas=ALPHAS, pairs: bool = False) -> torch.Tensor:
     """Smoothing factors float32 [Hk, D] (geometric mean 1 per head, within [2^-8, 2^8]) from calibration keys
     k [B, Hk, T, D] (post-RoPE, as the cache stores them) and queries q [B, Hq, T, D] (Hq a multiple of Hk):
     s_c = (rms(k_c) / rms(q_c))^alpha. The first `sink` tokens are left out (attention sinks have outlier keys that
@@ -38,7 +42,11 @@ def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0, spec=None, al
     spec the smoothed keys are quantized with; `smooth` and `cal` ignored): per layer, the strength in `alphas`
     whose quantized keys give the least error in the attention scores of calibration queries (centred per query:
     softmax ignores a shift), as AWQ searches its scaling exponent; 0 is among them, so a layer smoothing does not
-    help keeps s = 1. None without a spec: 0.5. ValueError for bad shapes or too few tokens."""
+    help keeps s = 1. None without a spec: 0.5.
+
+    pairs: one factor per RoPE pair (c, c + D/2; rotate-half, as both decoders): the rms over the pair's two
+    channels, an energy RoPE's rotation leaves unchanged, so the factor does not depend on the positions the
+    calibration text covered (the `smooth=pair` spec option). ValueError for bad shapes or too few tokens."""
     if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
         raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
     B, Hk, T, D = k.shape
@@ -50,8 +58,13 @@ def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0, spec=None, al
     kf, qf = k[:, :, sink:].float(), q[:, :, sink:].float()
     kf = torch.where(torch.isfinite(kf), kf, torch.zeros_like(kf))
     qf = torch.where(torch.isfinite(qf), qf, torch.zeros_like(qf))
-    a = kf.pow(2).mean((0, 2)).sqrt()                                           # [Hk, D]
-    b = qf.reshape(B, Hk, -1, T - sink, D).pow(2).mean((0, 2, 3)).sqrt()        # [Hk, D]
+    if pairs and D % 2:
+        raise ValueError(f"pairs ties channels c and c + D/2 (RoPE pairs); head_dim {D} is odd")
+    a = kf.pow(2).mean((0, 2))                                                  # [Hk, D] mean squares
+    b = qf.reshape(B, Hk, -1, T - sink, D).pow(2).mean((0, 2, 3))               # [Hk, D]
+    if pairs:  # the pair's energy: the same for both channels of a pair
+        a, b = (torch.cat([(t[:, :D // 2] + t[:, D // 2:]) / 2] * 2, -1) for t in (a, b))
+    a, b = a.sqrt(), b.sqrt()
     ok = (a > 0) & (b > 0)
     w = ok.float()
     lr = torch.where(ok, a.clamp_min(1e-30).log2() - b.clamp_min(1e-30).log2(), torch.zeros_like(a))
@@ -78,7 +91,7 @@ def _best_alpha(kf, qf, spec, factors, alphas) -> list[float]:
     spec = as_spec(spec)
     if spec.is_float_storage:
         raise ValueError(f"spec {spec} stores keys as they are: there is nothing to smooth them for")
-    spec = dataclasses.replace(spec, smooth=False, calibrated=False, pre_rope=False)
+    spec = dataclasses.replace(spec, smooth=False, smooth_pairs=False, calibrated=False, pre_rope=False)
     B, Hk, T, D = kf.shape
     if spec.axis == "chan":
         T = T // spec.group * spec.group
@@ -114,7 +127,7 @@ def check_smoothing(s, n_kv_heads: int, head_dim: int, name: str = "smooth") -> 
 def unsmoothed(spec):
     """The spec without `smooth`: how the stored (already divided) keys are quantized and read."""
     import dataclasses
-    return dataclasses.replace(spec, smooth=False) if spec.smooth else spec
+    return dataclasses.replace(spec, smooth=False, smooth_pairs=False) if spec.smooth else spec
 
 
 def smooth_queries(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

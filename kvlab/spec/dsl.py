@@ -16,7 +16,8 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     prerope       keys quantized before RoPE
     twos          two's-complement sub-byte codes (FreeToken) instead of offset binary
     cal           calibrated codebook levels (lm2..lm4)
-    smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing)
+    smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing);
+                  smooth=pair ties the factors within RoPE pairs (c, c + D/2): position-independent, for long contexts
 
 A spec preset name (`q4_0`, `mxfp4`, `freetoken:q6_0`, ...) is accepted wherever a spec is.
 `format_spec` (kvlab.spec.text) prints the canonical text: format, group/axis, sym/asym (ints), then every
@@ -27,7 +28,7 @@ from __future__ import annotations
 import re
 
 from .quant_spec import KVQuantSpec
-from .text import ALIASES, FLAGS, KEYED, clean_text, format_defaults, format_spec
+from .text import ALIASES, FLAGS, KEYED, SMOOTH_TIES, clean_text, format_defaults, format_spec
 from .vocab import AXES, FORMATS
 
 def _parse_format(tok: str) -> tuple[str, int | None]:
@@ -70,6 +71,12 @@ def parse_spec(text: str) -> KVQuantSpec:
             given["sym"] = tok == "sym"
         elif tok in FLAGS:
             given[FLAGS[tok]] = True
+        elif tok.startswith("smooth="):
+            val = tok.partition("=")[2]
+            if val not in SMOOTH_TIES:
+                raise ValueError(f"smooth={val!r} in spec {text!r} is not allowed; allowed: smooth (per channel), "
+                                 f"{', '.join('smooth=' + v for v in SMOOTH_TIES)}")
+            given["smooth"], given["smooth_pairs"] = True, val == "pair"
         elif "=" in tok:
             key, _, val = tok.partition("=")
             if key not in KEYED:

@@ -63,6 +63,10 @@ class KVQuantSpec:
     smooth:      K only: calibrated per-channel smoothing (`kvlab.quant.smoothing`): keys are stored divided by
                  factors s [Hk, D] (`pages["smooth"]`) and queries multiplied by them, so scores are unchanged and
                  the quantizer sees channels balanced against the queries (post-RoPE keys: not with pre_rope)
+    smooth_pairs: with smooth (text `smooth=pair`): one factor per RoPE pair (c, c + D/2), fitted on the pair's
+                 energy, which RoPE's rotation leaves unchanged, so the factors hold at positions the calibration
+                 text never reached (per-channel factors of post-RoPE keys do not: sweeps/results/quality/
+                 passkey_smoothing.txt); tied factors commute with RoPE and could fold into W_q / W_k offline
     """
 
     fmt: str = "int"
@@ -81,6 +85,7 @@ class KVQuantSpec:
     twos: bool = False
     calibrated: bool = False
     smooth: bool = False
+    smooth_pairs: bool = False
 
     def __post_init__(self) -> None:
         _allowed("format", self.fmt, FORMATS)
@@ -144,6 +149,8 @@ class KVQuantSpec:
                              f"whose levels are in RMS units; got {self.fmt}")
         if self.smooth and self.is_float_storage:
             raise ValueError(f"smooth scales keys before quantizing them; {self.fmt} stores them as they are")
+        if self.smooth_pairs and not self.smooth:
+            raise ValueError("smooth_pairs ties smoothing factors within RoPE pairs; it needs smooth (text: smooth=pair)")
         if self.smooth and self.pre_rope:
             raise ValueError("smooth factors are per channel of post-RoPE keys (RoPE mixes channel c with c + D/2, "
                              "so they do not commute with it); drop prerope or smooth")

@@ -7,6 +7,7 @@ from .vocab import FORMAT_BITS, PACKINGS, ROTATIONS, ROUNDINGS, SCALE_DTYPES, SC
 ALIASES = {"fp8": "fp8_e4m3", "fp4": "fp4_e2m1", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 KEYED = {"s": ("scale_dtype", SCALE_DTYPES), "rule": ("rule", SCALE_RULES),
          "rnd": ("rounding", ROUNDINGS), "rot": ("rotation", ROTATIONS), "pack": ("pack", PACKINGS)}
+SMOOTH_TIES = ("chan", "pair")  # smooth=chan is the bare flag; smooth=pair ties factors within RoPE pairs
 FLAGS = {"recip": "recip", "ts": "tensor_scale", "prerope": "pre_rope", "twos": "twos", "cal": "calibrated", "smooth": "smooth"}
 
 
@@ -30,7 +31,7 @@ def format_defaults(fmt: str, axis: str | None = None) -> dict:
         "rule": "unit" if (dense or (fp8 and axis == "tensor")) else ("rms" if fmt.startswith("lm") else "absmax"),
         "recip": False, "rounding": "even", "rotation": "none", "pack": "seq",
         "tensor_scale": False, "pre_rope": False, "twos": False, "calibrated": False,
-        "smooth": False,
+        "smooth": False, "smooth_pairs": False,
     }
 
 
@@ -52,5 +53,5 @@ def format_spec(spec) -> str:
             out.append(f"{key}={getattr(spec, field)}")
     for tok, field in FLAGS.items():
         if getattr(spec, field):
-            out.append(tok)
+            out.append("smooth=pair" if field == "smooth" and spec.smooth_pairs else tok)
     return ":".join(out)

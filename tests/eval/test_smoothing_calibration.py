@@ -22,3 +22,17 @@ def test_faithful_calibration_fits_factors_first(smollm2):
     with pytest.raises(ValueError, match="calib=calibrate"):
         DecodeFaithfulBackend(sch, n)
     DecodeFaithfulBackend(sch, n, cal)
+
+
+def test_faithful_calibration_ties_pairs_for_smooth_pair(smollm2):
+    """`smooth=pair`: `calibrate` fits factors tied within RoPE pairs (the pair-energy fit of `fit_smoothing`)."""
+    from kvlab.eval.faithful import calibrate
+    from kvlab.eval.perplexity import text_tokens
+    model, tok = smollm2
+    ids = text_tokens(tok, "license")[:64][None]
+    cal = calibrate(model, ids, kvlab.scheme("k=lm2:s=e4m3:rot=had:smooth=pair,v=lm2,sink=4"))
+    s = cal[0]["k"]["smooth"][:, 0]
+    D = s.shape[-1]
+    assert torch.equal(s[:, :D // 2], s[:, D // 2:])
+    cap = model.capture(ids)
+    assert torch.equal(s, fit_smoothing(cap["k"][0], cap["q"][0], sink=4, pairs=True))

@@ -63,6 +63,52 @@ def test_fit_balances_keys_against_queries():
     assert torch.equal(s, fit_smoothing(k, q))  # deterministic
 
 
+def test_pair_tied_option_round_trips_and_is_checked():
+    s = kvlab.parse_spec("lm2:s=e4m3:rot=had:smooth=pair")
+    assert s.smooth and s.smooth_pairs and str(s) == "lm2:g64:s=e4m3:rot=had:smooth=pair"
+    assert kvlab.KVQuantSpec.from_dict(s.to_dict()) == s
+    assert kvlab.parse_spec("lm2:smooth=chan") == kvlab.parse_spec("lm2:smooth")
+    sch = kvlab.scheme("k=lm2:s=e4m3:smooth=pair,v=lm2,L3=lm3:smooth=pair|lm2")
+    assert kvlab.scheme(str(sch)) == sch
+    for bad, msg in (("lm2:smooth=rope", "allowed: smooth .per channel., smooth=chan, smooth=pair"),
+                     ("int4:prerope:smooth=pair", "do not commute"), ("bf16:smooth=pair", "as they are")):
+        with pytest.raises(ValueError, match=msg):
+            kvlab.parse_spec(bad)
+    with pytest.raises(ValueError, match="needs smooth"):
+        kvlab.KVQuantSpec(fmt="lm2", bits=2, group=64, rule="rms", smooth_pairs=True)
+
+
+def _rope(x, pos, theta=10000.0):
+    """x [B, H, T, D] rotated rotate-half style (pairs c, c + D/2) at positions pos [T]."""
+    D = x.shape[-1]
+    ang = pos[:, None].float() / theta ** (torch.arange(0, D, 2).float() / D)       # [T, D/2]
+    cos, sin = ang.cos(), ang.sin()
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+
+
+def test_pair_tied_factors_do_not_depend_on_positions():
+    """`pairs=True`: one factor per RoPE pair from the pair's energy, so the same keys and queries rotated to other
+    positions (as at 8K when calibrated on 512 tokens) give the same factors; per-channel factors do not. Both
+    factors are tied (s_c == s_{c + D/2}) and balance the pairs' energies."""
+    q, k = _qk(3, T=64)
+    far = torch.arange(64) + 7000
+    # the same rotation for keys and queries, every pair rotated (so each pair's energy is kept exactly)
+    qr, kr = _rope(q, far), _rope(k, far)
+    s0, s1 = fit_smoothing(k, q, pairs=True), fit_smoothing(kr, qr, pairs=True)
+    assert torch.equal(s0[:, :32], s0[:, 32:])
+    assert torch.allclose(s0, s1, rtol=1e-4)
+    c0, c1 = fit_smoothing(k, q), fit_smoothing(kr, qr)
+    assert (c0 / c1).log2().abs().max() > 0.5  # per channel: the balance moved with the rotation
+    a = (k / s0[None, :, None]).pow(2).mean((0, 2))
+    b = (q.reshape(1, 2, 3, 64, 64) * s0[None, :, None, None]).pow(2).mean((0, 2, 3))
+    ea, eb = a[:, :32] + a[:, 32:], b[:, :32] + b[:, 32:]
+    ratio = ea / eb
+    assert torch.allclose(ratio, ratio[:, :1].expand_as(ratio), rtol=1e-4)
+    with pytest.raises(ValueError, match="odd"):
+        fit_smoothing(k[..., :63], q[..., :63], pairs=True)
+
+
 def test_fit_searches_the_strength_per_head_against_the_score_error():
     """With the quantizing spec, each KV head takes the strength in ALPHAS whose quantized keys give the least
     centred score error on the calibration queries: never more error than no smoothing (alpha 0 is a candidate), and
