@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-SHAPES = {"gemma3": dict(B=32, Hq=4, Hk=1, D=256), "smollm2": dict(B=32, Hq=9, Hk=3, D=64)}
+SHAPES = {"gemma3": dict(B=32, Hq=4, Hk=1, D=256), "smollm2": dict(B=32, Hq=9, Hk=3, D=64),
+          "b1": dict(B=1, Hq=32, Hk=8, D=128), "d256": dict(B=32, Hq=8, Hk=4, D=256),
+          "b8": dict(B=8, Hq=32, Hk=8, D=128)}
 SCHEMES = ["q4_0", "lm2:s=e4m3:rot=had"]
 CONFIGS = ["tw32:s9", "tw16:s9", "tw32:s4", "tw16:s16", "tw16:s32", "tw16:s16:w2", "tw16:s4:w8", "tw16:s1",
            "tw16:s9:f", "tw16:s16:f"]
@@ -50,7 +52,7 @@ def _bench(fn) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")
 
 
-def kernels(rows, contexts):
+def kernels(rows, contexts, shapes=("gemma3", "smollm2"), schemes=SCHEMES, configs=CONFIGS, bf16=True):
     import kvlab
     from decode_configs import parse_config
     from kvlab.kernels.autotune import synthetic_cache
@@ -61,10 +63,11 @@ def kernels(rows, contexts):
     rec = Recorder(gluon._decode_mma_kernel)
     gluon._decode_mma_kernel = rec
     trec = Recorder(tdec._decode_kernel) if hasattr(tdec, "_decode_kernel") else None
-    for sname, s in SHAPES.items():
+    for sname in shapes:
+        s = SHAPES[sname]
         B, Hq, Hk, D = s["B"], s["Hq"], s["Hk"], s["D"]
         for L in contexts:
-            for name in ["bf16"] + SCHEMES:
+            for name in (["bf16"] if bf16 else []) + list(schemes):
                 sch = kvlab.scheme(f"k={name},v={name}")
                 c = synthetic_cache(sch.k, sch.v, B, Hk, D, 16, L, "cuda")
                 q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
@@ -77,7 +80,7 @@ def kernels(rows, contexts):
                                          variant=f"triton:s{S}", ms=_bench(fn), regs="", spills=""))
                         print(rows[-1], flush=True)
                     continue
-                for text in CONFIGS:
+                for text in configs:
                     cfg = parse_config(text)
                     why = gluon.why_not(q, kv, cfg)
                     if why:
@@ -99,7 +102,8 @@ def kernels(rows, contexts):
 
 def rotations(rows):
     from kvlab.quant.rotation import hadamard
-    for sname, s in SHAPES.items():
+    for sname in ("gemma3", "smollm2"):
+        s = SHAPES[sname]
         M, D = s["B"] * s["Hq"], s["D"]
         H = hadamard(D, "cuda")
         x32 = torch.randn(M, D, device="cuda")
@@ -127,7 +131,8 @@ def merges(rows):
 
     from kvlab.kernels.tiles.attention import fp_merge_kernel
     from kvlab.kernels.tiles.operands import LOG2E
-    for sname, s in SHAPES.items():
+    for sname in ("gemma3", "smollm2"):
+        s = SHAPES[sname]
         B, Hq, Hk, D = s["B"], s["Hq"], s["Hk"], s["D"]
         S, W = 9, 36
         op = torch.randn(B, Hq, S, D, device="cuda")
@@ -158,14 +163,25 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--contexts", default="512,8192")
+    ap.add_argument("--parts", default="rotations,merges,kernels")
+    ap.add_argument("--shapes", default="gemma3,smollm2", help=f"of {','.join(SHAPES)}")
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="K (= V) spec texts")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="decode_configs.py config texts")
+    ap.add_argument("--no-bf16", action="store_true", help="leave out the Triton bf16 rows")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     try:
-        rotations(rows)
-        merges(rows)
-        kernels(rows, [int(x) for x in a.contexts.split(",")])
+        parts = a.parts.split(",")
+        if "rotations" in parts:
+            rotations(rows)
+        if "merges" in parts:
+            merges(rows)
+        if "kernels" in parts:
+            kernels(rows, [int(x) for x in a.contexts.split(",")], a.shapes.split(","),
+                    a.schemes.split(","),
+                    a.configs.split(","), not a.no_bf16)
     finally:  # what was measured is kept even if a later part fails
         with open(out / "probe.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["part", "shape", "scheme", "context", "variant", "ms", "regs", "spills"])
