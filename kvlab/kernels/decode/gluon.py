@@ -220,27 +220,6 @@ def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.conste
 
 
 @gluon.jit
-def _fp_rows(BASE, PERM, f0, F, stride, OPERAND: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
-             TW: ttgl.constexpr, D: ttgl.constexpr):
-    """Full-precision tokens f0 + w * TW + [0, TW) (< F) of one (sequence, head) of a [W, D] buffer (row stride
-    `stride`) as an fp16 MMA B fragment: OPERAND 0 = K^T [NW, D, TW] in the K codec's contraction order
-    (PERM = KPERM), 1 = V [NW, TW, D] in the V codec's column order (PERM = VPERM). Rows past F are 0."""
-    if OPERAND == 0:
-        w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
-        c = ttgl.load(PERM + ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B))))
-        n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B)))
-        t = f0 + (w * TW)[:, None, None] + n[None, None, :]  # [NW, 1, TW]
-        x = ttgl.load(BASE + t * stride + c[None, :, None], mask=(t < F) & (c[None, :, None] < D), other=0.0)
-    else:
-        w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
-        n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B)))
-        c = ttgl.load(PERM + ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B))))
-        t = f0 + (w * TW)[:, None, None] + n[None, :, None]  # [NW, TW, 1]
-        x = ttgl.load(BASE + t * stride + c[None, None, :], mask=(t < F) & (c[None, None, :] < D), other=0.0)
-    return x.to(ttgl.float16)
-
-
-@gluon.jit
 def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.constexpr, GPN: ttgl.constexpr,
                 D: ttgl.constexpr, ML: ttgl.constexpr):
     """After this program's partial and log2-sum-exp are stored: count it in CNT[b, hk]; the last of the
@@ -263,7 +242,8 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
         acc = ttgl.zeros([GPN, D], ttgl.float32, layout=ML)
         for i in range(num_splits):
             lse = ttgl.load(LSE + base + i, mask=hm, other=float("-inf"), cache_modifier=".cg")
-            o = ttgl.load(OP + (base + i)[:, None] * D + d[None, :], mask=hm[:, None], other=0.0, cache_modifier=".cg")
+            o = ttgl.load(OP + (base + i)[:, None] * D + d[None, :], mask=(hm & (lse != float("-inf")))[:, None],
+                          other=0.0, cache_modifier=".cg")  # an empty split left its partial unwritten
             mn = ttgl.maximum(m, lse)
             ms = ttgl.where(mn == float("-inf"), 0.0, mn)
             a = ttgl.exp2(m - ms)
@@ -279,9 +259,8 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 
 @gluon.jit
 def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
-                       LAST, KFP, VFP, FPLEN, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
-                       vs0, vs1, kf0, kf1, kf2, vf0, vf1, vf2, HAS_FP: ttgl.constexpr,
-                       KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
+                       LAST, qk_scale, num_splits, min_per, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
+                       vs0, vs1, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        GK: ttgl.constexpr, GV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
                        GROUP: ttgl.constexpr, P: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
@@ -294,9 +273,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
-    KFP / VFP [B, Hk, W, D] full-precision tokens, FPLEN [B] of them used (HAS_FP; the launcher now attends them
-    beside the split merge instead, `merge_with_fp`, and launches with HAS_FP off). Writes OUT [B, Hq, D]
-    (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
+    full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), not here.
+    min_per: the fewest tokens a split takes (whole tiles; `min_split_tokens`); a split left without tokens
+    writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D] (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
     [B * Hk] int32 counters, zero between calls)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
@@ -305,9 +284,19 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     p0 = ttgl.load(INDPTR + b)
     p1 = ttgl.load(INDPTR + b + 1)
     L = ttgl.where(p1 > p0, (p1 - p0 - 1) * P + ttgl.load(LAST + b), 0)
-    per = ttgl.cdiv(ttgl.cdiv(L, num_splits), BN) * BN  # tokens per split, whole tiles
+    # tokens per split: whole tiles, and at least min_per (a program's fixed cost outweighs a tile or two of work,
+    # so a short sequence runs on fewer splits and the rest return at once)
+    per = ttgl.maximum(ttgl.cdiv(ttgl.cdiv(L, num_splits), BN) * BN, min_per)
     lo = sp * per
     hi = ttgl.minimum(lo + per, L)
+    if (hi <= lo) & (num_splits > 1):  # an empty split writes only its log2-sum-exp (-inf): the merges skip it
+        lg0 = ttgl.arange(0, GPN if OT else GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
+        lrow0 = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg0) * num_splits + sp
+        ttgl.store(LSE + lrow0, ttgl.full([GPN if OT else GP], float("-inf"), ttgl.float32,
+                                          layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))), mask=lg0 < GROUP)
+        if FUSED:
+            _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP, GPN, D, ML)
+        return
     IDX = INDICES + p0
 
     # queries [NW (same for every warp), GP, D] in kappa order, scaled by qk_scale (log2 domain)
@@ -333,7 +322,6 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     SL: ttgl.constexpr = ttgl.SliceLayout(1, MMA)
     sw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, SL))
     sn = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, SL))
-    s_tok = (sw * TW)[:, None] + sn[None, :]  # [NW, TW] offset of each score column in the tile (fp tokens)
     q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
     # softmax state of the score rows kept (GPN with O^T, else the GP padded rows; layout SR)
@@ -370,14 +358,6 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
         kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb, \
             nvpa, nvpb
-    if HAS_FP:
-        if sp == num_splits - 1:  # the full-precision tokens (sinks, recent window) ride on the last split
-            F = ttgl.load(FPLEN + b)
-            for f0 in range(0, F, BN):
-                kt = _fp_rows(KFP + b * kf0 + hk * kf1, KPERM, f0, F, kf2, 0, B, NW, TW, D)
-                s, m_i, l_i, alpha = _scores(q, kt, (f0 + s_tok) < F, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
-                vt = _fp_rows(VFP + b * vf0 + hk * vf1, VPERM, f0, F, vf2, 1, B, NW, TW, D)
-                acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [ROWS]
@@ -417,6 +397,18 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 
 
 # ---- host side ------------------------------------------------------------------------------------
+MIN_SPLIT_ELEMENTS = 32768  # a split reads at least this many K elements (tokens x head_dim), in whole tiles
+
+
+def min_split_tokens(D: int, BN: int) -> int:
+    """The fewest tokens a split takes (whole tiles of BN): 128 at head_dim 256, 256 at 128, 512 at 64. A split
+    program's fixed cost (page-table, query and table loads, the partial's store, the merge's read) is some tiles'
+    work, so at short contexts a sequence runs on fewer splits than the launch has and the rest return at once:
+    on the H200 at Gemma 3's shape (B 32, Hk 1, D 256) and 512 tokens, 4 splits take 0.014 ms and 9 0.025
+    (sweeps/results/h200/runs/s14a-fixedcost/)."""
+    return -(-max(MIN_SPLIT_ELEMENTS // D, BN) // BN) * BN
+
+
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
@@ -539,6 +531,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
     # known multiples of 16, so the compiler keeps the row loads vectorized
     ps = 16 if all(t.stride(0) % 16 == 0 for t in (kc, ks, vc, vs)) else 1
+    min_per = min_split_tokens(D, NW * TW)
 
     def launch():
         for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
@@ -546,17 +539,15 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         qr = q
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
             qr = q.float() @ hadamard(D, q.device)
-        kf, vf = kc, vc  # never read: the kernel runs without HAS_FP
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
             tab,
-            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.kv_last_page_len,
-            sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
+            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len,
+            sm_scale * LOG2E, S, min_per, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
             vs.stride(0) // ps, vs.stride(1),
-            0, 0, 0, 0, 0, 0,
-            HAS_FP=False, KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
+            KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
             GV=_group(v_spec), HAS_KTS=kts is not None, HAS_VTS=vts is not None, GROUP=group, P=kv.page_size, NW=NW,
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],

@@ -148,7 +148,8 @@ def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.con
     mx = tl.max(lse, 0)
     w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))  # [SP]
     d = tl.arange(0, D)
-    o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)
+    # a split without tokens (lse -inf) may have left its partial unwritten: it is not read
+    o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=(sm & (lse != float("-inf")))[:, None], other=0.0)
     tot = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(tot != 0, tot, 1.0)
     tl.store(OUT + b * so0 + h * so1 + d, out.to(OUT.dtype.element_ty))
@@ -198,7 +199,8 @@ def fp_merge_kernel(OP, LSE, Q, KF, VF, FPLEN, OUT, UOUT, num_splits, qk_scale, 
     mx = tl.maximum(tl.max(lse, 0), lse_fp)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.exp2(lse - mx)  # [SP]
-    o = tl.load(OP + (row + sp)[:, None] * D + d[None, :], mask=(sp < num_splits)[:, None], other=0.0)
+    o = tl.load(OP + (row + sp)[:, None] * D + d[None, :], mask=((sp < num_splits) & (lse != float("-inf")))[:, None],
+                other=0.0)  # a split without tokens (lse -inf) may have left its partial unwritten
     main = tl.sum(w[:, None] * o, 0)  # [D]
     # the window's part: acc / lsum weighted by 2^(lse_fp - mx) = acc * 2^(m - mx)
     wf = tl.exp2(tl.where(lsum != 0, m, float("-inf")) - mx)

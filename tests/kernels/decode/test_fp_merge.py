@@ -93,3 +93,35 @@ def test_a_non_finite_window_token_shows_up():
     merge_with_fp(*(t.to(DEV) for t in (op, lse, q, kf, vf, torch.tensor([W, W]))), 0.125, out)
     bad = out.isnan().any(-1).cpu()
     assert bad.tolist() == [[False, False, True, True], [False, False, False, False]]
+
+
+@pytest.mark.parametrize("with_fp", [False, True])
+def test_merges_skip_the_unwritten_partials_of_empty_splits(with_fp):
+    """A split without tokens writes only its log2-sum-exp (-inf) and returns (the Gluon kernel, at short contexts):
+    `merge_splits` and `merge_with_fp` must not read its partial, which holds whatever the buffer held (NaN here)."""
+    from kvlab.kernels.tiles.operands import merge_splits, merge_with_fp
+    g = torch.Generator().manual_seed(7)
+    B, Hq, Hk, D, L = 2, 4, 1, 64, 24
+    q = torch.randn(B, Hq, D, generator=g)
+    k = torch.randn(B, Hk, L, D, generator=g)
+    v = torch.randn(B, Hk, L, D, generator=g)
+    cuts = [(0, 16), (16, 24), (24, 24), (24, 24), (24, 24)]
+    sm = D ** -0.5
+    op, lse = _partials(q, k, v, cuts, sm)
+    op[:, :, 2:] = float("nan")  # the empty splits' partials: never written
+    out = torch.empty(B, Hq, D, device=DEV)
+    if with_fp:
+        kf = torch.zeros(B, Hk, 4, D, dtype=torch.bfloat16)
+        merge_with_fp(*(t.to(DEV) for t in (op, lse, q, kf, kf, torch.zeros(B, dtype=torch.int32))), sm, out)
+    else:
+        merge_splits(op.to(DEV), lse.to(DEV), out)
+    ref = torch.stack([attend(q[b:b + 1], k[b], v[b], sm)[0] for b in range(B)])
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_min_split_tokens():
+    """The Gluon decode's fewest tokens a split: 32K elements of K in whole tiles."""
+    gluon = pytest.importorskip("kvlab.kernels.decode.gluon", exc_type=ImportError)
+    assert [gluon.min_split_tokens(D, 128) for D in (64, 128, 256)] == [512, 256, 128]
+    assert [gluon.min_split_tokens(D, 64) for D in (64, 128, 256)] == [512, 256, 128]
+    assert gluon.min_split_tokens(256, 256) == 256 and gluon.min_split_tokens(96, 64) == 384
