@@ -14,6 +14,7 @@
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
+#   bash benchmarks/h200_run.sh s14   # Gluon split floor + empty-split return: GPU tests, short contexts, winners
 #   bash benchmarks/h200_run.sh s13e  # merge_with_fp GPU tests + the short-context probe + every winner's decode step
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
 #   bash benchmarks/h200_run.sh tune-merge  # decode tuning (TUNE_SCHEMES at TUNE_B, TUNE2_SCHEMES at TUNE2_B) merged
@@ -220,6 +221,17 @@ s13)   # session 13: key smoothing on the GPU (the smoothing tests through the p
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
     --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --candidates "${CANDIDATES:-}" \
     --budget "${BENCH_BUDGET:-360}" --fp "${FP:-32:4}" 2>&1 | tee "$OUT/winners.log" | tail -25
+  ;;
+s14)  # session 14: the Gluon decode's fewest tokens a split + early-returning empty splits: Gluon / merge / smoothing GPU
+  # tests, the short-context probe at default dispatch, every winner's decode step (WINNERS)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/decode/test_fp_merge.py \
+    tests/kernels/decode/test_gluon.py tests/quant/test_smoothing.py 2>&1 | tee "$OUT/pytest.log" | tail -4
+  timeout "${SC_S:-150}" python3 benchmarks/short_context.py --out "$OUT/short" --budget "${SC_BUDGET:-110}" \
+    --contexts "${SC_CONTEXTS:-512,2048,8192}" --splits "" 2>&1 | tee "$OUT/short.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-260}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --budget "${BENCH_BUDGET:-220}" 2>&1 \
+    | tee "$OUT/winners.log" | tail -4
   ;;
 s13e)  # session 13: full-precision tokens beside the split merge (merge_with_fp): Gluon + merge GPU tests, the
   # short-context probe, every winner's decode step again (WINNERS)
