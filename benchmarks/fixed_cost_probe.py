@@ -68,11 +68,15 @@ def kernels(rows, contexts, shapes=("gemma3", "smollm2"), schemes=SCHEMES, confi
         B, Hq, Hk, D = s["B"], s["Hq"], s["Hk"], s["D"]
         for L in contexts:
             for name in (["bf16"] if bf16 else []) + list(schemes):
-                sch = kvlab.scheme(f"k={name},v={name}")
-                c = synthetic_cache(sch.k, sch.v, B, Hk, D, 16, L, "cuda")
+                try:  # a scheme preset (kivi4) or a spec used for K and V
+                    sch = kvlab.scheme(name)
+                except ValueError:
+                    sch = kvlab.scheme(f"k={name},v={name}")
+                P = 32 if sch.k.axis == "chan" else 16
+                c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
                 q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
                 kv = check_prefix(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
-                                  c["kv_last_page_len"], sch.k, sch.v, 16, None, None, None, c["k_ts"], c["v_ts"], B)
+                                  c["kv_last_page_len"], sch.k, sch.v, P, None, None, None, c["k_ts"], c["v_ts"], B)
                 if name == "bf16":
                     for S in (4, 9, 16):
                         fn = tdec.run(q, kv, D ** -0.5, TritonDecodeConfig(num_splits=S), plan=True)

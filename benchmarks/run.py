@@ -44,7 +44,11 @@ SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=
           "b128": dict(batch=128, context=16384, heads_q=32, heads_kv=8, head_dim=128),
           "smollm2": dict(batch=32, context=8192, heads_q=9, heads_kv=3, head_dim=64),
           "smollm2_b64": dict(batch=64, context=8192, heads_q=9, heads_kv=3, head_dim=64),
-          "d256": dict(batch=32, context=8192, heads_q=8, heads_kv=4, head_dim=256)}
+          "d256": dict(batch=32, context=8192, heads_q=8, heads_kv=4, head_dim=256),
+          # Gemma 3 270M's shape: its sliding layers hold 512 tokens, its global ones the context
+          "gemma512": dict(batch=32, context=512, heads_q=4, heads_kv=1, head_dim=256),
+          "gemma8k": dict(batch=32, context=8192, heads_q=4, heads_kv=1, head_dim=256),
+          "smollm2_512": dict(batch=32, context=512, heads_q=9, heads_kv=3, head_dim=64)}
 DECODE_COLUMNS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms",
                   "kv_bytes", "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms",
                   "graph_ms", "roofline_frac_graph", "ratio_graph_vs_cudnn", "gate_rel_err", "config", "error"]

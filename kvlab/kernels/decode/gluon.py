@@ -259,7 +259,7 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 
 @gluon.jit
 def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
-                       LAST, qk_scale, num_splits, min_per, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
+                       LAST, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        GK: ttgl.constexpr, GV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
@@ -274,8 +274,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), not here.
-    min_per: the fewest tokens a split takes (whole tiles; `min_split_tokens`); a split left without tokens
-    writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D] (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
+    A split left without tokens writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D] (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
     [B * Hk] int32 counters, zero between calls)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
@@ -284,12 +283,12 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     p0 = ttgl.load(INDPTR + b)
     p1 = ttgl.load(INDPTR + b + 1)
     L = ttgl.where(p1 > p0, (p1 - p0 - 1) * P + ttgl.load(LAST + b), 0)
-    # tokens per split: whole tiles, and at least min_per (a program's fixed cost outweighs a tile or two of work,
-    # so a short sequence runs on fewer splits and the rest return at once)
-    per = ttgl.maximum(ttgl.cdiv(ttgl.cdiv(L, num_splits), BN) * BN, min_per)
+    per = ttgl.cdiv(ttgl.cdiv(L, num_splits), BN) * BN  # tokens per split, whole tiles
     lo = sp * per
     hi = ttgl.minimum(lo + per, L)
-    if (hi <= lo) & (num_splits > 1):  # an empty split writes only its log2-sum-exp (-inf): the merges skip it
+    # a split past the sequence's end (short contexts: 512 tokens at 9 splits of 128-token tiles leave 5 empty)
+    # writes only its log2-sum-exp (-inf), which every merge skips, and returns before any load
+    if (hi <= lo) & (num_splits > 1):
         lg0 = ttgl.arange(0, GPN if OT else GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
         lrow0 = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg0) * num_splits + sp
         ttgl.store(LSE + lrow0, ttgl.full([GPN if OT else GP], float("-inf"), ttgl.float32,
@@ -397,18 +396,6 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 
 
 # ---- host side ------------------------------------------------------------------------------------
-MIN_SPLIT_ELEMENTS = 32768  # a split reads at least this many K elements (tokens x head_dim), in whole tiles
-
-
-def min_split_tokens(D: int, BN: int) -> int:
-    """The fewest tokens a split takes (whole tiles of BN): 128 at head_dim 256, 256 at 128, 512 at 64. A split
-    program's fixed cost (page-table, query and table loads, the partial's store, the merge's read) is some tiles'
-    work, so at short contexts a sequence runs on fewer splits than the launch has and the rest return at once:
-    on the H200 at Gemma 3's shape (B 32, Hk 1, D 256) and 512 tokens, 4 splits take 0.014 ms and 9 0.025
-    (sweeps/results/h200/runs/s14a-fixedcost/)."""
-    return -(-max(MIN_SPLIT_ELEMENTS // D, BN) // BN) * BN
-
-
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
@@ -531,7 +518,6 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
     # known multiples of 16, so the compiler keeps the row loads vectorized
     ps = 16 if all(t.stride(0) % 16 == 0 for t in (kc, ks, vc, vs)) else 1
-    min_per = min_split_tokens(D, NW * TW)
 
     def launch():
         for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
@@ -544,7 +530,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
             tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len,
-            sm_scale * LOG2E, S, min_per, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
+            sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
             vs.stride(0) // ps, vs.stride(1),
             KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),

@@ -118,10 +118,3 @@ def test_merges_skip_the_unwritten_partials_of_empty_splits(with_fp):
     ref = torch.stack([attend(q[b:b + 1], k[b], v[b], sm)[0] for b in range(B)])
     torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
 
-
-def test_min_split_tokens():
-    """The Gluon decode's fewest tokens a split: 32K elements of K in whole tiles."""
-    gluon = pytest.importorskip("kvlab.kernels.decode.gluon", exc_type=ImportError)
-    assert [gluon.min_split_tokens(D, 128) for D in (64, 128, 256)] == [512, 256, 128]
-    assert [gluon.min_split_tokens(D, 64) for D in (64, 128, 256)] == [512, 256, 128]
-    assert gluon.min_split_tokens(256, 256) == 256 and gluon.min_split_tokens(96, 64) == 384
