@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...quant.formats import codebook16
-from ...quant.rotation import hadamard
+from ...quant.rotation import hadamard, hadamard_block, norm_constant
 from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits, merge_with_fp
@@ -396,6 +396,17 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 
 
 # ---- host side ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def _signs(D: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    h = hadamard(D, device)
+    return (h / h.abs().amax()).round().to(dtype)
+
+
+def signs(D: int, device, dtype: torch.dtype) -> torch.Tensor:
+    """`hadamard(D)` times sqrt(block): its entries +-1 and 0, exact in `dtype` (cached per device; read-only)."""
+    return _signs(D, str(torch.device(device)), dtype)
+
+
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
@@ -493,6 +504,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     kz = ks if kz is None else kz
     vz = vs if vz is None else vz
     rot_k, rot_v = kv.rotated
+    half_q = rot_k and q.dtype in (torch.float16, torch.bfloat16)
+    q_scale = sm_scale * LOG2E * (norm_constant(hadamard_block(D)) if half_q else 1.0)
     # full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), unrotated, so
     # the paged kernel is compiled without them and always writes split partials
     has_fp = kv.has_fp
@@ -524,13 +537,16 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             tab[8 * i:8 * i + 8] = table_words_of(table)
         qr = q
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
-            qr = q.float() @ hadamard(D, q.device)
+            # 16-bit q: one tensor-core matmul by the +-1 matrix (exact products, fp32 sums, the 1 / sqrt(block) in
+            # the kernel's scale), 3.8 us at Gemma's shape against 8.7 for a cast and an fp32 matmul (H200,
+            # sweeps/results/h200/runs/s14a-fixedcost/); the kernel reads q as fp16 either way
+            qr = torch.matmul(q, signs(D, q.device, q.dtype)) if half_q else q.float() @ hadamard(D, q.device)
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
             tab,
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len,
-            sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
+            q_scale, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
             vs.stride(0) // ps, vs.stride(1),
             KCODEC=kcodec, VCODEC=vcodec, WK=WK, WV=WV, GK=_group(k_spec),
