@@ -226,12 +226,14 @@ s14)  # session 14: the Gluon decode's fewest tokens a split + early-returning e
   # tests, the short-context probe at default dispatch, every winner's decode step (WINNERS)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/decode/test_fp_merge.py \
-    tests/kernels/decode/test_gluon.py tests/quant/test_smoothing.py 2>&1 | tee "$OUT/pytest.log" | tail -4
+    tests/kernels/decode/test_gluon.py tests/quant/test_smoothing.py -k "not compiles_for_sm90" 2>&1 \
+    | tee "$OUT/pytest.log" | tail -4  # (the offline sm_90 compile tests check this machine's Triton, CPU CI's job)
   timeout "${SC_S:-150}" python3 benchmarks/short_context.py --out "$OUT/short" --budget "${SC_BUDGET:-110}" \
     --contexts "${SC_CONTEXTS:-512,2048,8192}" --splits "" 2>&1 | tee "$OUT/short.log" | tail -3
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-260}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
     --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --budget "${BENCH_BUDGET:-220}" 2>&1 \
     | tee "$OUT/winners.log" | tail -4
+  tar -C "$OUT" -czf "$OUT/winners.tgz" winners  # (a folder of results has come back short)
   ;;
 s13e)  # session 13: full-precision tokens beside the split merge (merge_with_fp): Gluon + merge GPU tests, the
   # short-context probe, every winner's decode step again (WINNERS)
