@@ -287,15 +287,17 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     lo = sp * per
     hi = ttgl.minimum(lo + per, L)
     # a split past the sequence's end (short contexts: 512 tokens at 9 splits of 128-token tiles leave 5 empty)
-    # writes only its log2-sum-exp (-inf), which every merge skips, and returns before any load
-    if (hi <= lo) & (num_splits > 1):
-        lg0 = ttgl.arange(0, GPN if OT else GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
-        lrow0 = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg0) * num_splits + sp
-        ttgl.store(LSE + lrow0, ttgl.full([GPN if OT else GP], float("-inf"), ttgl.float32,
-                                          layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))), mask=lg0 < GROUP)
-        if FUSED:
-            _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP, GPN, D, ML)
-        return
+    # writes only its log2-sum-exp (-inf), which every merge skips, and returns before any load (DIRECT: one
+    # split, which writes the output, zeros for an empty sequence)
+    if not DIRECT:
+        if hi <= lo:
+            lg0 = ttgl.arange(0, GPN if OT else GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
+            lrow0 = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg0) * num_splits + sp
+            ttgl.store(LSE + lrow0, ttgl.full([GPN if OT else GP], float("-inf"), ttgl.float32,
+                                              layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))), mask=lg0 < GROUP)
+            if FUSED:
+                _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP, GPN, D, ML)
+            return
     IDX = INDICES + p0
 
     # queries [NW (same for every warp), GP, D] in kappa order, scaled by qk_scale (log2 domain)
