@@ -46,6 +46,8 @@ def rows_of(search_dir: Path) -> list[dict]:
             kind += f"; sink {r['sink']}"
         if r.get("candidates"):
             kind += f"; {len(r['candidates'])} candidates"
+            if any("smooth=pair" in c for c in r["candidates"]):
+                kind += "; keys smoothed per RoPE pair"
         if r.get("decode_budget_ms") is not None:
             kind += f"; decode <= {r['decode_budget_ms']:.4f} ms ({Path(r.get('speed_table', '')).parent.name})"
         out.append({"model": NAMES.get(r["model"], r["model"]), "scheme": ev["scheme"],
