@@ -62,7 +62,6 @@ def kernels(rows, contexts, shapes=("gemma3", "smollm2"), schemes=SCHEMES, confi
     from kvlab.kernels.configs import TritonDecodeConfig
     rec = Recorder(gluon._decode_mma_kernel)
     gluon._decode_mma_kernel = rec
-    trec = Recorder(tdec._decode_kernel) if hasattr(tdec, "_decode_kernel") else None
     for sname in shapes:
         s = SHAPES[sname]
         B, Hq, Hk, D = s["B"], s["Hq"], s["Hk"], s["D"]

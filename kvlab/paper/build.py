@@ -445,31 +445,25 @@ class Paper:
         k2, v2 = "k=lm2:g64:s=e4m3:rot=had,v=bf16", "k=bf16,v=lm2:g64:s=e4m3:rot=had"
         w = self.t["winners"]
         chan = ~w.budget_bits.str.contains("RoPE pair")  # per-channel factors (the `smooth` rows)
-        r = w[(w.model == "SmolLM2-135M-Instruct") & (w.budget == 2.5) & w.budget_bits.str.contains("21 candidates")
-              & chan]
-        if r.empty:
-            raise KeyError(f"{FILES['winners']} has no SmolLM2 2.5-bit row of the 21-candidate (smoothed) search")
-        r = r.iloc[0]
 
-        def sm(col, fmt):  # the smoothed search's smallest-budget winner
-            return c(r[col], fmt, "winners", f"SmolLM2-135M-Instruct / 2.5 / {r.budget_bits} / {col}")
+        def winner(model, budget, mask, what):  # the first winners.csv row of `model` at `budget` where `mask` holds
+            g = w[(w.model == model) & (w.budget == budget) & mask]
+            if g.empty:
+                raise KeyError(f"{FILES['winners']} has no {model} {budget}-bit row {what}")
+            g = g.iloc[0]
+            return lambda col, fmt: c(g[col], fmt, "winners", f"{model} / {budget} / {g.budget_bits} / {col}")
+        # the smoothed (per-channel) search's smallest-budget winner
+        sm = winner("SmolLM2-135M-Instruct", 2.5, w.budget_bits.str.contains("21 candidates") & chan,
+                    "of the 21-candidate (smoothed) search")
 
         def gem(cands, col, fmt):  # Gemma's smallest-budget sink + window winner of a search with `cands` candidates
-            g = w[(w.model == "Gemma-3-270M") & (w.budget == 2.5)
-                  & w.budget_bits.str.contains(f"sink 4; {cands} candidates") & chan]
-            if g.empty:
-                raise KeyError(f"{FILES['winners']} has no Gemma 2.5-bit sink + window row of {cands} candidates")
-            g = g.iloc[0]
-            return c(g[col], fmt, "winners", f"Gemma-3-270M / 2.5 / {g.budget_bits} / {col}")
+            return winner("Gemma-3-270M", 2.5, w.budget_bits.str.contains(f"sink 4; {cands} candidates") & chan,
+                          f"(sink + window) of {cands} candidates")(col, fmt)
 
         def pair(model, budget, col, fmt):  # a winner of the searches whose smoothed candidates tie RoPE pairs
-            g = w[(w.model == model) & (w.budget == budget) & ~chan]
-            if g.empty:
-                raise KeyError(f"{FILES['winners']} has no {model} {budget}-bit row with keys smoothed per RoPE pair")
-            g = g.iloc[0]
-            return c(g[col], fmt, "winners", f"{model} / {budget} / {g.budget_bits} / {col}")
-        lc = {i: r for i, r in enumerate(self.t["long_context_8k_pair"]["rows"])}
-        lc25 = next(i for i, x in lc.items() if "smooth=pair" in x["scheme"] and x["eff_bits_per_element"] < 3)
+            return winner(model, budget, ~chan, "with keys smoothed per RoPE pair")(col, fmt)
+        lc = self.t["long_context_8k_pair"]["rows"]
+        lc25 = next(i for i, x in enumerate(lc) if "smooth=pair" in x["scheme"] and x["eff_bits_per_element"] < 3)
 
         def lcp(col, fmt):  # the pair-tied SmolLM2 2.5-bit winner at 8K
             return c(lc[lc25][col], fmt, "long_context_8k_pair", f"row {lc25} / {col}")

@@ -47,6 +47,20 @@ def _hadamard_on(head_dim: int, device: str, block: int = 0) -> torch.Tensor:
     return torch.block_diag(*[_hadamard_cpu(b)] * (head_dim // b)).to(device)
 
 
+def hadamard_signs(head_dim: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`hadamard(head_dim)` without its 1/sqrt(block) (`norm_constant(hadamard_block(head_dim))`): entries +-1 and
+    0, exact in any float dtype, so a 16-bit matmul by it rounds only its sums (cached per device; read-only)."""
+    if head_dim % 8:
+        raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {head_dim}")
+    return _signs_on(head_dim, str(torch.device(device)) if device is not None else "cpu", dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _signs_on(head_dim: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.block_diag(*[_hadamard_cpu(hadamard_block(head_dim)).sign()] * (head_dim // hadamard_block(head_dim))
+                            ).to(device=device, dtype=dtype)
+
+
 def hadamard_blocks(head_dim: int, block: int, device=None) -> torch.Tensor:
     """[D, D] float32 block-diagonal matrix of normalized Sylvester Hadamard blocks of size `block` (a power of
     two dividing head_dim), cached per device and read-only, as an engine that rotates in fixed blocks uses."""

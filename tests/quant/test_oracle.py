@@ -122,6 +122,17 @@ def test_hadamard_helps_outlier_channels():
     assert torch.allclose(h @ h.T, torch.eye(96), atol=1e-6)
 
 
+def test_hadamard_signs_are_the_unnormalized_rotation():
+    """`hadamard_signs`: +-1 / 0 entries, exact in 16-bit floats, and times 1/sqrt(block) exactly `hadamard`."""
+    from kvlab.quant.rotation import hadamard, hadamard_block, hadamard_signs, norm_constant
+    for D in (64, 96, 256):
+        h = hadamard_signs(D, dtype=torch.bfloat16)
+        assert h.dtype == torch.bfloat16 and set(h.unique().tolist()) <= {-1.0, 0.0, 1.0}
+        assert torch.equal(h.float() * norm_constant(hadamard_block(D)), hadamard(D))
+    with pytest.raises(ValueError, match="divisible by 8"):
+        hadamard_signs(60)
+
+
 def test_mse_rule_not_worse_than_absmax():
     x = sample("student_t3", 1024, 128, 4)
     for base in ("int4:g32:sym", "int3:g32:asym", "nf4:g64", "fp4:g32:s=f16"):

@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...quant.formats import codebook16
-from ...quant.rotation import hadamard, hadamard_block, norm_constant
+from ...quant.rotation import hadamard, hadamard_block, hadamard_signs, norm_constant
 from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, merge_splits, merge_with_fp
@@ -274,7 +274,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
     tile positions through `tile_tok` for K, V and the scores alike); KTS / VTS: fp32 per-tensor scales (HAS_*);
     full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), not here.
-    A split left without tokens writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D] (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
+    A split left without tokens writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D]
+    (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
     [B * Hk] int32 counters, zero between calls)."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
@@ -289,12 +290,13 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     # a split past the sequence's end (short contexts: 512 tokens at 9 splits of 128-token tiles leave 5 empty)
     # writes only its log2-sum-exp (-inf), which every merge skips, and returns before any load (DIRECT: one
     # split, which writes the output, zeros for an empty sequence)
+    ROWS: ttgl.constexpr = GPN if OT else GP  # softmax rows kept (GPN with O^T, else the GP padded rows)
+    LROW: ttgl.constexpr = ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))  # layout of a [ROWS] log2-sum-exp
     if not DIRECT:
         if hi <= lo:
-            lg0 = ttgl.arange(0, GPN if OT else GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
+            lg0 = ttgl.arange(0, ROWS, layout=LROW)
             lrow0 = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg0) * num_splits + sp
-            ttgl.store(LSE + lrow0, ttgl.full([GPN if OT else GP], float("-inf"), ttgl.float32,
-                                              layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))), mask=lg0 < GROUP)
+            ttgl.store(LSE + lrow0, ttgl.full([ROWS], float("-inf"), ttgl.float32, layout=LROW), mask=lg0 < GROUP)
             if FUSED:
                 _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP, GPN, D, ML)
             return
@@ -325,8 +327,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     sn = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, SL))
     q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
-    # softmax state of the score rows kept (GPN with O^T, else the GP padded rows; layout SR)
-    ROWS: ttgl.constexpr = GPN if OT else GP
+    # softmax state of the score rows kept (ROWS; layout SR)
     m_i = ttgl.full([NW, ROWS], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, SR))
     l_i = ttgl.zeros([NW, ROWS], ttgl.float32, layout=ttgl.SliceLayout(2, SR))
     if OT:
@@ -390,7 +391,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         row = (b * ttgl.num_programs(1) * GROUP + heads) * num_splits + sp
         ttgl.store(OP + row * D + och, o, mask=om)
         lse = ttgl.where(l_all != 0, m_all + ttgl.log2(ttgl.where(l_all != 0, l_all, 1.0)), float("-inf"))
-        lg = ttgl.arange(0, ROWS, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR)))
+        lg = ttgl.arange(0, ROWS, layout=LROW)
         lrow = (b * ttgl.num_programs(1) * GROUP + hk * GROUP + lg) * num_splits + sp
         ttgl.store(LSE + lrow, lse, mask=lg < GROUP)
         if FUSED:
@@ -398,17 +399,6 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 
 
 # ---- host side ------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=16)
-def _signs(D: int, device: str, dtype: torch.dtype) -> torch.Tensor:
-    h = hadamard(D, device)
-    return (h / h.abs().amax()).round().to(dtype)
-
-
-def signs(D: int, device, dtype: torch.dtype) -> torch.Tensor:
-    """`hadamard(D)` times sqrt(block): its entries +-1 and 0, exact in `dtype` (cached per device; read-only)."""
-    return _signs(D, str(torch.device(device)), dtype)
-
-
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
@@ -542,7 +532,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             # 16-bit q: one tensor-core matmul by the +-1 matrix (exact products, fp32 sums, the 1 / sqrt(block) in
             # the kernel's scale), 3.8 us at Gemma's shape against 8.7 for a cast and an fp32 matmul (H200,
             # sweeps/results/h200/runs/s14a-fixedcost/); the kernel reads q as fp16 either way
-            qr = torch.matmul(q, signs(D, q.device, q.dtype)) if half_q else q.float() @ hadamard(D, q.device)
+            qr = torch.matmul(q, hadamard_signs(D, q.device, q.dtype)) if half_q else q.float() @ hadamard(D, q.device)
         o = kern_out
         _decode_mma_kernel[(B, Hk, S)](
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
