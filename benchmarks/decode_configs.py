@@ -4,7 +4,8 @@
         --configs "tw32:s3:r168,tw16:s3,tw32:s3"
     PYTHONPATH=/path/to/old/tree python benchmarks/decode_configs.py --tag old ...   # the same cells, other kernel
 
-A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f]` (f: fused merge). Prints one line per cell:
+A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np]` (f: fused merge; pf / np: the register
+prefetch on / off, else the kernel's default). Prints one line per cell:
 `cfg <tag> <scheme> <config> <graph-replayed median ms>` and the kvlab file it imported, so two runs in one
 session (one per tree, on one warm GPU) compare the kernels at equal configs.
 """
@@ -35,8 +36,10 @@ def parse_config(text: str):
             kw["num_warps"] = int(part[1:])
         elif part == "f":
             kw["fused_merge"] = True
+        elif part in ("pf", "np"):
+            kw["prefetch"] = part == "pf"
         else:
-            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f")
+            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np")
     return GluonDecodeConfig(**kw)
 
 

@@ -168,7 +168,8 @@ def main() -> int:
     ap.add_argument("--contexts", default="512,8192")
     ap.add_argument("--parts", default="rotations,merges,kernels")
     ap.add_argument("--shapes", default="gemma3,smollm2", help=f"of {','.join(SHAPES)}")
-    ap.add_argument("--schemes", default=",".join(SCHEMES), help="K (= V) spec texts")
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="K (= V) spec texts or scheme texts, ','-separated "
+                    "(';'-separated when any holds a ',': k=...,v=...)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="decode_configs.py config texts")
     ap.add_argument("--no-bf16", action="store_true", help="leave out the Triton bf16 rows")
     a = ap.parse_args()
@@ -183,7 +184,7 @@ def main() -> int:
             merges(rows)
         if "kernels" in parts:
             kernels(rows, [int(x) for x in a.contexts.split(",")], a.shapes.split(","),
-                    a.schemes.split(","),
+                    a.schemes.split(";" if ";" in a.schemes else ","),
                     a.configs.split(","), not a.no_bf16)
     finally:  # what was measured is kept even if a later part fails
         with open(out / "probe.csv", "w", newline="") as f:

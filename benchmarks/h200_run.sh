@@ -14,6 +14,7 @@
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
+#   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
 #   bash benchmarks/h200_run.sh s14   # Gluon split floor + empty-split return: GPU tests, short contexts, winners
 #   bash benchmarks/h200_run.sh s13e  # merge_with_fp GPU tests + the short-context probe + every winner's decode step
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
@@ -221,6 +222,19 @@ s13)   # session 13: key smoothing on the GPU (the smoothing tests through the p
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
     --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --candidates "${CANDIDATES:-}" \
     --budget "${BENCH_BUDGET:-360}" --fp "${FP:-32:4}" 2>&1 | tee "$OUT/winners.log" | tail -25
+  ;;
+s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / off x 16 / 32 tokens a warp, the kernel
+  # alone with its registers and spills: benchmarks/fixed_cost_probe.py), then the Gluon GPU tests (xdist)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PD_S:-210}" python3 benchmarks/fixed_cost_probe.py --out "$OUT/pf_d256" --parts kernels --shapes d256 \
+    --contexts 8192 --schemes "${PD_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3:g32:asym,nf4,mxfp4,lm3:rot=had}" \
+    --configs "tw32:s4:pf,tw32:s4:np,tw16:s4:pf,tw16:s4:np" 2>&1 | tee "$OUT/pf_d256.log" | grep -v "^{" | tail -5
+  timeout "${PG_S:-150}" python3 benchmarks/fixed_cost_probe.py --out "$OUT/pf_gemma" --parts kernels --shapes gemma3 \
+    --contexts 512,8192 --configs "tw32:s9:pf,tw32:s9:np,tw16:s9:pf,tw16:s9:np" --no-bf16 \
+    --schemes "${PG_SCHEMES:-q4_0;k=int4:g32:chan:asym,v=lm3:g64:rot=had;k=lm3:g64:s=e4m3:rot=had,v=lm2:g64:s=e4m3:rot=had}" \
+    2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
+    -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
   ;;
 s14)  # session 14: the Gluon decode's fewest tokens a split + early-returning empty splits: Gluon / merge / smoothing GPU
   # tests, the short-context probe at default dispatch, every winner's decode step (WINNERS)

@@ -110,17 +110,21 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     transpose_o: accumulate O^T = V^T P^T (heads in the MMA's N = 8 columns) instead of O = P V;
     fused_merge: with splits, the last program of each (sequence, KV head) to finish merges them (one launch),
     else a separate merge kernel runs (the default: on the H200 the fused merge was 7-15% slower at batch 1 with 33
-    splits and 11% faster at batch 32 x 1K with 3, sweeps/results/h200/runs/fused-f257f7d)."""
+    splits and 11% faster at batch 32 x 1K with 3, sweeps/results/h200/runs/fused-f257f7d); prefetch: load the next
+    tile's code words before the current tile's math (a register prefetch); None: `gluon.prefetches` decides (on,
+    except where two tiles of codes and scales leave no registers: channel-axis keys at head_dim 256)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
     maxnreg: int | None = None
     transpose_o: bool = True
     fused_merge: bool = False
+    prefetch: bool | None = None
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
+        _check(self.prefetch in (None, True, False), f"prefetch={self.prefetch!r}; allowed: None, True, False")
         _opt_int("num_splits", self.num_splits, 1, 256)
         _opt_int("maxnreg", self.maxnreg, 32, 255)
         _check(isinstance(self.transpose_o, bool), f"transpose_o={self.transpose_o!r}; allowed: True, False")

@@ -258,6 +258,18 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 
 
 @gluon.jit
+def _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC: ttgl.constexpr, WK: ttgl.constexpr,
+            GK: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, KCL: ttgl.constexpr,
+            NW: ttgl.constexpr, D: ttgl.constexpr, PS: ttgl.constexpr, KSD: ttgl.constexpr, KCHAN: ttgl.constexpr):
+    """The K code words, second words, scales and zeros of the tile from token t0 (`kc_load` for channel-axis keys,
+    else `k_load`)."""
+    if KCHAN:
+        return kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS)
+    else:
+        return k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D, PS, KSD)
+
+
+@gluon.jit
 def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
                        LAST, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
@@ -268,7 +280,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
                        GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
                        FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr,
-                       KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0):
+                       KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0, PF: ttgl.constexpr = True):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -276,7 +288,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), not here.
     A split left without tokens writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
-    [B * Hk] int32 counters, zero between calls)."""
+    [B * Hk] int32 counters, zero between calls). PF: the next tile's code words are loaded before this tile's
+    math (a register prefetch), else each tile loads its own."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -334,23 +347,23 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
         acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
-    if KCHAN:
-        kw, kw2, ks, kz = kc_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS)
-    else:
-        kw, kw2, ks, kz = k_load(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D,
-                                    PS, KSD)
-    va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
-                                                  P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+    if PF:
+        kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL, NW,
+                                  D, PS, KSD, KCHAN)
+        va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
+                                                      P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
     for t0 in range(lo, hi, BN):
-        # the next tile's codes are requested before this tile's math (software prefetch into registers)
-        if KCHAN:
-            nkw, nkw2, nks, nkz = kc_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW,
-                                          KCL, NW, D, PS)
-        else:
-            nkw, nkw2, nks, nkz = k_load(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
-                                         KW, NW, D, PS, KSD)
-        nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0, vs1,
-                                                              VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+        if PF:  # the next tile's codes are requested before this tile's math (software prefetch into registers)
+            nkw, nkw2, nks, nkz = _k_tile(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
+                                          KW, KCL, NW, D, PS, KSD, KCHAN)
+            nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0,
+                                                                  vs1, VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN,
+                                                                  PS, VSD)
+        else:  # this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
+            kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL,
+                                      NW, D, PS, KSD, KCHAN)
+            va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV,
+                                                          GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
         if KCHAN:
             kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
         else:
@@ -358,8 +371,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
         vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
-        kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, nvzb, \
-            nvpa, nvpb
+        if PF:
+            kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, \
+                nvzb, nvpa, nvpb
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [ROWS]
@@ -444,6 +458,14 @@ def _tile_dense(t: torch.Tensor) -> bool:
     return True
 
 
+def prefetches(kcodec: int, D: int) -> bool:
+    """The default of `GluonDecodeConfig.prefetch`: the register prefetch of the next tile's codes, except for
+    channel-axis keys at head_dim 256. There a thread holds D / 8 code units, unit pairs, scale and zero pairs of
+    its K rows (4 x 32 words) and the prefetch doubles them: offline sm_90 (`python -m devtools.sm90_offline
+    gluon:kivi4 --head-dim 256 --tw 32 --page 32 --no-fp`), 255 registers and 216 bytes of spill stores with it."""
+    return not (kcodec in CHAN and D >= 256)
+
+
 def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:
     """None when this kernel runs the call (full-precision window / sink tokens included); else why not."""
     return unsupported(kv.k_spec, kv.v_spec, q.shape[-1], kv.page_size, q.shape[1] // kv.n_kv_heads, q.device,
@@ -519,6 +541,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     if cal:
         tab = tab.clone()
 
+    pf = prefetches(kcodec, D) if config.prefetch is None else config.prefetch
     gpn = 8 if group <= 8 else 16  # heads per accumulator (O^T); with 8, the softmax keeps 8 score rows (`_scores`)
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
     # known multiples of 16, so the compiler keeps the row loads vectorized
@@ -546,7 +569,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, num_warps=NW, **launch_opts)
+            KSD=ksd, VSD=vsd, PF=pf, num_warps=NW, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
                           v_rot=hadamard(D, q.device) if rot_v else None)

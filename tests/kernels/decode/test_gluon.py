@@ -818,6 +818,33 @@ def test_emulated_kernel_matches_reference_at_other_head_dims(c, monkeypatch):
     assert err < TOL, f"relative error {err:.2e}"
 
 
+@EMU
+@pytest.mark.parametrize("name,D,prefetch", [("q4_0", 128, False), ("k=int4:g32:chan:asym,v=lm3:rot=had", 256, True),
+                                             ("kivi2", 256, None)])
+def test_emulated_prefetch_on_and_off(name, D, prefetch, monkeypatch):
+    """The register prefetch of the next tile's codes (config `prefetch`) on, off and at its default (off for
+    channel-axis keys at head_dim 256, `gluon.prefetches`): the same attention over several tiles a split."""
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    P = 32 if "chan" in name or "kivi" in name else 16
+    sch, args, kw, q, ref = _case(name, [96, 192], 4, 1, P, seed=17, q_seed=5, D=D)  # whole token groups
+    out = torch.full_like(q, float("nan"))
+    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=32, num_splits=1, prefetch=prefetch)
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+def test_prefetch_default():
+    """Channel-axis keys at head_dim 256 load one tile at a time (two tiles of their code units, scales and zeros
+    spill); every other codec and head dim prefetches; the config field checks its value."""
+    assert not gluon.prefetches(gc.KC4, 256) and not gluon.prefetches(gc.KC2, 256)
+    assert gluon.prefetches(gc.KC4, 128) and gluon.prefetches(gc.Q4, 256)
+    with pytest.raises(ValueError, match="prefetch"):
+        GluonDecodeConfig(prefetch="yes")
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------
 # (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp)
 CASES = [
