@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
+#   bash benchmarks/h200_run.sh s15b  # D 256 with the new untuned Gluon defaults: tests, decode table, Gemma winners
 #   bash benchmarks/h200_run.sh s14   # Gluon split floor + empty-split return: GPU tests, short contexts, winners
 #   bash benchmarks/h200_run.sh s13e  # merge_with_fp GPU tests + the short-context probe + every winner's decode step
 #   bash benchmarks/h200_run.sh s11b  # older vs newer decode kernel at equal configs, decode table, tune + merge + retime
@@ -235,6 +236,23 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s15b)  # session 15: head_dim 256 with the new untuned Gluon defaults (16-token tiles for heavy values, no prefetch for
+  # channel-axis keys): the one-split / D 256 Gluon GPU tests, the decode table at the D 256 shapes (default dispatch),
+  # Gemma's winners' decode step
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-110}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
+    -k "gluon_matches_reference and (S1 or D256)" 2>&1 | tee "$OUT/pytest.log" | tail -4
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-250}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-d256,gemma8k,gemma512}" --dispatch default --budget "${DEC_BUDGET:-215}" \
+    --schemes "${DEC_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl,lm2,lm3}" \
+    2>&1 | tee "$OUT/decode.log" | tail -3
+  python3 -c "import csv,sys; r=list(csv.DictReader(open('sweeps/results/quality/winners.csv'))); \
+w=csv.DictWriter(open('$OUT/gemma_winners.csv','w',newline=''),fieldnames=r[0].keys()); w.writeheader(); \
+w.writerows(x for x in r if x['model'].startswith('Gemma'))"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-170}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners "$OUT/gemma_winners.csv" --budget "${BENCH_BUDGET:-140}" 2>&1 | tee "$OUT/winners.log" | tail -4
+  tar -C "$OUT" -czf "$OUT/s15b.tgz" decode winners
   ;;
 s14)  # session 14: the Gluon decode's fewest tokens a split + early-returning empty splits: Gluon / merge / smoothing GPU
   # tests, the short-context probe at default dispatch, every winner's decode step (WINNERS)

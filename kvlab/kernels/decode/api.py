@@ -22,15 +22,26 @@ from ..tuned import attention_key, lookup, nearest
 GLUON_DEFAULT = GluonDecodeConfig(num_warps=4, tokens_per_warp=32)  # the shape most tuned Gluon entries share
 
 
-def gluon_default(B: int, n_kv_heads: int, k_spec, device=None) -> GluonDecodeConfig:
+def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: int = 128) -> GluonDecodeConfig:
     """The Gluon kernel's untuned config for a call: 32-token warp tiles (`GLUON_DEFAULT`), except 16-token ones where
     the (sequence, KV head) programs fill every SM before any split (B * Hk >= SMs) and the keys are not on the
     channel axis (those run 32-token tiles only). There the kernel is issue-bound and the smaller tile keeps fewer
     registers per thread, so more warps stay resident: on the H200, q4_0 at B 32 x 32K takes 123 registers at 16-token
-    tiles against 200 at 32 (22% vs 12% achieved occupancy; 432 vs 503 us, ncu in benchmarks/NOTES_decode.md)."""
-    if k_spec.axis != "chan" and B * n_kv_heads >= num_sms(device):
+    tiles against 200 at 32 (22% vs 12% achieved occupancy; 432 vs 503 us, ncu in benchmarks/NOTES_decode.md).
+    At head_dim 256 (`v_spec`, `D` given), 16-token tiles also for values other than symmetric int4, int2 and lm2:
+    their 32-token kernels spill (the tile of a thread's value fragments and codes outgrows 255 registers) and
+    ran slower on the H200, e.g. q8_0 0.234 -> 0.163 ms, nf4 0.237 -> 0.186, lm3 0.368 -> 0.257 at B 32 x 8K, Hk 4,
+    while q4_0 (0.115 vs 0.123) and a K lm3 / V lm2 pair kept 32 (sweeps/results/h200/runs/s15-ca78947/)."""
+    if k_spec.axis == "chan":
+        return GLUON_DEFAULT
+    if B * n_kv_heads >= num_sms(device) or (D >= 256 and v_spec is not None and not _light_values(v_spec)):
         return GLUON_DEFAULT.replace(tokens_per_warp=16)
     return GLUON_DEFAULT
+
+
+def _light_values(spec) -> bool:
+    """Value specs whose 32-token Gluon tiles fit the registers at head_dim 256: symmetric int4, int2, lm2."""
+    return (spec.fmt == "int" and (spec.bits == 2 or (spec.bits == 4 and spec.sym))) or spec.fmt == "lm2"
 
 BACKENDS = ("triton", "reference")  # "triton": the Triton-family kernels (Triton or Gluon, by config)
 
@@ -72,7 +83,7 @@ def resolve(q, kv, config=None, num_splits: int | None = None):
         tuned = lookup(key)
         cands = [tuned] if tuned is not None else [c for c in (nearest(key),) if c is not None]
         if q.is_cuda and _gluon_verified(q.device):
-            cands.append(gluon_default(B, kv.n_kv_heads, kv.k_spec, q.device))
+            cands.append(gluon_default(B, kv.n_kv_heads, kv.k_spec, q.device, kv.v_spec, D))
         cands.append(TritonDecodeConfig())
         for cfg in cands:
             try:

@@ -146,6 +146,13 @@ def test_gluon_default_tiles(monkeypatch):
     for B, Hk, sch in ((32, 8, q4), (1, 8, q4), (64, 8, kv4)):
         why = gluon.unsupported(sch.k, sch.v, 128, 32, 4, "cpu", dapi.gluon_default(B, Hk, sch.k).tokens_per_warp)
         assert "tokens_per_warp" not in why and "needs a CUDA GPU" in why  # no pick is refused for its tiles
+    # head_dim 256 at 32 programs: 16-token tiles unless the values are light (their 32-token kernels fit the registers)
+    tw = {n: dapi.gluon_default(32, 1, kvlab.scheme(n).k, None, kvlab.scheme(n).v, 256).tokens_per_warp
+          for n in ("q4_0", "q8_0", "nf4", "q4_1", "lm3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had",
+                    "int2:g32:asym", "kivi4")}
+    assert tw == {"q4_0": 32, "q8_0": 16, "nf4": 16, "q4_1": 16, "lm3:rot=had": 16,
+                  "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had": 32, "int2:g32:asym": 32, "kivi4": 32}
+    assert dapi.gluon_default(32, 1, q4.k, None, kvlab.scheme("q8_0").v, 128).tokens_per_warp == 32  # D 128: as before
 
 
 def test_gluon_config_rejects_other_schemes():
