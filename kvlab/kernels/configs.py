@@ -112,7 +112,7 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     else a separate merge kernel runs (the default: on the H200 the fused merge was 7-15% slower at batch 1 with 33
     splits and 11% faster at batch 32 x 1K with 3, sweeps/results/h200/runs/fused-f257f7d); prefetch: load the next
     tile's code words before the current tile's math (a register prefetch); None: `gluon.prefetches` decides (on,
-    except where two tiles of codes and scales leave no registers: channel-axis keys at head_dim 256)."""
+    except where two tiles of codes and scales leave no registers: channel-axis int4 / int3 keys at head_dim 256)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None

@@ -46,6 +46,8 @@ from .gluon_codecs import (
     CODECS,
     F8,
     HEAD_DIMS,
+    KC3,
+    KC4,
     PER_WORD,
     TABLES,
     cb_table_words,
@@ -460,10 +462,12 @@ def _tile_dense(t: torch.Tensor) -> bool:
 
 def prefetches(kcodec: int, D: int) -> bool:
     """The default of `GluonDecodeConfig.prefetch`: the register prefetch of the next tile's codes, except for
-    channel-axis keys at head_dim 256. There a thread holds D / 8 code units, unit pairs, scale and zero pairs of
-    its K rows (4 x 32 words) and the prefetch doubles them: offline sm_90 (`python -m devtools.sm90_offline
-    gluon:kivi4 --head-dim 256 --tw 32 --page 32 --no-fp`), 255 registers and 216 bytes of spill stores with it."""
-    return not (kcodec in CHAN and D >= 256)
+    channel-axis int4 / int3 keys at head_dim 256. There a thread holds D / 8 code units, unit pairs, scale and zero
+    pairs of its K rows and the prefetch doubles them: offline sm_90 (`python -m devtools.sm90_offline gluon:kivi4
+    --head-dim 256 --tw 32 --page 32 --no-fp --prefetch on|off`) 255 registers and 216 bytes of stack with it, 211
+    and none without; on the H200 (B 32 x 8K, Hk 4, sweeps/results/h200/runs/s15-ca78947/) kivi4 0.327 -> 0.180 ms,
+    Gemma's int4-channel-key winner pair 0.115 -> 0.088. kivi2 keeps it (0.249 ms with, 0.266 without)."""
+    return not (kcodec in (KC4, KC3) and D >= 256)
 
 
 def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:
