@@ -44,6 +44,7 @@ from .gluon_codecs import (
     CHAN,
     CHAN_TW,
     CODECS,
+    F4,
     F8,
     HEAD_DIMS,
     KC3,
@@ -431,8 +432,8 @@ def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_w
     if D not in HEAD_DIMS:
         return f"head_dim must be one of {HEAD_DIMS}, got {D}"
     for name, spec, codec in sides:  # a thread's D / 8 value channels lie in one group, and D / 4 key channels
-        per = D // 4 if name == "K" else D // 8  # unless the keys read a scale per code word
-        if codec not in (F8, *CHAN) and per > _group(spec) and not (name == "K" and codec in PER_WORD):
+        per = D // 4 if name == "K" else D // 8  # unless the keys (or fp4 values) read a scale per code word
+        if codec not in (F8, *CHAN) and per > _group(spec) and not (codec in PER_WORD and (name == "K" or codec in F4)):
             return (f"{name} groups of {spec.group} channels at head_dim {D}: a thread's {per} channels would span "
                     f"two groups (use groups of {per} or more)")
     if P % PAGE_UNIT:

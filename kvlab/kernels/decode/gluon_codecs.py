@@ -827,9 +827,21 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
-        off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
-        sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), SD)
-        sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), SD)
+        if D // 8 > G:  # the thread's D / 8 channels span groups (fp4 groups of 16 at D 256): a scale per code word,
+            # [NW, we, g, c]; the thread's 4 WV bytes hold its D / 8 channels, a group G * 32 WV / D of them
+            GBV: ttgl.constexpr = G * 32 * WV // D
+            wa_ = ttgl.arange(0, WV, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, ttgl.SliceLayout(3, VWA))))
+            ga_ = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(3, VWA))))
+            sgw = ((4 * WV * ga_[None, None, :] + 4 * wa_[None, :, None]) // GBV)[:, :, :, None]  # [1, we, g, 1]
+            off = srow[:, None, :][:, None, :, :] + sgw
+            ma4 = (ta < hi)[:, None, :][:, None, :, :]
+            mb4 = (ta + T2 < hi)[:, None, :][:, None, :, :]
+            sa = scale16(ttgl.load(VS + off, mask=ma4, other=0), SD)
+            sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=mb4, other=0), SD)
+        else:
+            off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
+            sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), SD)
+            sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
             ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
             mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
@@ -1041,9 +1053,11 @@ def _v_f8(wa, wb, ASM: ttgl.constexpr):
 @gluon.jit
 def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr,
             TW: ttgl.constexpr, D: ttgl.constexpr, tab):
-    """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros."""
-    sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
-    sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
+    """V fragment [NW, TW, D] fp16, columns in v_channel_order(CODEC), from `v_load`'s words, scales, zeros (a
+    scale per thread-row [NW, g, c], or per code word [NW, we, g, c] where the thread-row spans groups: fp4 only)."""
+    if len(sa.shape) == 3:
+        sa = ttgl.broadcast(ttgl.expand_dims(sa, 1), wa)[0]
+        sb = ttgl.broadcast(ttgl.expand_dims(sb, 1), wa)[0]
     if CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_CB:
             j = ttgl.join(ttgl.join(_v_cb(wa, wb, sa, sb, tab, AVC0), _v_cb(wa, wb, sa, sb, tab, AVC1)),

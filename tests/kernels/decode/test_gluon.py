@@ -186,9 +186,9 @@ def test_unsupported_names_each_limit():
     assert "tokens_per_warp=32, got 16" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 16)
     assert "CUDA GPU" in gluon.unsupported(kv4.k, kv4.v, 128, 32, 4, "cpu", 32)
     assert "V spec" in gluon.unsupported(kv4.k, kv4.k, 128, 32, 4, "cpu")
-    nv = kvlab.scheme("nvfp4")  # groups of 16: keys take a scale per code word; values need D / 8 <= 16
+    nv = kvlab.scheme("nvfp4")  # groups of 16: keys and (fp4) values take a scale per code word where they span groups
     assert "CUDA GPU" in gluon.unsupported(nv.k, nv.v, 128, 16, 4, "cpu")
-    assert "V groups of 16 channels at head_dim 256" in gluon.unsupported(nv.k, nv.v, 256, 16, 4, "cpu")
+    assert "CUDA GPU" in gluon.unsupported(nv.k, nv.v, 256, 16, 4, "cpu")
     iq = kvlab.scheme("iq4nl")  # keys: a scale per word; values at D 256: 32 channels per thread, one group of 32
     assert "CUDA GPU" in gluon.unsupported(iq.k, iq.v, 256, 16, 4, "cpu")
     assert "V groups of 32 channels at head_dim 512" not in (gluon.unsupported(iq.k, iq.v, 512, 16, 4, "cpu") or "")
@@ -807,6 +807,9 @@ EMU_D_CASES = [
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
     ("k=lm3:g128:cal,v=int3:g64:sym", [17, 100], 8, 4, 16, 3, 4, 16, 256, None),
+    ("nvfp4", [40, 130], 8, 4, 16, 2, 4, 16, 256, None),   # fp4 groups of 16 at D 256: a value scale per code word
+    ("k=q8_0,v=fp4_e2m1:g16:pack=ggml", [33, 90], 4, 1, 16, 1, 4, 32, 256, [0, 5]),   # e8m0, GGML nibbles
+    ("k=nvfp4,v=nvfp4", [17, 100], 9, 3, 16, 2, 2, 32, 256, None),
 ]
 
 
