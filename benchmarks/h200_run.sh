@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
+#   bash benchmarks/h200_run.sh s15c  # rotated V un-rotated in the merge, nvfp4 at D 256: tests, decode rows, winners
 #   bash benchmarks/h200_run.sh s15b  # D 256 with the new untuned Gluon defaults: tests, decode table, Gemma winners
 #   bash benchmarks/h200_run.sh s14   # Gluon split floor + empty-split return: GPU tests, short contexts, winners
 #   bash benchmarks/h200_run.sh s13e  # merge_with_fp GPU tests + the short-context probe + every winner's decode step
@@ -236,6 +237,20 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s15c)  # session 15: rotated values un-rotated inside the merge kernels, fp4 values with a scale per code word (nvfp4 at
+  # D 256 on the Gluon kernel): GPU tests, the decode rows of those schemes (default dispatch), every winner's step
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_fp_merge.py \
+    tests/kernels/decode/test_gluon.py -k "fp_merge or merge_splits or (gluon_matches_reference and (had or lm or fp4))" \
+    2>&1 | tee "$OUT/pytest.log" | tail -4
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-170}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-gemma512,gemma8k,smollm2,d256}" --dispatch default --budget "${DEC_BUDGET:-150}" \
+    --schemes "${DEC_SCHEMES:-bf16,int4_had,lm2,lm3,nvfp4}" 2>&1 | tee "$OUT/decode.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --budget "${BENCH_BUDGET:-200}" 2>&1 \
+    | tee "$OUT/winners.log" | tail -4
+  tar -C "$OUT" -czf "$OUT/s15c.tgz" decode winners
   ;;
 s15b)  # session 15: head_dim 256 with the new untuned Gluon defaults (16-token tiles for heavy values, no prefetch for
   # channel-axis keys): the one-split / D 256 Gluon GPU tests, the decode table at the D 256 shapes (default dispatch),

@@ -39,7 +39,7 @@ from ...quant.formats import codebook16
 from ...quant.rotation import hadamard, hadamard_block, hadamard_signs, norm_constant
 from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
-from ..tiles.operands import LOG2E, merge_splits, merge_with_fp
+from ..tiles.operands import LOG2E, fused_unrotation, merge_splits, merge_with_fp
 from .gluon_codecs import (
     CHAN,
     CHAN_TW,
@@ -528,14 +528,18 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     # full-precision tokens (sinks, window) are attended beside the split merge (`merge_with_fp`), unrotated, so
     # the paged kernel is compiled without them and always writes split partials
     has_fp = kv.has_fp
-    kern_out = out if not rot_v or has_fp else torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
     user_out = out
     direct = S == 1 and not has_fp
+    fused = S > 1 and config.fused_merge and not has_fp
+    # a rotated V is un-rotated by the merge kernels (`fused_unrotation`); a direct or fused-merge output, or a head
+    # dim whose rotation is not one block, by a matmul into an fp32 buffer first
+    merge_unrotates = rot_v and bool(fused_unrotation(D)) and not direct and not fused
+    kern_out = out if not rot_v or has_fp or merge_unrotates else torch.empty((B, Hq, D), dtype=torch.float32,
+                                                                              device=q.device)
     op = lse = kern_out  # split partials and their log-sum-exps (unused when direct)
     if not direct:
         op = torch.empty((B, Hq, S, D), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
-    fused = S > 1 and config.fused_merge and not has_fp
     cnt = counters(q.device, B * Hk) if fused else kern_out
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
@@ -580,8 +584,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
                           v_rot=hadamard(D, q.device) if rot_v else None)
             return user_out
         if S > 1 and not fused:
-            merge_splits(op, lse, o)
-        if rot_v:  # the pages hold v H: out H^T
+            merge_splits(op, lse, o, rotated=merge_unrotates)
+        if rot_v and not merge_unrotates:  # the pages hold v H: out H^T
             user_out.copy_(o @ hadamard(D, o.device).T)
         return user_out
 

@@ -19,7 +19,7 @@ from ..env import gpu_codegen, interpreting, poisoned
 from ...quant.rotation import hadamard
 from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, softmax_step_t, tensor_scales
-from ..tiles.operands import LOG2E, dot_mode, merge_splits, page_operands, unsupported
+from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, merge_splits, page_operands, unsupported
 
 @triton.jit
 def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
@@ -107,7 +107,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: TritonDecodeConfig, out=None, p
     dot = dot_mode(config.dot, K["half"] or V["half"])  # a fast path makes fp16 tiles: fp16 dots
     pin_on = rowfirst and dot in (1, 2) and gpu_codegen(q)
     rot_v = kv.rotated[1]
-    out_dtype = torch.float32 if rot_v else dtype
+    merge_unrotates = rot_v and S > 1 and bool(fused_unrotation(D))  # the merge kernel un-rotates (one H block)
+    out_dtype = torch.float32 if rot_v and not merge_unrotates else dtype
     user_out = out
     if out is None or out_dtype != dtype:
         out = poisoned((B, Hq, D), out_dtype, q.device)
@@ -134,8 +135,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: TritonDecodeConfig, out=None, p
             PIN=int(pin_on), KVMAJOR=int(config.orient == "kv"), num_warps=config.num_warps,
             num_stages=config.num_stages, **extra)
         if S > 1:
-            merge_splits(op, lse, out)
-        if not rot_v:
+            merge_splits(op, lse, out, rotated=merge_unrotates)
+        if not rot_v or merge_unrotates:
             return out
         res = (out @ hadamard(D, q.device).T).to(dtype)  # the pages hold v H: out H^T
         if user_out is not None:

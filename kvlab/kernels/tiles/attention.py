@@ -12,6 +12,7 @@ import triton.language as tl
 
 from .dequant import chan_tile, tok_tile
 from .layout import F_CHAN, F_KIND
+from .rotate import fwht_rows
 
 
 @triton.jit
@@ -137,8 +138,11 @@ def fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, 
 
 
 @triton.jit
-def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.constexpr):
-    """OP [B, Hq, S, D] fp32 partial outputs, LSE [B, Hq, S] (log2) -> OUT [B, Hq, D]."""
+def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr = 0,
+                 RC: tl.constexpr = 1.0):
+    """OP [B, Hq, S, D] fp32 partial outputs, LSE [B, Hq, S] (log2) -> OUT [B, Hq, D]. ROT = log2(D) > 0: the
+    partials are rotated (the pages hold v H, H the symmetric normalized Hadamard matrix of one D-block; RC its
+    float32 1/sqrt(D)): the merged row is un-rotated here, out H^T = out H, by the fast transform (`fwht_rows`)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SP)
@@ -152,21 +156,24 @@ def merge_kernel(OP, LSE, OUT, num_splits, so0, so1, SP: tl.constexpr, D: tl.con
     o = tl.load(OP + (base + s)[:, None] * D + d[None, :], mask=(sm & (lse != float("-inf")))[:, None], other=0.0)
     tot = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(tot != 0, tot, 1.0)
+    if ROT > 0:
+        out = tl.reshape(fwht_rows(tl.reshape(out, [1, D]), 1, D, ROT, RC), [D])
     tl.store(OUT + b * so0 + h * so1 + d, out.to(OUT.dtype.element_ty))
 
 
 @triton.jit
 def fp_merge_kernel(OP, LSE, Q, KF, VF, FPLEN, OUT, UOUT, num_splits, qk_scale, sq0, sq1, kf0, kf1, kf2, vf0, vf1,
                     vf2, so0, so1, GROUP: tl.constexpr, SP: tl.constexpr, D: tl.constexpr, BW: tl.constexpr,
-                    ROT: tl.constexpr):
+                    ROT: tl.constexpr, RC: tl.constexpr = 1.0):
     """The full-precision tokens (sinks, window) of sequence b for query head h, merged with the split partials of
     its paged tokens. Grid (B, Hq): one head a program (the window is short; B x Hq programs fill the GPU where
     B x Hk would not), fp32 FMAs and reductions, no tensor-core shape to pad to.
     OP [B, Hq, S, D] fp32 split outputs, LSE [B, Hq, S] (log2); Q [B, Hq, D] the unrotated query; KF / VF
     [B, Hk, W, D] the full-precision tokens as stored (FPLEN [B] used); qk_scale = sm_scale * log2 e.
-    ROT (the pages hold v H): OUT [B, Hq, D] fp32 gets the paged part (still rotated) and UOUT [B, Hq, D] fp32 the
-    full-precision part, both divided by the common softmax sum, so out = OUT H^T + UOUT; else OUT (any float
-    dtype, strides so0 / so1) gets the whole output."""
+    ROT (the pages hold v H): -1: OUT [B, Hq, D] fp32 gets the paged part (still rotated) and UOUT [B, Hq, D] fp32 the
+    full-precision part, both divided by the common softmax sum, so out = OUT H^T + UOUT; log2(D) > 0 (H one
+    D-block, symmetric, RC its float32 1/sqrt(D)): the paged part is un-rotated here by the fast transform and OUT
+    (any float dtype, strides so0 / so1) gets the whole output, as it does with ROT 0."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // GROUP
@@ -206,9 +213,12 @@ def fp_merge_kernel(OP, LSE, Q, KF, VF, FPLEN, OUT, UOUT, num_splits, qk_scale, 
     wf = tl.exp2(tl.where(lsum != 0, m, float("-inf")) - mx)
     tot = tl.sum(w, 0) + tl.where(lsum != 0, lsum * wf, 0.0)
     inv = 1.0 / tl.where(tot != 0, tot, 1.0)
-    if ROT:
+    if ROT < 0:
         orow = (b * tl.num_programs(1) + h) * D + d
         tl.store(OUT + orow, main * inv)
         tl.store(UOUT + orow, acc * wf * inv)
+    elif ROT > 0:
+        main = tl.reshape(fwht_rows(tl.reshape(main * inv, [1, D]), 1, D, ROT, RC), [D])
+        tl.store(OUT + b * so0 + h * so1 + d, (main + acc * wf * inv).to(OUT.dtype.element_ty))
     else:
         tl.store(OUT + b * so0 + h * so1 + d, ((main + acc * wf) * inv).to(OUT.dtype.element_ty))

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from ...quant.formats import CODEBOOKS, codebook16
+from ...quant.rotation import hadamard_block, norm_constant
 from ..env import can_launch, interpreting
 from .attention import fp_merge_kernel, merge_kernel
 from .layout import tile_config
@@ -74,11 +75,21 @@ def dot_mode(cfg_dot: str | None, half: bool) -> int:
     return DOT_MODES[cfg_dot or ("fp32" if interpreting() else "bf16")]
 
 
-def merge_splits(op: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
-    """Merge split-K partials op [B, Hq, S, D] fp32 and their log2-sum-exps lse [B, Hq, S] into out [B, Hq, D]."""
+def fused_unrotation(D: int) -> int:
+    """log2(D) where the merge kernels un-rotate a rotated-V output themselves (the Hadamard rotation of head_dim D is
+    one power-of-two block: H symmetric, out H^T by the fast transform), else 0 (the caller multiplies by H^T)."""
+    return D.bit_length() - 1 if D >= 8 and D & (D - 1) == 0 and hadamard_block(D) == D else 0
+
+
+def merge_splits(op: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, rotated: bool = False) -> None:
+    """Merge split-K partials op [B, Hq, S, D] fp32 and their log2-sum-exps lse [B, Hq, S] into out [B, Hq, D].
+    rotated: the partials are of v H (a rotated V spec) and out gets them un-rotated (needs `fused_unrotation(D)`)."""
     B, Hq, S, D = op.shape
+    rot = fused_unrotation(D) if rotated else 0
+    if rotated and not rot:
+        raise ValueError(f"the merge does not un-rotate head_dim {D} (not one power-of-two Hadamard block)")
     merge_kernel[(B, Hq)](op, lse, out, S, out.stride(0), out.stride(1), SP=triton.next_power_of_2(S), D=D,
-                          num_warps=4)
+                          ROT=rot, RC=norm_constant(D) if rot else 1.0, num_warps=4)
 
 
 def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: torch.Tensor, v_fp: torch.Tensor,
@@ -87,7 +98,8 @@ def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: to
     their log2-sum-exps lse [B, Hq, S], and its full-precision tokens k_fp / v_fp [B, Hk, W, D] (fp_len [B] used),
     attended here in fp32 from q [B, Hq, D] (the query in the full-precision tokens' space: not rotated).
     v_rot: the Hadamard matrix H [D, D] when the pages hold v H (the partials are then rotated): out = part H^T +
-    the full-precision part, one addmm. One launch (plus the addmm): the paged kernel runs without the
+    the full-precision part, H^T applied by the kernel's fast transform where H is one power-of-two block
+    (`fused_unrotation`), else one addmm after it. One launch (plus the addmm): the paged kernel runs without the
     full-precision path, so it keeps its registers and its splits, and the window is never rotated. 64 tokens a
     block, 4 warps at head_dim 256, else 2: on the H200 (B 32, 36 tokens, 9 splits) Gemma's shape 5.1 us and
     SmolLM2's 4.0, against 9.5 and 5.7 at 16 / 32 tokens and 4 warps (runs/s14a-fixedcost/probe.csv)."""
@@ -97,12 +109,15 @@ def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: to
         fp_len = fp_len.to(torch.int32)
     q, k_fp, v_fp = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_fp, v_fp))
     rot = v_rot is not None
-    o = torch.empty((B, Hq, D), dtype=torch.float32, device=op.device) if rot else out
-    u = torch.empty_like(o) if rot else o
+    fused = fused_unrotation(D) if rot else 0  # the kernel un-rotates the paged part itself (H one D-block)
+    split = rot and not fused
+    o = torch.empty((B, Hq, D), dtype=torch.float32, device=op.device) if split else out
+    u = torch.empty_like(o) if split else o
     fp_merge_kernel[(B, Hq)](op, lse, q, k_fp, v_fp, fp_len, o, u, S, sm_scale * LOG2E, q.stride(0), q.stride(1),
                              *k_fp.stride()[:3], *v_fp.stride()[:3], o.stride(0), o.stride(1), GROUP=group,
-                             SP=triton.next_power_of_2(S), D=D, BW=64, ROT=rot, num_warps=4 if D >= 256 else 2)
-    if rot:
+                             SP=triton.next_power_of_2(S), D=D, BW=64, ROT=-1 if split else fused,
+                             RC=norm_constant(D) if fused else 1.0, num_warps=4 if D >= 256 else 2)
+    if split:
         res = torch.addmm(u.view(B * Hq, D), o.view(B * Hq, D), v_rot.T)
         out.copy_(res.view(B, Hq, D))
 

@@ -118,3 +118,37 @@ def test_merges_skip_the_unwritten_partials_of_empty_splits(with_fp):
     ref = torch.stack([attend(q[b:b + 1], k[b], v[b], sm)[0] for b in range(B)])
     torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
 
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_merge_splits_unrotates_rotated_partials(D):
+    """Partials of v H (a rotated V spec) merged with `rotated=True` equal the plain merge times H^T (the fast
+    transform in the kernel against the matmul), to float32 rounding; an empty split (-inf, NaN partial) is skipped."""
+    from kvlab.kernels.tiles.operands import fused_unrotation, merge_splits
+    g = torch.Generator().manual_seed(D)
+    B, Hq, S = 2, 4, 3
+    op = torch.randn(B, Hq, S, D, generator=g)
+    lse = torch.randn(B, Hq, S, generator=g)
+    op[1, :, 2] = float("nan")
+    lse[1, :, 2] = float("-inf")
+    op, lse = op.to(DEV), lse.to(DEV)
+    plain = torch.empty(B, Hq, D, device=DEV)
+    merge_splits(op, lse, plain)
+    got = torch.full((B, Hq, D), float("nan"), device=DEV, dtype=torch.bfloat16)
+    merge_splits(op, lse, got, rotated=True)
+    want = plain @ hadamard(D, DEV).T
+    assert fused_unrotation(D) == D.bit_length() - 1
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)  # bf16 output
+    f32 = torch.empty(B, Hq, D, device=DEV)
+    merge_splits(op, lse, f32, rotated=True)
+    torch.testing.assert_close(f32, want, atol=1e-5, rtol=1e-5)
+
+
+def test_merge_refuses_an_unrotation_it_cannot_do():
+    """A head dim whose rotation is not one power-of-two block (96: blocks of 32) is un-rotated by the caller."""
+    from kvlab.kernels.tiles.operands import fused_unrotation, merge_splits
+    assert fused_unrotation(96) == 0
+    op, lse = torch.zeros(1, 1, 2, 96, device=DEV), torch.zeros(1, 1, 2, device=DEV)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        merge_splits(op, lse, torch.empty(1, 1, 96, device=DEV), rotated=True)
