@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
+#   bash benchmarks/h200_run.sh s15d  # decode's max_kv_len bound: tests, every winner's step with each layer's bound
 #   bash benchmarks/h200_run.sh s15c  # rotated V un-rotated in the merge, nvfp4 at D 256: tests, decode rows, winners
 #   bash benchmarks/h200_run.sh s15b  # D 256 with the new untuned Gluon defaults: tests, decode table, Gemma winners
 #   bash benchmarks/h200_run.sh s14   # Gluon split floor + empty-split return: GPU tests, short contexts, winners
@@ -237,6 +238,17 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s15d)  # session 15: decode's max_kv_len bound (split count capped at the tiles the bound fills; rotated values after one
+  # split un-rotated by the merge): GPU tests, every winner's step with each layer's context as the bound
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-90}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
+    tests/kernels/decode/test_decode.py -k "max_kv_len or (gluon_matches_reference and (had or lm) and S1)" \
+    2>&1 | tee "$OUT/pytest.log" | tail -4
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners "${WINNERS:-sweeps/results/quality/winners.csv}" --budget "${BENCH_BUDGET:-200}" --bound 2>&1 \
+    | tee "$OUT/winners.log" | tail -4
+  tar -C "$OUT" -czf "$OUT/s15d.tgz" winners
   ;;
 s15c)  # session 15: rotated values un-rotated inside the merge kernels, fp4 values with a scale per code word (nvfp4 at
   # D 256 on the Gluon kernel): GPU tests, the decode rows of those schemes (default dispatch), every winner's step

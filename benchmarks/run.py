@@ -146,9 +146,9 @@ def peers(shape) -> tuple[float | None, float | None, str]:
                        lambda fn: triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median"))
 
 
-def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "cuda"):
+def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "cuda", max_kv_len: int | None = None):
     """(plan callable, resolved config) of the public decode with default dispatch over a synthetic cache of `sch`
-    at `shape` (its window and sinks as bf16 tokens); num_splits as decode's argument."""
+    at `shape` (its window and sinks as bf16 tokens); num_splits and max_kv_len as decode's arguments."""
     from kvlab.eval.speed import fp_tokens_of
     from kvlab.kernels.autotune import synthetic_cache
     from kvlab.kernels.checks import check_prefix
@@ -165,17 +165,19 @@ def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "
         fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device=device)
     q = torch.randn(B, Hq, D, device=device, dtype=torch.bfloat16)
     args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
-    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True, num_splits=num_splits)
+    fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True, num_splits=num_splits,
+                max_kv_len=max_kv_len)
     qs, kp, ks, _ = strip_smoothing(q, c["k_pages"], sch.k)  # what decode hands the dispatch for a smoothed K spec
     kv = check_prefix(qs, kp, *args[2:6], ks, *args[7:], *fp.values(), c["k_ts"], c["v_ts"], B)
-    _, cfg = api.resolve(qs, kv, None, num_splits)
+    _, cfg = api.resolve(qs, kv, None, num_splits, max_kv_len)
     return fn, cfg
 
 
-def decode_cell(sch, shape: dict) -> tuple[float, float, str]:
-    """(eager median ms, graph-replay median ms, config) through the public decode with default dispatch."""
+def decode_cell(sch, shape: dict, max_kv_len: int | None = None) -> tuple[float, float, str]:
+    """(eager median ms, graph-replay median ms, config) through the public decode with default dispatch
+    (max_kv_len: decode's bound on the sequences' tokens, as a model passes its sliding window)."""
     import triton
-    fn, cfg = decode_plan(sch, shape)
+    fn, cfg = decode_plan(sch, shape, max_kv_len=max_kv_len)
     fn()
     ms = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
     g = triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")

@@ -2,7 +2,7 @@
 every layer of the model each winner was searched on, through the public `decode` with default dispatch.
 
     python benchmarks/winners_decode.py --out DIR [--winners sweeps/results/quality/winners.csv] [--batch 32]
-                                        [--context 8192] [--budget 480]
+                                        [--context 8192] [--budget 480] [--bound]
 
 A winner is a per-layer scheme (`L<i>=` overrides), so its decode step runs one attention call per layer, each with
 that layer's (K spec, V spec). Every distinct (K spec, V spec, context) is gated against the float32 reference
@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--budget", type=float, default=480.0, help="seconds; later pairs are skipped, not timed")
+    p.add_argument("--bound", action="store_true", help="pass each layer's context (the sliding window or the "
+                   "whole context: what the model knows) as decode's max_kv_len")
     p.add_argument("--fp", default="0:0", help="window:sink pairs (comma-separated) the candidates are timed with "
                    "besides none, e.g. 32:0,32:4 for searches with --window 32 [--sink 4]")
     p.add_argument("--sum", default=None, help="a pairs.csv timed before: write DIR/winners_decode.csv for --winners "
@@ -206,7 +208,8 @@ def main(argv=None) -> int:
                 if not row["gate_rel_err"] <= GATE_TOL:
                     row["error"] = f"gate failed: rel err {row['gate_rel_err']:.3g}; not timed"
                 else:
-                    _, g, cfg = decode_cell(sch, dict(batch=a.batch, context=ctx, heads_q=Hq, heads_kv=Hk, head_dim=D))
+                    _, g, cfg = decode_cell(sch, dict(batch=a.batch, context=ctx, heads_q=Hq, heads_kv=Hk, head_dim=D),
+                                            max_kv_len=ctx if a.bound else None)
                     row.update(graph_ms=g, config=cfg)
                     times[key] = g
             except Exception as e:  # noqa: BLE001 - one failing pair is reported, not fatal

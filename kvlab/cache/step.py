@@ -199,7 +199,8 @@ class DecodeStep:
         args = (lc.k_pages, lc.v_pages, self.kv_indptr, self.kv_indices, self.kv_last_page_len, lc.k_spec,
                 lc.v_spec, self.P)
         kw = dict(k_fp=self.pool.k_fp[layer][:self.B], v_fp=self.pool.v_fp[layer][:self.B], fp_len=self.fp_len,
-                  k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale)
+                  k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale,
+                  max_kv_len=self.max_pages * self.P)  # no slot holds more: caps the split count
         if not self.W:  # a pool that never holds full-precision tokens: no fp operands (the kernels' HAS_FP
             kw.update(k_fp=None, v_fp=None, fp_len=None)  # path costs registers: bf16 decode 1.7x slower with it)
         return args, kw

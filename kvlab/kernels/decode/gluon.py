@@ -529,7 +529,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     # the paged kernel is compiled without them and always writes split partials
     has_fp = kv.has_fp
     user_out = out
-    direct = S == 1 and not has_fp
+    # one split writes the output itself, unless a rotated V is then un-rotated cheaper by the merge kernel
+    direct = S == 1 and not has_fp and not (rot_v and fused_unrotation(D))
     fused = S > 1 and config.fused_merge and not has_fp
     # a rotated V is un-rotated by the merge kernels (`fused_unrotation`); a direct or fused-merge output, or a head
     # dim whose rotation is not one block, by a matmul into an fp32 buffer first
@@ -583,7 +584,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
                           v_rot=hadamard(D, q.device) if rot_v else None)
             return user_out
-        if S > 1 and not fused:
+        if not direct and not fused:
             merge_splits(op, lse, o, rotated=merge_unrotates)
         if rot_v and not merge_unrotates:  # the pages hold v H: out H^T
             user_out.copy_(o @ hadamard(D, o.device).T)

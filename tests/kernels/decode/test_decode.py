@@ -160,7 +160,7 @@ def _bad_case():
     ("hq", "multiple of Hk"), ("rank", "3-d"), ("dtype", "q dtype"), ("indptr", "kv_indptr"),
     ("pages", "k_pages\\['codes'\\] has shape"), ("mismatch", "pages but v_pages"), ("spec", "zeros"),
     ("backend", "backend"), ("fp", "together"), ("splits", "num_splits"), ("prerope", "reference"),
-    ("headdim", "head_dim 96"), ("nvfp4_ts", "tensor_scale"),
+    ("headdim", "head_dim 96"), ("nvfp4_ts", "tensor_scale"), ("max_kv_len", "max_kv_len"),
 ])
 def test_decode_rejects_bad_input(what, match):
     sch, q, args, kw = _bad_case()
@@ -185,6 +185,8 @@ def test_decode_rejects_bad_input(what, match):
         kw = {**kw, "k_fp": torch.zeros(2, 2, 4, 64)}
     elif what == "splits":
         extra = {"num_splits": 0}
+    elif what == "max_kv_len":
+        extra = {"max_kv_len": 0}
     elif what == "prerope":
         k_spec = dataclasses.replace(sch.k, pre_rope=True)
     elif what == "headdim":
@@ -200,6 +202,26 @@ def test_decode_rejects_bad_input(what, match):
         args, k_spec, v_spec, kw = list(a), sch.k, sch.v, {**kw, "k_tensor_scale": None}
     with pytest.raises(ValueError, match=match):
         decode(q, *args, k_spec, v_spec, 16, **kw, **extra)
+
+
+def test_max_kv_len_caps_the_splits_not_the_tokens(monkeypatch):
+    """A bound on the sequences' tokens caps the split count at the tiles it fills (an explicit num_splits wins);
+    a sequence longer than the bound is still attended whole."""
+    from kvlab.kernels.checks import check_prefix
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(dapi, "auto_splits", lambda *a, **k: 9)
+    sch = kvlab.scheme("q4_0")
+    c = make_paged([200, 17], 2, 64, 16, sch.k, sch.v, seed=3)
+    args, kw = call_args(c)
+    q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(1))
+    kv = check_prefix(q, *args, sch.k, sch.v, 16, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
+                      kw["v_tensor_scale"], 2)
+    splits = {m: dapi.resolve(q, kv, None, None, m)[1].num_splits for m in (None, 1, 64, 65, 200, 10 ** 6)}
+    assert splits == {None: 9, 1: 1, 64: 1, 65: 2, 200: 4, 10 ** 6: 9}  # the Triton default's 64-token tiles
+    assert dapi.resolve(q, kv, None, 5, 64)[1].num_splits == 5
+    ref = decode(q, *args, sch.k, sch.v, 16, **kw, backend="reference")
+    got = decode(q, *args, sch.k, sch.v, 16, **kw, max_kv_len=64)  # one split over 200 tokens
+    torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
 
 
 def test_head_dim_96_runs_on_reference():
