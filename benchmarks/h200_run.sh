@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
+#   bash benchmarks/h200_run.sh s15e  # rotated schemes' decode rows at B 32 / B 1 x 32K after the merge un-rotates
 #   bash benchmarks/h200_run.sh s15d  # decode's max_kv_len bound: tests, every winner's step with each layer's bound
 #   bash benchmarks/h200_run.sh s15c  # rotated V un-rotated in the merge, nvfp4 at D 256: tests, decode rows, winners
 #   bash benchmarks/h200_run.sh s15b  # D 256 with the new untuned Gluon defaults: tests, decode table, Gemma winners
@@ -238,6 +239,15 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s15e)  # session 15: the rotated schemes' decode rows at B 32 x 32K and B 1 x 32K after the un-rotation moved into the
+  # merge (default and heuristic dispatch), and the max_kv_len test on the GPU
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-60}" python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/decode/test_decode.py \
+    -k "max_kv_len" 2>&1 | tee "$OUT/pytest.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-300}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-b1,b32}" --dispatch default,heuristic --budget "${DEC_BUDGET:-270}" \
+    --schemes "${DEC_SCHEMES:-bf16,int4_had,lm2,lm3}" 2>&1 | tee "$OUT/decode.log" | tail -3
   ;;
 s15d)  # session 15: decode's max_kv_len bound (split count capped at the tiles the bound fills; rotated values after one
   # split un-rotated by the merge): GPU tests, every winner's step with each layer's context as the bound
