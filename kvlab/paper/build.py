@@ -41,7 +41,7 @@ FILES = {
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
     "frontier": "python -m kvlab.sweep report sweeps/results/h200/default-gpu",
-    "decode": "python benchmarks/run.py --cases decode --dispatch default,heuristic (H200, runs/s11-table-0a466a2; D 256, Gemma-shape and rotated rows from runs/s15b-f87f007 and runs/s15c-f7fb4d0)",
+    "decode": "python benchmarks/run.py --cases decode --dispatch default,heuristic (H200, runs/s11-table-0a466a2; D 256, Gemma-shape and rotated rows from runs/s15b-f87f007, s15c-f7fb4d0, s15e-f91c4d8)",
     "decode_header": "written with decode.csv",
     "dispatch": "python benchmarks/run.py --shapes b32 (H200; see header.json)",
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
