@@ -124,7 +124,8 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
-        _check(self.prefetch in (None, True, False), f"prefetch={self.prefetch!r}; allowed: None, True, False")
+        _check(self.prefetch is None or isinstance(self.prefetch, bool),
+               f"prefetch={self.prefetch!r}; allowed: None, True, False")
         _opt_int("num_splits", self.num_splits, 1, 256)
         _opt_int("maxnreg", self.maxnreg, 32, 255)
         _check(isinstance(self.transpose_o, bool), f"transpose_o={self.transpose_o!r}; allowed: True, False")

@@ -99,6 +99,14 @@ def test_bad_plans_change_nothing_and_say_why():
         DecodeStep(pool, slots=4, max_tokens=16)
 
 
+def test_step_bounds_the_context_it_hands_decode():
+    """The step's block table holds at most max_tokens (rounded up to pages) a slot: decode gets that bound, which
+    caps its split count (`decode(max_kv_len=)`)."""
+    pool = KVPool("q4_0", L, HK, D, 4, 16, max_seqs=3)
+    step = DecodeStep(pool, slots=2, max_tokens=100)
+    assert step.attention_args(0)[1]["max_kv_len"] == 112  # 7 pages of 16
+
+
 def test_static_scales_need_a_prefill_first():
     pool = KVPool("int8:tensor", L, HK, D, 8, 16, max_seqs=2)
     s = pool.add_sequence(row=0)

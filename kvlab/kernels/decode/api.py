@@ -66,11 +66,14 @@ def _gluon_verified(device) -> bool:
         return False
 
 
-def tile_tokens(cfg) -> int:
-    """Paged tokens one split program takes per tile under `cfg`: warps x tokens per warp (Gluon), block_n (Triton)."""
+def tile_tokens(cfg, kv=None) -> int:
+    """Paged tokens one split program takes per tile under `cfg`: warps x tokens per warp (Gluon); for Triton
+    block_n, or a channel-axis spec's token group where that is larger (`kv`: the call's PagedKV, as the kernel
+    widens its tile to whole groups)."""
     if isinstance(cfg, GluonDecodeConfig):
         return cfg.num_warps * cfg.tokens_per_warp
-    return cfg.block_n
+    groups = [] if kv is None else [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"]
+    return max([cfg.block_n] + groups)
 
 
 def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int | None = None):
@@ -109,7 +112,7 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
     if cfg.num_splits is None:
         cfg = cfg.replace(num_splits=auto_splits(B, kv.n_kv_heads, q.device))
     if max_kv_len is not None and num_splits is None:
-        cfg = cfg.replace(num_splits=max(1, min(cfg.num_splits, -(-max_kv_len // tile_tokens(cfg)))))
+        cfg = cfg.replace(num_splits=max(1, min(cfg.num_splits, -(-max_kv_len // tile_tokens(cfg, kv)))))
     return mod, cfg
 
 
@@ -136,8 +139,9 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     plan:             return a zero-argument callable that re-launches on the same buffers (q read in place
                       each call; checks and page views done once; CUDA-graph friendly)
     max_kv_len:       optional bound on every sequence's paged tokens in this call (and in every later call of a
-                      plan: a sliding window, the longest context served): caps the split count so no split
-                      program is left without tokens; a sequence past it is still attended correctly, with
+                      plan: a sliding window, the longest context served): caps the split count (a config's too;
+                      not an explicit num_splits) at the tiles that many tokens fill, so a sequence at the bound
+                      leaves no split program without tokens; a longer sequence is still attended correctly, with
                       fewer splits than the bound allows
     Returns [B, Hq, D] in q.dtype: softmax(q K^T * sm_scale) V over all tokens of each sequence.
     """

@@ -19,9 +19,10 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
 codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
-Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels
-always lie in one group; its D / 4 key channels do at D 64 and 128, and where they span groups (D 256 with groups of
-32) the keys read a scale (and zero) per code word.
+Groups of 32, 64 or 128 channels (16 for fp4; one scale, and zero, per group): a thread's D / 8 value channels lie
+in one group but for fp4's groups of 16 at D 256, where the values read a scale per code word; its D / 4 key
+channels do at D 64 and 128, and where they span groups (D 256 with groups of 32) the keys read a scale (and zero)
+per code word.
 `words_k` / `words_v` give the code words a thread reads per row at head dim D.
 The nibble order within a byte (GGML: element i and i + 16 of a group; sequential: 2i and 2i + 1)
 only changes which channel each fragment element is, i.e. the channel orders below, not the kernel.
@@ -769,7 +770,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
            NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1,
            SD: ttgl.constexpr = 0):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
-    of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16: 0 past `hi`,
+    of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16, or for fp4 values whose
+    thread-row spans groups a scale per code word [NW, WV, g, c]: 0 past `hi`,
     so those rows are exactly 0; for F8 the scales are 1 and the codes past `hi` are read as 0). Tile
     positions are tokens through `tile_tok` (PERM: the second token of a pair is TW / 8 rows on, in one page,
     as P % TW == 0 there). Last, int3's plane words of both tokens (else the code words again)."""

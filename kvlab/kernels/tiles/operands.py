@@ -97,7 +97,8 @@ def merge_with_fp(op: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_fp: to
     """out [B, Hq, D] = attention over a sequence's paged tokens, given as split partials op [B, Hq, S, D] fp32 with
     their log2-sum-exps lse [B, Hq, S], and its full-precision tokens k_fp / v_fp [B, Hk, W, D] (fp_len [B] used),
     attended here in fp32 from q [B, Hq, D] (the query in the full-precision tokens' space: not rotated).
-    v_rot: the Hadamard matrix H [D, D] when the pages hold v H (the partials are then rotated): out = part H^T +
+    v_rot: `kvlab.quant.rotation.hadamard(D)` (H [D, D]) when the pages hold v H (the partials are then rotated;
+    no other rotation is meant: the fused path applies H by its fast transform): out = part H^T +
     the full-precision part, H^T applied by the kernel's fast transform where H is one power-of-two block
     (`fused_unrotation`), else one addmm after it. One launch (plus the addmm): the paged kernel runs without the
     full-precision path, so it keeps its registers and its splits, and the window is never rotated. 64 tokens a

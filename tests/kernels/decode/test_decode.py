@@ -222,10 +222,34 @@ def test_max_kv_len_caps_the_splits_not_the_tokens(monkeypatch):
     splits = [dapi.resolve(q, kv, None, None, m)[1].num_splits for m in bounds]
     assert splits == [9, 1, 1, 2, 3, 9]
     assert dapi.resolve(q, kv, None, 5, 64)[1].num_splits == 5
+    seen = []  # decode hands its bound to the dispatch (the split count the backend runs with)
+    resolve = dapi.resolve
+    monkeypatch.setattr(dapi, "resolve", lambda *a: seen.append(resolve(*a)[1].num_splits) or resolve(*a))
+    decode(q, *args, sch.k, sch.v, 16, **kw, max_kv_len=tile)
+    decode(q, *args, sch.k, sch.v, 16, **kw)
+    assert seen == [1, 9]
+    monkeypatch.setattr(dapi, "resolve", resolve)
     ref = decode(q, *args, sch.k, sch.v, 16, **kw, backend="reference")
     got = decode(q, *args, sch.k, sch.v, 16, **kw, max_kv_len=tile)  # one split over 200 tokens
     err = (got.float() - ref.float()).abs().max().item() / ref.abs().max().clamp_min(1e-6).item()
     assert err < TOL, f"relative error {err:.2e}"
+
+
+def test_max_kv_len_counts_the_triton_tile_of_channel_groups(monkeypatch):
+    """The Triton kernel widens its tile to a channel-axis spec's token group: the cap counts that tile, so 256 tokens
+    of groups of 128 take 2 splits, not 4 of block_n 64 (two of which would be empty)."""
+    from kvlab.kernels.checks import check_prefix
+    from kvlab.kernels.configs import TritonDecodeConfig
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(dapi, "auto_splits", lambda *a, **k: 9)
+    sch = kvlab.scheme("k=int4:g128:chan:asym,v=q4_0")
+    c = make_paged([256], 2, 64, 128, sch.k, sch.v, seed=4)
+    args, kw = call_args(c)
+    q = torch.randn(1, 8, 64)
+    kv = check_prefix(q, *args, sch.k, sch.v, 128, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
+                      kw["v_tensor_scale"], 1)
+    assert dapi.tile_tokens(TritonDecodeConfig(), kv) == 128 and dapi.tile_tokens(TritonDecodeConfig()) == 64
+    assert dapi.resolve(q, kv, TritonDecodeConfig(), None, 256)[1].num_splits == 2
 
 
 def test_head_dim_96_runs_on_reference():

@@ -833,7 +833,8 @@ def test_emulated_kernel_matches_reference_at_other_head_dims(c, monkeypatch):
                                              ("kivi2", 256, None)])
 def test_emulated_prefetch_on_and_off(name, D, prefetch, monkeypatch):
     """The register prefetch of the next tile's codes (config `prefetch`) on, off and at its default (off for
-    channel-axis keys at head_dim 256, `gluon.prefetches`): the same attention over several tiles a split."""
+    channel-axis int4 / int3 keys at head_dim 256, on for kivi2's int2 ones: `gluon.prefetches`): the same attention
+    over several tiles a split."""
     from devtools.gluon_emu import emulate
     monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
     P = 32 if "chan" in name or "kivi" in name else 16
@@ -852,8 +853,9 @@ def test_prefetch_default():
     assert not gluon.prefetches(gc.KC4, 256) and not gluon.prefetches(gc.KC3, 256)
     assert gluon.prefetches(gc.KC2, 256)  # measured faster with it (kivi2, the H200)
     assert gluon.prefetches(gc.KC4, 128) and gluon.prefetches(gc.Q4, 256)
-    with pytest.raises(ValueError, match="prefetch"):
-        GluonDecodeConfig(prefetch="yes")
+    for bad in ("yes", 1, 0, 1.0):  # (1 == True: a bool, not any truthy number)
+        with pytest.raises(ValueError, match="prefetch"):
+            GluonDecodeConfig(prefetch=bad)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------
