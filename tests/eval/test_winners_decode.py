@@ -105,8 +105,10 @@ def test_main_with_fake_gpu(wd, tmp_path, monkeypatch):
     fake = types.ModuleType("run")
     fake.GATE_TOL = 2e-2
     fake.gate = lambda sch, D, Hq, Hk: 0.5 if sch.k.fmt == "lm2" else 1e-3
-    fake.decode_cell = lambda sch, shape: (calls.append((str(sch.k), shape["context"], shape["head_dim"])) or
-                                           (1.0, 0.01 * shape["context"] / 512, "{}"))
+    bounds = []
+    fake.decode_cell = lambda sch, shape, max_kv_len=None: (
+        calls.append((str(sch.k), shape["context"], shape["head_dim"])) or bounds.append(max_kv_len) or
+        (1.0, 0.01 * shape["context"] / 512, "{}"))
     fake.peers = lambda shape: (0.005 * shape["context"] / 512, None, "")
     fake.header = lambda out, args: {"gpu": "fake"}
     monkeypatch.setitem(sys.modules, "run", fake)
@@ -123,3 +125,7 @@ def test_main_with_fake_gpu(wd, tmp_path, monkeypatch):
     assert any(r["error"].startswith("gate failed") and r["graph_ms"] == "" for r in pairs)
     assert wd.main(["--out", str(tmp_path / "s"), "--winners", str(win), "--sum", str(tmp_path / "o" / "pairs.csv")]) == 0
     assert (tmp_path / "s" / "winners_decode.csv").read_text() == (tmp_path / "o" / "winners_decode.csv").read_text()
+    assert set(bounds) == {None}  # decode's max_kv_len only with --bound, then each pair's context
+    n = len(calls)
+    assert wd.main(["--out", str(tmp_path / "b"), "--winners", str(win), "--bound"]) == 0
+    assert bounds[n:] == [ctx for _, ctx, _ in calls[n:]] and 512 in bounds[n:]
