@@ -16,8 +16,9 @@ state (a batched MMA: dim 0 of every tensor is the warp), merged across warps on
 are q K^T with the GQA group in the MMA's M = 16 rows; the output is accumulated as O^T = V^T P^T
 (`_pv`, default) so that its N = 8 columns hold the heads (16 for groups over 8) instead of 16 mostly
 padded rows. The next tile's code words are loaded before the current tile's math (a register
-prefetch; config `prefetch`, off by default where two tiles of codes spill: `prefetches`). Splits are merged by the Triton `tiles.attention.merge_kernel`. Measurements and the profile
-evidence behind this design: benchmarks/NOTES_decode.md and sweeps/results/h200/README.md.
+prefetch; config `prefetch`, off by default where two tiles of codes spill: `prefetches`). Splits are merged by
+the Triton `tiles.attention.merge_kernel`. Measurements and the profile evidence behind this design:
+benchmarks/NOTES_decode.md and sweeps/results/h200/README.md.
 
 Head dims 64, 128 and 256 (D a constexpr: a thread owns D / 4 key channels, reading a scale per code word where they
 span groups, and D / 8 value columns, which lie in one scale group except for fp4 values, which then read a scale

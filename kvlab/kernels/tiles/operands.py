@@ -78,7 +78,7 @@ def dot_mode(cfg_dot: str | None, half: bool) -> int:
 def fused_unrotation(D: int) -> int:
     """log2(D) where the merge kernels un-rotate a rotated-V output themselves (the Hadamard rotation of head_dim D is
     one power-of-two block: H symmetric, out H^T by the fast transform), else 0 (the caller multiplies by H^T)."""
-    return D.bit_length() - 1 if D >= 8 and D & (D - 1) == 0 and hadamard_block(D) == D else 0
+    return D.bit_length() - 1 if D >= 8 and hadamard_block(D) == D else 0  # (a block is a power of two)
 
 
 def merge_splits(op: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, rotated: bool = False) -> None:
