@@ -14,6 +14,7 @@
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
+#   bash benchmarks/h200_run.sh s16   # issue 17: extend profile (GPU and host) at B 1 / 8 x 8K, cuDNN op schema
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
 #   bash benchmarks/h200_run.sh s15e  # rotated schemes' decode rows at B 32 / B 1 x 32K after the merge un-rotates
 #   bash benchmarks/h200_run.sh s15d  # decode's max_kv_len bound: tests, every winner's step with each layer's bound
@@ -240,6 +241,20 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
   ;;
+s16)  # session 16 (issue 17): where a B 1 / B 8 x 8K extend call's time goes now (profile, host profile), and
+  # what torch's cuDNN attention op takes (a bottom-right causal option?)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  python3 -c "import torch; print(torch.ops.aten._scaled_dot_product_cudnn_attention.default._schema);
+print(torch.ops.aten._cudnn_attention_forward.default._schema if hasattr(torch.ops.aten, '_cudnn_attention_forward') else 'no _cudnn_attention_forward');
+import torch.nn.attention as A; print([n for n in dir(A) if not n.startswith('_')])
+try:
+    import torch.nn.attention.varlen as V; print('varlen', [n for n in dir(V) if not n.startswith('_')])
+except Exception as e: print('varlen', e)" 2>&1 | tee "$OUT/schema.txt"
+  timeout "${PROF_S:-200}" python3 benchmarks/profile_extend.py --out "$OUT" --cases \
+    "${PROF_CASES:-p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host,p32k_b1:q4_0:auto_host,p32k_b8:q4_0:auto_host}" \
+    2>&1 | tee "$OUT/profile.log" | grep "^=="
+  timeout "${HP_S:-120}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" --cases p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host 2>&1 | tail -12
+  ;;
 s15e)  # session 15: the rotated schemes' decode rows at B 32 x 32K and B 1 x 32K after the un-rotation moved into the
   # merge (default and heuristic dispatch), and the max_kv_len test on the GPU
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -376,7 +391,7 @@ store-rot)   # issue 17: store GPU tests, the store table for every family (rota
     --store-prerot "${STORE_PREROT:-int4_had,lm2,lm3,lm4}" ${STORE_SCHEMES:+--schemes "$STORE_SCHEMES"} ${BENCH_ARGS:-} \
     2>&1 | tail -3
   cut -d, -f1-8 "$OUT/bench/store.csv"
-  timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" 2>&1 | grep "^=="
+  timeout "${HPROF_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" --cases p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host 2>&1 | grep "^=="
   for s in ${NCU_SCHEMES:-}; do   # Nsight Compute on one store launch (fixed 32-row tiles, 4 warps)
     timeout 90 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section Occupancy --section SchedulerStats --section LaunchStats \
