@@ -241,6 +241,23 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
   ;;
+s16b)  # session 16 (issue 17): the merge-only launch, batched stacking / dequant: GPU tests, the profile and host profile
+  # of s16's cases, then the extend table (auto_host) at the issue's shapes
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend tests/kernels/tiles \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -4
+  timeout "${PROF_S:-120}" python3 benchmarks/profile_extend.py --out "$OUT" --cases \
+    "${PROF_CASES:-p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host,p32k_b1:q4_0:auto_host,p32k_b8:q4_0:auto_host}" \
+    2>&1 | tee "$OUT/profile.log" | grep "^=="
+  timeout "${HP_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" \
+    --cases p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host 2>&1 | grep "^=="
+  if [ "${TABLE:-1}" = 1 ]; then
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+      --extend-budget "${EXT_BUDGET:-300}" --extend-backends auto_host --extend-sweep none --fresh none \
+      --extend-shapes "${EXT_SHAPES:-p8k_b1,p8k_b8,p32k_b1,p32k_b8}" ${BENCH_ARGS:-} 2>&1 | tail -3
+  fi
+  tar -C "$OUT" -czf "$OUT/s16b.tgz" $(cd "$OUT" && ls | grep -v tgz)
+  ;;
 s16)  # session 16 (issue 17): where a B 1 / B 8 x 8K extend call's time goes now (profile, host profile), and
   # what torch's cuDNN attention op takes (a bottom-right causal option?)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -92,44 +92,50 @@ class PageLayout:
         """Validate a page dict ({"codes", "scales", "zeros"}) against this layout on `device` (the
         device of the caller's tensor named `other`); raises ValueError naming the bad tensor.
         Returns the number of pages N."""
-        def need(cond: bool, msg: str) -> None:
+        # every message is formatted only on failure (`need` takes a callable): the checks run on each attention call
+        def need(cond: bool, msg) -> None:
             if not cond:
-                raise ValueError(msg)
+                raise ValueError(msg())
         need(isinstance(pages, dict) and isinstance(pages.get("codes"), torch.Tensor),
-             f"{name} must be a dict with tensor 'codes' (and 'scales'/'zeros'), as PageLayout.allocate returns")
+             lambda: f"{name} must be a dict with tensor 'codes' (and 'scales'/'zeros'), as PageLayout.allocate "
+             "returns")
         codes, spec = pages["codes"], self.spec
         N = codes.shape[0] if codes.dim() else 0
-        need(tuple(codes.shape) == self.code_shape(N), f"{name}['codes'] has shape {tuple(codes.shape)}; spec {spec} "
-             f"with head_dim {self.head_dim}, page_size {self.page_size}, {self.n_heads} KV heads needs "
-             f"{self.code_shape(N)}")
-        need(codes.dtype == self.code_dtype, f"{name}['codes'] dtype {codes.dtype}; spec {spec} needs {self.code_dtype}")
-        need(codes.device == torch.device(device), f"{name}['codes'] is on {codes.device}, {other} on {device}")
+        shape = self.code_shape(N)
+        need(tuple(codes.shape) == shape, lambda: f"{name}['codes'] has shape {tuple(codes.shape)}; spec {spec} "
+             f"with head_dim {self.head_dim}, page_size {self.page_size}, {self.n_heads} KV heads needs {shape}")
+        need(codes.dtype == self.code_dtype,
+             lambda: f"{name}['codes'] dtype {codes.dtype}; spec {spec} needs {self.code_dtype}")
+        need(codes.device == torch.device(device), lambda: f"{name}['codes'] is on {codes.device}, {other} on {device}")
+        scaled = self.has_group_scales
         for key in ("scales", "zeros"):
             t = pages.get(key)
-            if not (self.has_group_scales and (key == "scales" or not spec.sym)):
-                need(t is None, f"{name}[{key!r}] is given but spec {spec} stores no {key} in pages")
+            if not (scaled and (key == "scales" or not spec.sym)):
+                need(t is None, lambda: f"{name}[{key!r}] is given but spec {spec} stores no {key} in pages")
                 continue
-            need(isinstance(t, torch.Tensor), f"{name}[{key!r}] (a tensor) is required for spec {spec}")
-            need(tuple(t.shape) == self.scale_shape(N), f"{name}[{key!r}] has shape {tuple(t.shape)}; expected "
-                 f"{self.scale_shape(N)}")
-            need(t.dtype == self.scale_dtype, f"{name}[{key!r}] dtype {t.dtype}; spec {spec} needs {self.scale_dtype}")
-            need(t.device == codes.device, f"{name}[{key!r}] is on {t.device}, {name}['codes'] on {codes.device}")
+            need(isinstance(t, torch.Tensor), lambda: f"{name}[{key!r}] (a tensor) is required for spec {spec}")
+            sshape = self.scale_shape(N)
+            need(tuple(t.shape) == sshape, lambda: f"{name}[{key!r}] has shape {tuple(t.shape)}; expected {sshape}")
+            need(t.dtype == self.scale_dtype,
+                 lambda: f"{name}[{key!r}] dtype {t.dtype}; spec {spec} needs {self.scale_dtype}")
+            need(t.device == codes.device,
+                 lambda: f"{name}[{key!r}] is on {t.device}, {name}['codes'] on {codes.device}")
         cb = pages.get("codebook")
         if spec.calibrated:
             need(isinstance(cb, torch.Tensor) and tuple(cb.shape) == (CODEBOOK_SLOTS,) and cb.dtype == torch.float32
-                 and cb.device == codes.device, f"{name}['codebook'] (float32 [{CODEBOOK_SLOTS}] on {codes.device}: the "
-                 f"calibrated levels, then copies of the last) is required for spec {spec}, got "
+                 and cb.device == codes.device, lambda: f"{name}['codebook'] (float32 [{CODEBOOK_SLOTS}] on "
+                 f"{codes.device}: the calibrated levels, then copies of the last) is required for spec {spec}, got "
                  f"{getattr(cb, 'shape', cb)}")
         else:
-            need(cb is None, f"{name}['codebook'] is given but spec {spec} is not calibrated")
+            need(cb is None, lambda: f"{name}['codebook'] is given but spec {spec} is not calibrated")
         sm = pages.get("smooth")
         if spec.smooth:
             need(isinstance(sm, torch.Tensor) and tuple(sm.shape) == (self.n_heads, self.head_dim)
-                 and sm.dtype == torch.float32 and sm.device == codes.device, f"{name}['smooth'] (float32 "
+                 and sm.dtype == torch.float32 and sm.device == codes.device, lambda: f"{name}['smooth'] (float32 "
                  f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's key smoothing factors) is required "
                  f"for spec {spec}, got {getattr(sm, 'shape', sm)}")
         else:
-            need(sm is None, f"{name}['smooth'] is given but spec {spec} does not smooth")
+            need(sm is None, lambda: f"{name}['smooth'] is given but spec {spec} does not smooth")
         return N
 
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:

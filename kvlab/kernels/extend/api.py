@@ -64,7 +64,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                   knows them on the host. Also gives max_qo_len when that is None.
     Returns [C, Hq, D] in q.dtype. Query i of a chunk sees the whole prefix and chunk keys 0..i.
     """
-    need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
+    need(backend in BACKENDS, lambda: f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
     need(isinstance(qo_indptr, torch.Tensor) and qo_indptr.dim() == 1 and qo_indptr.shape[0] >= 1 and
          qo_indptr.dtype in INDEX_DTYPES, "qo_indptr must be a 1-d int32/int64 tensor [B+1]")
     B = qo_indptr.shape[0] - 1
@@ -74,11 +74,11 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                       k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, B)
     C, Hk = q.shape[0], kv.n_kv_heads
     for nm, t in (("k_new", k_new), ("v_new", v_new)):
-        need(isinstance(t, torch.Tensor) and tuple(t.shape) == (C, Hk, D), f"{nm} must be [C={C}, Hk={Hk}, D={D}], "
-             f"got {getattr(t, 'shape', t)}")
+        need(isinstance(t, torch.Tensor) and tuple(t.shape) == (C, Hk, D),
+             lambda: f"{nm} must be [C={C}, Hk={Hk}, D={D}], got {getattr(t, 'shape', t)}")
         need(t.dtype in FLOAT_DTYPES and t.device == q.device and t.stride(-1) == 1,
-             f"{nm} must be a float tensor on {q.device}, contiguous in its last dim")
-    need(qo_indptr.device == q.device, f"qo_indptr is on {qo_indptr.device}, q is on {q.device}")
+             lambda: f"{nm} must be a float tensor on {q.device}, contiguous in its last dim")
+    need(qo_indptr.device == q.device, lambda: f"qo_indptr is on {qo_indptr.device}, q is on {q.device}")
     k_new = stored_chunk_keys(k_new, smooth)
     sm_scale = check_sm_scale(sm_scale, D)
     check_out(out, q)
@@ -103,7 +103,8 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo)
         G = max([s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"] + [1])
         need(isinstance(dense_bucket, int) and dense_bucket >= 1 and dense_bucket % G == 0,
-             f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group {G}")
+             lambda: f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group "
+             f"{G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0, host_lens)
@@ -149,9 +150,9 @@ def slow_in_fused(spec) -> bool:
             or spec.fmt in ("nf4", "iq4nl"))
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q):
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, ops):
     return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
-                                 min_flops=min_flops, host_lens=host_lens)
+                                 min_flops=min_flops, host_lens=host_lens, ops=ops)
 
 
 def _dense_chunk(dense, qo_indptr, sm_scale, min_rows, host_qo, q, k_new, v_new, max_qo_len):
@@ -165,22 +166,23 @@ def check_host_lens(host_lens, qo_indptr, kv, qo_indptr_total: int) -> tuple[lis
     names = ("qo_indptr", "kv_indptr", "kv_last_page_len")
     dev = (qo_indptr, kv.kv_indptr, kv.kv_last_page_len)
     need(isinstance(host_lens, (tuple, list)) and len(host_lens) == 3,
-         f"host_lens must be ({', '.join(names)}) as lists or CPU tensors, got {type(host_lens).__name__}")
+         lambda: f"host_lens must be ({', '.join(names)}) as lists or CPU tensors, got {type(host_lens).__name__}")
     out = []
     for nm, h, d in zip(names, host_lens, dev):
         if isinstance(h, torch.Tensor):
-            need(h.device.type == "cpu" and h.dim() == 1, f"host_lens {nm} must be a 1-d CPU tensor or a list")
+            need(h.device.type == "cpu" and h.dim() == 1, lambda: f"host_lens {nm} must be a 1-d CPU tensor or a list")
             h = h.tolist()
         need(isinstance(h, (list, tuple)) and all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
                                                    for x in h), f"host_lens {nm} must be a list of ints")
-        need(len(h) == d.shape[0], f"host_lens {nm} has {len(h)} entries, the device tensor {d.shape[0]}")
+        need(len(h) == d.shape[0], lambda: f"host_lens {nm} has {len(h)} entries, the device tensor {d.shape[0]}")
         out.append([int(x) for x in h])
     qo, ind, last = out  # what the host can check for free on any device
     for nm, ptr, total in (("qo_indptr", qo, qo_indptr_total), ("kv_indptr", ind, kv.kv_indices.shape[0])):
         need(ptr[0] == 0 and all(a <= b for a, b in zip(ptr, ptr[1:])) and ptr[-1] <= total,
-             f"host_lens {nm} must start at 0, not decrease and end within {total}: {ptr[:8]}")
-    need(all(0 <= x <= kv.page_size for x in last), f"host_lens kv_last_page_len must lie in [0, {kv.page_size}]")
+             lambda: f"host_lens {nm} must start at 0, not decrease and end within {total}: {ptr[:8]}")
+    need(all(0 <= x <= kv.page_size for x in last),
+         lambda: f"host_lens kv_last_page_len must lie in [0, {kv.page_size}]")
     for nm, h, d in zip(names, out, dev):
         if not d.is_cuda:
-            need(h == d.tolist(), f"host_lens {nm} {h[:8]} differs from the device tensor {d.tolist()[:8]}")
+            need(h == d.tolist(), lambda: f"host_lens {nm} {h[:8]} differs from the device tensor {d.tolist()[:8]}")
     return tuple(out)

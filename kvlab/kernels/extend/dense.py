@@ -32,6 +32,7 @@ from ..env import interpreting
 from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands
+from ..tiles.permute import to_tile_order
 
 MAX_PIECE = 65536  # prefix tokens per workspace piece (2 x Hk x MAX_PIECE x D x 2 bytes: 268 MB at Hk 8, D 128)
 BUCKET = 2048      # the dense part covers whole buckets of prefix tokens; the fused kernel reads the rest
@@ -42,15 +43,19 @@ ATTN_ORDER = "cudnn,flash"  # tried in this order; KVLAB_DENSE_ATTN overrides (e
 
 
 @triton.jit
-def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IDX, L,
-                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, so0, so1,
+def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IND, IOFF, L,
+                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, son, so0, so1,
                     KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                     HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
-    """Tokens t0..t0+BT of one sequence's pages (ids at IDX), KV head hk -> OK / OV [Hk, L, D] in the tiles' column
-    order (column j holds channel perm[j]: the stores stay contiguous 16-byte rows), the workspace dtype, per-tensor
-    scales applied."""
+    """Tokens t0..t0+BT of sequence n's pages (ids at IND + IOFF[n]), KV head hk -> OK / OV [n, Hk, L, D] (n stride
+    son) in the tiles' column order (column j holds channel perm[j]: the stores stay contiguous 16-byte rows), the
+    workspace dtype, per-tensor scales applied. One launch dequantizes every sequence of a batched attention call."""
     t0 = tl.program_id(0) * BT
     hk = tl.program_id(1)
+    n = tl.program_id(2)
+    IDX = IND + tl.load(IOFF + n)
+    OK += n.to(tl.int64) * son
+    OV += n.to(tl.int64) * son
     d = tl.arange(0, D)
     kperm = tl.load(KPERM + d)
     vperm = tl.load(VPERM + d)
@@ -69,18 +74,27 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
 
 
 @triton.jit
-def _stack_kernel(Q, QS, PERM, a, Cb, rows, sq0, sq1, ss0, ss1, G: tl.constexpr, D: tl.constexpr, BR: tl.constexpr):
-    """Queries a..a+Cb of one sequence -> QS [Hk, rows_padded, D]: row g x Cb + i of KV head hk holds query a + i of
-    head hk x G + g, columns in the tiles' order (column j = channel PERM[j]); rows past G x Cb are zero."""
+def _stack_kernel(Q, QS, PERM, SA, SC, sq0, sq1, ssn, ss0, ss1, G: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+                  PM: tl.constexpr, PH: tl.constexpr):
+    """Queries a..a+Cb of sequence n (a = SA[n], Cb = SC[n]) -> QS [n, Hk, rows_padded, D]: row g x Cb + i of KV head
+    hk holds query a + i of head hk x G + g, columns in the K tiles' order (column j = channel PERM[j]); rows past
+    G x Cb are zero. (PM, PH): the perm's form (`tiles.permute.perm_kind`): rows load whole and are permuted in
+    registers; PM 0 gathers through PERM."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)  # [BR] stacked rows
     hk = tl.program_id(1)
+    n = tl.program_id(2)
+    a = tl.load(SA + n)
+    Cb = tl.load(SC + n)
     d = tl.arange(0, D)
-    perm = tl.load(PERM + d)
-    rm = r < rows
-    g = r // Cb
+    rm = r < G * Cb
+    g = r // tl.maximum(Cb, 1)
     i = r - g * Cb
-    x = tl.load(Q + (a + i)[:, None] * sq0 + (hk * G + g)[:, None] * sq1 + perm[None, :], mask=rm[:, None], other=0.0)
-    tl.store(QS + hk * ss0 + r[:, None] * ss1 + d[None, :], x.to(QS.dtype.element_ty))
+    rows = Q + (a + i)[:, None] * sq0 + (hk * G + g)[:, None] * sq1
+    if PM == 0:
+        x = tl.load(rows + tl.load(PERM + d)[None, :], mask=rm[:, None], other=0.0)
+    else:
+        x = to_tile_order(tl.load(rows + d[None, :], mask=rm[:, None], other=0.0), BR, D, PM, PH)
+    tl.store(QS + n.to(tl.int64) * ssn + hk * ss0 + r[:, None] * ss1 + d[None, :], x.to(QS.dtype.element_ty))
 
 
 def why_not(q: torch.Tensor, kv: PagedKV) -> str | None:
@@ -109,24 +123,33 @@ def dequantize_prefix(kv: PagedKV, ops: tuple, b: int, t0: int, n: int, indptr: 
     page), columns in the tiles' order: column j holds channel ops[0]["perm"][j] (K), ops[1]["perm"][j] (V).
     ops: `page_inputs(kv, D, device)`; indptr: kv.kv_indptr as a list; out: (K, V) views to write into (same
     strides)."""
-    K, V = ops
     Hk = kv.n_kv_heads
     if out is None:
         ok = torch.empty(Hk, n, D, dtype=dtype, device=device)
         ov = torch.empty_like(ok)
     else:
         ok, ov = out
-    if n:
-        idx = kv.kv_indices[indptr[b] + t0 // kv.page_size:]
-        BT = max([BLOCK_T] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
-        # (the first argument of kv_tiles is the query, read only for its dtype on row-first tiles: unused here)
-        _dequant_kernel[(triton.cdiv(n, BT), Hk)](
-            ok, ov, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
-            ok if K["ts"] is None else K["ts"], ok if V["ts"] is None else V["ts"], idx, n,
-            *K["cs"], *K["ss"], *V["cs"], *V["ss"], ok.stride(0), ok.stride(1),
-            KCFG=K["cfg"], VCFG=V["cfg"], P=kv.page_size, BT=BT, D=D, HAS_KTS=K["ts"] is not None,
-            HAS_VTS=V["ts"] is not None, num_warps=4)
+    ioff = torch.tensor([indptr[b] + t0 // kv.page_size], dtype=torch.int32, device=device)
+    _dequant(kv, ops, ioff, 1, n, D, ok[None], ov[None])
     return ok, ov
+
+
+def _dequant(kv: PagedKV, ops: tuple, ioff, n_seq: int, n: int, D: int, ok, ov) -> None:
+    """The first n tokens of n_seq sequences, from page-list offsets ioff [n_seq] int32 (device) into kv_indices, ->
+    ok / ov [n_seq, Hk, >= n, D] (one launch)."""
+    if not n:
+        return
+    K, V = ops
+    Hk = kv.n_kv_heads
+    BT = max([BLOCK_T] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
+    assert ok.stride() == ov.stride(), "K and V workspaces share strides"
+    # (the first argument of kv_tiles is the query, read only for its dtype on row-first tiles: unused here)
+    _dequant_kernel[(triton.cdiv(n, BT), Hk, n_seq)](
+        ok, ov, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
+        ok if K["ts"] is None else K["ts"], ok if V["ts"] is None else V["ts"], kv.kv_indices, ioff, n,
+        *K["cs"], *K["ss"], *V["cs"], *V["ss"], ok.stride(0), ok.stride(1), ok.stride(2),
+        KCFG=K["cfg"], VCFG=V["cfg"], P=kv.page_size, BT=BT, D=D, HAS_KTS=K["ts"] is not None,
+        HAS_VTS=V["ts"] is not None, num_warps=4)
 
 
 def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple:
@@ -165,17 +188,18 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
 
 
-def stack_queries(q, a: int, Cb: int, Hk: int, perm: torch.Tensor, rows_padded: int, dtype, out=None) -> torch.Tensor:
-    """Chunk queries a..a+Cb of q [C, Hq, D] stacked per KV head for the dense pass: [Hk, rows_padded, D] in `dtype`,
-    row g x Cb + i = query a + i of head hk x G + g, column j = channel perm[j], zero rows past G x Cb (one launch);
-    written into `out` when given (a [Hk, rows_padded, D] view, contiguous in its last dim)."""
+def _stack(q, Hk: int, kops: dict, sa, sc, n_seq: int, rows_padded: int, out) -> None:
+    """Chunk queries of n_seq sequences (starts sa [n_seq], lengths sc [n_seq], int32 device tensors) of q [C, Hq, D]
+    stacked per KV head for the dense pass into out [n_seq, Hk, rows_padded, D] (contiguous in its last dim): row
+    g x Cb + i = query a + i of head hk x G + g, column j = channel kops["perm"][j], zero rows past G x Cb (one
+    launch)."""
     D = q.shape[-1]
     G = q.shape[1] // Hk
-    qs = torch.empty(Hk, rows_padded, D, dtype=dtype, device=q.device) if out is None else out
     BR = 32
-    _stack_kernel[(triton.cdiv(rows_padded, BR), Hk)](q, qs, perm, a, Cb, G * Cb, q.stride(0), q.stride(1),
-                                                      qs.stride(0), qs.stride(1), G=G, D=D, BR=BR, num_warps=4)
-    return qs
+    pm, ph = kops["pm"]
+    _stack_kernel[(triton.cdiv(rows_padded, BR), Hk, n_seq)](
+        q, out, kops["perm"], sa, sc, q.stride(0), q.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        G=G, D=D, BR=BR, PM=pm, PH=ph, num_warps=4)
 
 
 CHUNK_MIN_ROWS = 128  # auto: the longest chunk's (query, head) rows per KV head from which flash does the causal part
@@ -265,7 +289,8 @@ def _groups(covered: list, qo: list, G: int, row_bucket: int, piece: int) -> lis
 
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
-                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None):
+                    bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None,
+                    ops=None):
     """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
     whose pages hold at least max(min_prefix, bucket) tokens and whose prefix attention costs at least `min_flops`
     (4 x Hq x chunk x prefix x D), its chunk's queries (the G heads of a KV head
@@ -274,14 +299,15 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     cuDNN, which builds a plan per shape (60-250 ms each on the H200), reuses its plans across a prefill's chunks.
 
     q [C, Hq, D] (rotated already for Hadamard K specs). Returns None when no sequence qualifies, else
-    (covered [B] int32 on q's device, o0 [Hk, G x C - row0 (+ padding), D] in V's tile column order, lse0 [Hk, same]
-    float32 natural log, row0, complete): stacked row G x qo[b] + g x C_b + i of the whole chunk lies at row (that - row0)
-    of o0 / lse0; rows of sequences not covered are left unset. With one covered sequence, o0 / lse0 are the
-    attention's own outputs (row0 = its first stacked row: no copy). complete: every sequence's whole prefix is
-    covered (the fused kernel then reads no page). The fused kernel reads the rest
-    (`triton.run(prefix=...)`).
+    (covered [B] int32, o0 [..., Hk, R, D] in V's tile column order, lse0 [..., Hk, R] float32 natural log, rows [B]
+    int32, complete), both int32 tensors on q's device: stacked row g x C_b + i of sequence b (query i, head hk x G + g)
+    lies at row rows[b] + g x C_b + i of o0[..., hk, :, :] / lse0[..., hk, :], counting rows through the leading
+    dims (o0 and lse0 are contiguous); rows of sequences not covered are not set. Covered sequences of equal shape
+    attend in one batched call, and the state is returned where that call (or a lone sequence's) left it; only
+    several groups are copied into one buffer. complete: every sequence's whole prefix is covered (the fused kernel
+    then reads no page). The fused kernel reads the rest (`triton.run(prefix=...)`).
     host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
-    the device (one synchronization)."""
+    the device (one synchronization). ops: `page_inputs(kv, D, q.device)` when the caller has them."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
@@ -303,44 +329,53 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     adt = torch.bfloat16 if q.is_cuda else q.dtype
     unit = P * bucket // math.gcd(P, bucket)  # pieces start on a page and a bucket boundary
     piece = max(unit, MAX_PIECE // unit * unit)
-    ops = page_inputs(kv, D, q.device)
-    n_cov = sum(1 for c in covered if c)
+    ops = page_inputs(kv, D, q.device) if ops is None else ops
+    groups = _groups(covered, qo, G, row_bucket, piece)
+    # the host plan, copied to the device at once: per group, its members' query starts and lengths (stacking) and
+    # page-list offsets (dequant; a lone sequence's pieces one each), then covered[B] and rows[B]
+    tab, at = [], []
+    rows = [0] * B
+    for grp in groups:
+        rp = -(-G * (qo[grp[0] + 1] - qo[grp[0]]) // row_bucket) * row_bucket
+        starts = [qo[b] for b in grp]
+        pieces = [indptr[b] for b in grp] if len(grp) > 1 else [indptr[grp[0]] + t0 // P
+                                                                for t0 in range(0, covered[grp[0]], piece)]
+        at.append((len(tab), rp))
+        tab += starts + [qo[b + 1] - qo[b] for b in grp] + pieces
+        for i, b in enumerate(grp):
+            rows[b] = i * Hk * rp if len(groups) == 1 else G * qo[b]
+    n0 = len(tab)
+    tab += covered + rows
+    dev = torch.tensor(tab, dtype=torch.int32, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
     o0 = lse0 = None
-    if n_cov > 1:
+    if len(groups) > 1:
         o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
         lse0 = torch.empty(Hk, G * C, dtype=torch.float32, device=q.device)
-    row0 = 0
-    perm = ops[0]["perm"]
-    for grp in _groups(covered, qo, G, row_bucket, piece):
-        cov, rp = covered[grp[0]], -(-G * (qo[grp[0] + 1] - qo[grp[0]]) // row_bucket) * row_bucket
-        if len(grp) > 1:  # equal shapes: one batched attention call (cuDNN's host cost is paid once)
-            qs = torch.empty(len(grp), Hk, rp, D, dtype=adt, device=q.device)
-            k = torch.empty(len(grp), Hk, cov, D, dtype=adt, device=q.device)
+    for grp, (t, rp) in zip(groups, at):
+        n, cov = len(grp), covered[grp[0]]
+        qs = torch.empty(n, Hk, rp, D, dtype=adt, device=q.device)
+        _stack(q, Hk, ops[0], dev[t:], dev[t + n:], n, rp, qs)
+        if n > 1:  # equal shapes: one batched attention call (cuDNN's host cost is paid once)
+            k = torch.empty(n, Hk, cov, D, dtype=adt, device=q.device)
             v = torch.empty_like(k)
-            for i, b in enumerate(grp):
-                stack_queries(q, qo[b], qo[b + 1] - qo[b], Hk, perm, rp, adt, out=qs[i])
-                dequantize_prefix(kv, ops, b, 0, cov, indptr, D, adt, q.device, out=(k[i], v[i]))
-            og, lg = attend_dense(qs, k, v, sm_scale)
-            for i, b in enumerate(grp):
-                a, e = qo[b], qo[b + 1]
-                o0[:, G * a:G * e] = og[i, :, :G * (e - a)]
-                lse0[:, G * a:G * e] = lg[i, :, :G * (e - a)]
-            continue
-        b = grp[0]
-        a, e = qo[b], qo[b + 1]
-        rows = G * (e - a)
-        qs = stack_queries(q, a, e - a, Hk, perm, rp, adt)
-        o = lse = None
-        for t0 in range(0, cov, piece):
-            n = min(piece, cov - t0)
-            k, v = dequantize_prefix(kv, ops, b, t0, n, indptr, D, adt, q.device)  # tile column order
-            op, lp = attend_dense(qs, k, v, sm_scale)
-            o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
-        if n_cov == 1:  # the kernel reads this sequence's state where the attention left it (row0: its first row)
-            (o0, lse0), row0 = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, lse)), G * a
+            _dequant(kv, ops, dev[t + 2 * n:], n, cov, D, k, v)
+            o, lse = attend_dense(qs, k, v, sm_scale)
         else:
-            o0[:, G * a:G * e] = o[:, :rows]
-            lse0[:, G * a:G * e] = lse[:, :rows]
-    cov = torch.tensor(covered, dtype=torch.int32, pin_memory=q.is_cuda)
+            o = lse = None
+            for j, t0 in enumerate(range(0, cov, piece)):
+                m = min(piece, cov - t0)
+                k = torch.empty(1, Hk, m, D, dtype=adt, device=q.device)
+                v = torch.empty_like(k)
+                _dequant(kv, ops, dev[t + 2 + j:], 1, m, D, k, v)  # tile column order
+                op, lp = attend_dense(qs, k, v, sm_scale)
+                o, lse = (op, lp) if o is None else _merge(o, lse, op, lp)
+        o, lse = o.contiguous(), lse.contiguous()
+        if len(groups) == 1:  # the kernel reads the state where the attention left it
+            o0, lse0 = o, lse
+            break
+        for i, b in enumerate(grp):
+            a, e = qo[b], qo[b + 1]
+            o0[:, G * a:G * e] = o[i, :, :G * (e - a)]
+            lse0[:, G * a:G * e] = lse[i, :, :G * (e - a)]
     complete = all(c == n or qo[b + 1] == qo[b] for b, (c, n) in enumerate(zip(covered, lens)))
-    return cov.to(q.device, non_blocking=True), o0, lse0, row0, complete
+    return dev[n0:n0 + B], o0, lse0, dev[n0 + B:n0 + 2 * B], complete

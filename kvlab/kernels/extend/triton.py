@@ -18,21 +18,21 @@ from ...quant.rotation import hadamard
 from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor_scales
 from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
+from ..tiles.permute import to_natural_order
 
 
 LOG2E_ = tl.constexpr(LOG2E)
-MERGE_BLOCK_M = 64  # rows per program when the kernel only merges the dense parts' states
 
 
 @triton.jit
 def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
-                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, OC, LSEC, qk_scale, row0,
-                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0, soc0, soc1, slcb, slch, slci, lsec_glob,
+                   INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, OC, LSEC, qk_scale, ROWS,
+                   sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0, sl1, soc0, soc1, slcb, slch, slci,
+                   lsec_glob,
                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
                    D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
-                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr,
-                   MERGE_ONLY: tl.constexpr):
+                   HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr):
     b = tl.program_id(0)
     i0 = tl.program_id(1) * QB
     hk = tl.program_id(2)
@@ -53,33 +53,31 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
         d = tl.arange(0, D)
         kperm = tl.load(KPERM + d)
         vperm = tl.load(VPERM + d)
-        if not MERGE_ONLY:  # MERGE_ONLY: the dense parts attended every key; only their states are merged here
-            kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
-            q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None],
-                        other=0.0)
-            q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [R, D]
+        kts, vts = tensor_scales(KTS, VTS, HAS_KTS, HAS_VTS)
+        q = tl.load(Q + (q0 + qi)[:, None] * sq0 + heads[:, None] * sq1 + kperm[None, :], mask=rm[:, None],
+                    other=0.0)
+        q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [R, D]
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
         if HAS_INIT:
             rd = rm & ((tl.zeros([R], tl.int32) + T0) != 0)  # [R]
-            srow = GROUP * q0 + (r % GROUP) * C + qi - row0  # row of the dense pass's stacked queries
-            lse0 = tl.load(LSE0 + hk * sl0 + srow, mask=rd, other=float("-inf"))  # natural log
+            srow = tl.load(ROWS + b) + (r % GROUP) * C + qi  # row of the dense pass's stacked queries
+            lse0 = tl.load(LSE0 + hk * sl0 + srow * sl1, mask=rd, other=float("-inf"))  # natural log
             m_i = tl.where(rd, lse0 * LOG2E_, m_i)  # the kernel's scores are in base 2
             l_i = tl.where(rd, 1.0, l_i)
-            acc = tl.load(O0 + hk * s00 + srow[:, None] * s01 + d[None, :], mask=rd[:, None],  # V's tile order
-                          other=0.0).to(tl.float32)
-        if not MERGE_ONLY:
-            for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
-                kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
-                                 ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
-                valid = (t0 + tl.arange(0, BN)) < L
-                m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
-            if HAS_FP:
-                F = tl.load(FPLEN + b)
-                for t0 in range(0, F, BN):
-                    kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
-                    m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
+            acc = tl.load(O0 + hk * s00 + srow.to(tl.int64)[:, None] * s01 + d[None, :], mask=rd[:, None],
+                          other=0.0).to(tl.float32)  # V's tile order
+        for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
+            kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
+                             ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
+            valid = (t0 + tl.arange(0, BN)) < L
+            m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
+        if HAS_FP:
+            F = tl.load(FPLEN + b)
+            for t0 in range(0, F, BN):
+                kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, kperm, vperm, kf0, kf1, kf2, vf0, vf1, vf2, BN)
+                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
         if HAS_CHUNK:  # the chunk's causal part was attended already (dense.attend_chunks): merge its (out, lse)
             lc = tl.load(LSEC + b * slcb + heads * slch + (qi + q0 * lsec_glob) * slci, mask=rm,
                          other=float("-inf")) * LOG2E_  # [R], base 2 as the kernel's scores
@@ -105,6 +103,49 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                  mask=rm[:, None])
 
 
+@triton.jit
+def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, so0, so1, s00, s01, sl0, sl1, soc0, soc1, slcb,
+                  slch, slci, lsec_glob, GROUP: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, VM: tl.constexpr,
+                  VH: tl.constexpr):
+    """MERGE_ONLY: the dense prefix's state (o0 in V's tile order, lse0; `dense.attend_prefixes`) and the chunk's
+    causal state (oc, lsec; `dense.attend_chunks`) of BR stacked rows sr = g x C + i (query i of sequence b, head
+    hk x GROUP + g) -> out. Rows are whole contiguous vectors: o0 goes to the natural order in registers ((VM, VH):
+    `tiles.permute.perm_kind`; VM 0: oc gathered and out scattered through VPERM instead)."""
+    b = tl.program_id(0)
+    sr = tl.program_id(1) * BR + tl.arange(0, BR)
+    hk = tl.program_id(2)
+    q0 = tl.load(QO + b)
+    C = tl.load(QO + b + 1) - q0
+    if tl.program_id(1) * BR < GROUP * C:
+        g = sr // C
+        i = sr - g * C
+        rm = sr < GROUP * C
+        heads = hk * GROUP + g
+        d = tl.arange(0, D)
+        rd = rm & (tl.zeros([BR], tl.int32) + tl.load(DONE + b) != 0)  # the sequence's prefix went dense
+        row = (tl.load(ROWS + b) + sr).to(tl.int64)
+        m0 = tl.load(LSE0 + hk * sl0 + row * sl1, mask=rd, other=float("-inf")) * LOG2E_  # base 2
+        o0 = tl.load(O0 + hk * s00 + row[:, None] * s01 + d[None, :], mask=rd[:, None], other=0.0).to(tl.float32)
+        cols = d[None, :]
+        if VM == 0:
+            cols = tl.load(VPERM + d)[None, :]  # o0 stays in the tile order; oc / out through the perm
+        else:
+            o0 = to_natural_order(o0, BR, D, VM, VH)
+        lc = tl.load(LSEC + b * slcb + heads * slch + (i + q0 * lsec_glob) * slci, mask=rm,
+                     other=float("-inf")) * LOG2E_
+        oc = tl.load(OC + (q0 + i)[:, None] * soc0 + heads[:, None] * soc1 + cols, mask=rm[:, None],
+                     other=0.0).to(tl.float32)
+        m_new = tl.maximum(m0, lc)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(rd, tl.exp2(m0 - m_safe), 0.0)
+        beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
+        acc = o0 * alpha[:, None] + oc * beta[:, None]
+        l_i = alpha + beta
+        o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # NaN stays NaN
+        tl.store(OUT + (q0 + i)[:, None] * so0 + heads[:, None] * so1 + cols, o.to(OUT.dtype.element_ty),
+                 mask=rm[:, None])
+
+
 def why_not(q: torch.Tensor, kv: PagedKV, config: ExtendConfig) -> str | None:
     """None when this kernel runs the call; else why not."""
     return unsupported(q, kv)
@@ -114,14 +155,14 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         prefix=None, chunk=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q) -> None | (covered [B] int32, o0, lse0 natural log, row0, complete) given the
-    rotated queries, that attends the first covered[b] prefix tokens of some sequences itself (`dense.attend_prefixes`;
-    complete: it covered every sequence's whole prefix); the kernel reads the rest of their prefix, their
+    prefix: None, or a callable (q, (K, V) page operands) -> None | (covered [B] int32, o0, lse0 natural log, rows [B]
+    int32, complete) given the rotated queries, that attends the first covered[b] prefix tokens of some sequences
+    itself (`dense.attend_prefixes`; complete: it covered every sequence's whole prefix); the kernel reads the rest of their prefix, their
     full-precision buffer and chunk, continuing from that softmax state.
     chunk: None, or a callable (q, k_new, v_new, max_qo_len) -> None | (out, lse, lse strides, row_global) given the
     rotated inputs, that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
-    instead of reading the chunk's keys. With a complete prefix, the chunk attended and no full-precision buffer, the
-    kernel only merges the two states (MERGE_ONLY, in a lighter launch)."""
+    instead of reading the chunk's keys. With a complete prefix, the chunk attended and no full-precision buffer, only
+    the two states are merged (`_merge_kernel`, whole contiguous rows)."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -139,28 +180,34 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
     has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    init = prefix(q) if prefix is not None and B and max_qo_len else None
+    init = prefix(q, (K, V)) if prefix is not None and B and max_qo_len else None
     ch = chunk(q, k_new, v_new, max_qo_len) if chunk is not None and B and max_qo_len else None
-    merge_only = bool(init is not None and init[4] and ch is not None and not has_fp)
-    if merge_only:  # no key left for the kernel: a light launch (the full kernel's 128 x 128 tiles spill registers)
-        config = config.replace(block_m=MERGE_BLOCK_M, num_warps=4, num_stages=1)
-    QB = max(1, config.block_m // group)
-    R = max(16, triton.next_power_of_2(QB * group))
-    if B and max_qo_len:
+    if init is not None and init[4] and ch is not None and not has_fp:  # no key left: merge the two states
+        BR = max(16, 8192 // D)
+        vm, vh = V["pm"]
+        o0, lse0 = init[1], init[2]
+        _merge_kernel[(B, triton.cdiv(group * max_qo_len, BR), Hk)](
+            out, qo_indptr, init[0], init[3], o0, lse0, ch[0], ch[1], V["perm"], out.stride(0), out.stride(1),
+            o0.stride(-3), o0.stride(-2), lse0.stride(-2), lse0.stride(-1), ch[0].stride(0), ch[0].stride(1), *ch[2],
+            int(ch[3]), GROUP=group, D=D, BR=BR, VM=vm, VH=vh, num_warps=4)
+    elif B and max_qo_len:
+        QB = max(1, config.block_m // group)
+        R = max(16, triton.next_power_of_2(QB * group))
         _extend_kernel[(B, triton.cdiv(max_qo_len, QB), Hk)](
             q, k_new, v_new, out, qo_indptr, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"],
             V["lut"], V["perm"], out if K["ts"] is None else K["ts"], out if V["ts"] is None else V["ts"],
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             *(init[:3] if init else (qo_indptr, out, out)), *(ch[:2] if ch else (out, out)), sm_scale * LOG2E,
-            init[3] if init else 0, q.stride(0), q.stride(1),
+            init[3] if init else qo_indptr, q.stride(0), q.stride(1),
             k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), out.stride(0), out.stride(1),
-            *(init[1].stride()[:2] if init else (0, 0)), init[2].stride(0) if init else 0,
+            *((init[1].stride(-3), init[1].stride(-2), init[2].stride(-2), init[2].stride(-1)) if init
+              else (0, 0, 0, 0)),
             *(ch[0].stride()[:2] if ch else (0, 0)), *(ch[2] if ch else (0, 0, 0)), int(ch[3]) if ch else 0,
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
             *(vf.stride()[:3] if has_fp else (0, 0, 0)),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
-            HAS_INIT=init is not None, HAS_CHUNK=ch is not None, MERGE_ONLY=merge_only,
+            HAS_INIT=init is not None, HAS_CHUNK=ch is not None,
             num_warps=config.num_warps, num_stages=config.num_stages)
     if rot_v:  # the pages hold v H: out H^T
         out = (out @ hadamard(D, q.device).T).to(dtype)

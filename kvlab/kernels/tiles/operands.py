@@ -14,6 +14,7 @@ from ...quant.rotation import hadamard_block, norm_constant
 from ..env import can_launch, interpreting
 from .attention import fp_merge_kernel, merge_kernel
 from .layout import tile_config
+from .permute import perm_kind
 
 HEAD_DIMS = (32, 64, 128, 256)  # power-of-two head dims the Triton kernels tile (tl.arange needs 2^k)
 _UNIT = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -26,13 +27,14 @@ def _tile(spec, D: int, word_max: int, asm: bool, device: str, rowfirst: bool = 
     cfg, perm = tile_config(spec, D, word_max, asm, rowfirst)
     lut = (torch.tensor(codebook16(spec.fmt), dtype=torch.float32, device=device)
            if spec.fmt in CODEBOOKS and spec.fmt != "fp4_e2m1" else None)
-    return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut
+    return cfg, torch.tensor(perm, dtype=torch.int32, device=device), lut, perm_kind(perm, D)
 
 
 def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, rowfirst: bool = False) -> dict:
     """Kernel arguments of one cache tensor: codes viewed in their widest load unit ("c"), scales ("s"),
-    zeros ("z"), codebook ("lut": the format's, or a calibrated spec's pages["codebook"]), column permutation ("perm"), per-tensor scale ("ts", float32 [1] or
-    None), the TileCfg ("cfg") and code / scale strides ("cs", "ss")."""
+    zeros ("z"), codebook ("lut": the format's, or a calibrated spec's pages["codebook"]), column permutation ("perm"),
+    its (M, H) form ("pm", `tiles.permute.perm_kind`), per-tensor scale ("ts", float32 [1] or None), the TileCfg
+    ("cfg") and code / scale strides ("cs", "ss")."""
     codes = pages["codes"]
     word, view = 4, codes
     if not spec.is_float_storage:
@@ -42,7 +44,7 @@ def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, ro
                 break
             except RuntimeError:
                 word //= 2
-    cfg, perm, lut = _tile(spec, D, word, asm, str(device), rowfirst)
+    cfg, perm, lut, pm = _tile(spec, D, word, asm, str(device), rowfirst)
     if spec.calibrated:  # a calibrated codebook: the layer's own levels, kept beside its pages
         lut = pages["codebook"]
     if cfg.word != word and not spec.is_float_storage:
@@ -61,7 +63,7 @@ def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, ro
         raise ValueError("zeros must have the same strides as scales")
     ss = list(scales.stride()) if scales is not None else [0, 0, 0]
     return dict(c=view, s=perm if scales is None else scales, z=perm if zeros is None else zeros,
-                lut=perm if lut is None else lut, perm=perm, ts=ts, cfg=tuple(cfg),
+                lut=perm if lut is None else lut, perm=perm, pm=pm, ts=ts, cfg=tuple(cfg),
                 cs=cs[:4] if cfg.chan else cs[:3] + [0], ss=ss[:3], half=bool(cfg.asm))
 
 

@@ -78,8 +78,8 @@ def test_mixed_batch_some_sequences_dense_some_fused():
                       kw.get("v_tensor_scale"), 3)
     calls = []
 
-    def prefix(qq):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
-        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16)
+    def prefix(qq, ops):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16, ops=ops)
         calls.append(st[0].tolist())
         return st
 
@@ -316,7 +316,34 @@ def test_equal_shapes_share_one_batched_attention(monkeypatch):
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
     calls = []
     real = dense.attend_dense
-    monkeypatch.setattr(dense, "attend_dense", lambda qs, k, v, s: calls.append(qs.dim()) or real(qs, k, v, s))
+    monkeypatch.setattr(dense, "attend_dense", lambda qs, k, v, s: calls.append(qs.shape[0]) or real(qs, k, v, s))
     got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32)
-    assert sorted(calls) == [3, 4]  # sequences 0, 1, 3 (64 tokens covered) batched; sequence 2 (96) alone
+    assert sorted(calls) == [1, 3]  # sequences 0, 1, 3 (64 tokens covered) batched; sequence 2 (96) alone
+    assert _err(got, ref) < TOL
+
+
+@pytest.mark.parametrize("gather", [False, True], ids=["permuted-in-registers", "gathered"])
+@pytest.mark.parametrize("lens,cl", [([64, 64], [5, 9]), ([64], [12]), ([64, 32, 64, 0], [5, 20, 3, 4])],
+                         ids=["one-batched-group", "one-sequence", "two-groups-and-no-prefix"])
+def test_merge_only_reads_the_state_where_it_lies(lens, cl, gather, monkeypatch):
+    """The merge-only launch reads the dense prefix's state where its attention call left it (a batched group: rows
+    i x Hk x R of sequence i; a lone sequence; several groups copied into one buffer) and turns q4_0's GGML column
+    order into the natural one in registers, or through the perm tensor (gathered) where a perm has no such form."""
+    if gather:
+        real = ext_triton.page_operands
+        monkeypatch.setattr(ext_triton, "page_operands", lambda *a, **k: {**real(*a, **k), "pm": (0, 0)})
+    launched = []
+    kernel = ext_triton._merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(ext_triton, "_merge_kernel", Spy())
+    sch, P, q, kn, vn, qo, args, kw = _setup((lens, cl, 8, 2, 64, 16, "q4_0", None), seed=13)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
+                 out=torch.full_like(q, float("nan")))
+    assert len(launched) == 1
+    assert not torch.isnan(got).any()
     assert _err(got, ref) < TOL
