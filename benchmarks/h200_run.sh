@@ -247,14 +247,14 @@ s16b)  # session 16 (issue 17): the merge-only launch, batched stacking / dequan
   timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend tests/kernels/tiles \
     2>&1 | tee "$OUT/pytest_extend.log" | tail -4
   timeout "${PROF_S:-120}" python3 benchmarks/profile_extend.py --out "$OUT" --cases \
-    "${PROF_CASES:-p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host,p32k_b1:q4_0:auto_host,p32k_b8:q4_0:auto_host}" \
+    "${PROF_CASES:-p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host,p8k_b8:kivi4:auto_host,p8k_b8:lm3:auto_host,p8k_b8:int4_had:auto_host}" \
     2>&1 | tee "$OUT/profile.log" | grep "^=="
   timeout "${HP_S:-90}" python3 benchmarks/host_profile_extend.py --out "$OUT/hprof" \
     --cases p8k_b1:bf16:auto_host,p8k_b1:q4_0:auto_host,p8k_b8:q4_0:auto_host 2>&1 | grep "^=="
   if [ "${TABLE:-1}" = 1 ]; then
-    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
-      --extend-budget "${EXT_BUDGET:-300}" --extend-backends auto_host --extend-sweep none --fresh none \
-      --extend-shapes "${EXT_SHAPES:-p8k_b1,p8k_b8,p32k_b1,p32k_b8}" ${BENCH_ARGS:-} 2>&1 | tail -3
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-370}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+      --extend-budget "${EXT_BUDGET:-330}" --extend-backends auto_host --extend-sweep none --fresh none \
+      --extend-shapes "${EXT_SHAPES:-p8k_b1,p8k_b8,p32k_b1,p32k_b8,smollm2_p8k,d256_p8k}" ${BENCH_ARGS:-} 2>&1 | tail -3
   fi
   tar -C "$OUT" -czf "$OUT/s16b.tgz" $(cd "$OUT" && ls | grep -v tgz)
   ;;

@@ -150,9 +150,10 @@ def slow_in_fused(spec) -> bool:
             or spec.fmt in ("nf4", "iq4nl"))
 
 
-def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, ops):
+def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, ops,
+                  rotate_q):
     return dense.attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows=min_rows, min_prefix=min_prefix, bucket=bucket,
-                                 min_flops=min_flops, host_lens=host_lens, ops=ops)
+                                 min_flops=min_flops, host_lens=host_lens, ops=ops, rotate_q=rotate_q)
 
 
 def _dense_chunk(dense, qo_indptr, sm_scale, min_rows, host_qo, q, k_new, v_new, max_qo_len):

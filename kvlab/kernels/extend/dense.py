@@ -33,6 +33,8 @@ from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands
 from ..tiles.permute import to_tile_order
+from ..tiles.rotate import fwht_rows
+from ...quant.rotation import norm_constant
 
 MAX_PIECE = 65536  # prefix tokens per workspace piece (2 x Hk x MAX_PIECE x D x 2 bytes: 268 MB at Hk 8, D 128)
 BUCKET = 2048      # the dense part covers whole buckets of prefix tokens; the fused kernel reads the rest
@@ -75,11 +77,12 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
 
 @triton.jit
 def _stack_kernel(Q, QS, PERM, SA, SC, sq0, sq1, ssn, ss0, ss1, G: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-                  PM: tl.constexpr, PH: tl.constexpr):
+                  PM: tl.constexpr, PH: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr):
     """Queries a..a+Cb of sequence n (a = SA[n], Cb = SC[n]) -> QS [n, Hk, rows_padded, D]: row g x Cb + i of KV head
     hk holds query a + i of head hk x G + g, columns in the K tiles' order (column j = channel PERM[j]); rows past
     G x Cb are zero. (PM, PH): the perm's form (`tiles.permute.perm_kind`): rows load whole and are permuted in
-    registers; PM 0 gathers through PERM."""
+    registers; PM 0 gathers through PERM. ROT = log2 D > 0: rows are rotated first (`fwht_rows`, RC = 1 / sqrt(D);
+    the perm of a rotated spec is the identity)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)  # [BR] stacked rows
     hk = tl.program_id(1)
     n = tl.program_id(2)
@@ -90,7 +93,10 @@ def _stack_kernel(Q, QS, PERM, SA, SC, sq0, sq1, ssn, ss0, ss1, G: tl.constexpr,
     g = r // tl.maximum(Cb, 1)
     i = r - g * Cb
     rows = Q + (a + i)[:, None] * sq0 + (hk * G + g)[:, None] * sq1
-    if PM == 0:
+    if ROT > 0:
+        x = tl.load(rows + d[None, :], mask=rm[:, None], other=0.0).to(tl.float32)
+        x = to_tile_order(fwht_rows(x, BR, D, ROT, RC), BR, D, PM, PH)
+    elif PM == 0:
         x = tl.load(rows + tl.load(PERM + d)[None, :], mask=rm[:, None], other=0.0)
     else:
         x = to_tile_order(tl.load(rows + d[None, :], mask=rm[:, None], other=0.0), BR, D, PM, PH)
@@ -188,18 +194,19 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     raise RuntimeError(f"no dense attention kernel runs head_dim {D} in {q.dtype} on {q.device}")
 
 
-def _stack(q, Hk: int, kops: dict, sa, sc, n_seq: int, rows_padded: int, out) -> None:
+def _stack(q, Hk: int, kops: dict, sa, sc, n_seq: int, rows_padded: int, out, rotate: bool = False) -> None:
     """Chunk queries of n_seq sequences (starts sa [n_seq], lengths sc [n_seq], int32 device tensors) of q [C, Hq, D]
     stacked per KV head for the dense pass into out [n_seq, Hk, rows_padded, D] (contiguous in its last dim): row
     g x Cb + i = query a + i of head hk x G + g, column j = channel kops["perm"][j], zero rows past G x Cb (one
-    launch)."""
+    launch). rotate: each row is rotated first (q H, the fixed-order transform of one power-of-two block)."""
     D = q.shape[-1]
     G = q.shape[1] // Hk
     BR = 32
     pm, ph = kops["pm"]
+    rot = D.bit_length() - 1 if rotate else 0
     _stack_kernel[(triton.cdiv(rows_padded, BR), Hk, n_seq)](
         q, out, kops["perm"], sa, sc, q.stride(0), q.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        G=G, D=D, BR=BR, PM=pm, PH=ph, num_warps=4)
+        G=G, D=D, BR=BR, PM=pm, PH=ph, ROT=rot, RC=norm_constant(D) if rot else 1.0, num_warps=4)
 
 
 CHUNK_MIN_ROWS = 128  # auto: the longest chunk's (query, head) rows per KV head from which flash does the causal part
@@ -290,7 +297,7 @@ def _groups(covered: list, qo: list, G: int, row_bucket: int, piece: int) -> lis
 
 def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 128, min_prefix: int = 512,
                     bucket: int = BUCKET, row_bucket: int = ROW_BUCKET, min_flops: float = 0.0, host_lens=None,
-                    ops=None):
+                    ops=None, rotate_q: bool = False):
     """The dense part of extend: for each sequence whose chunk has at least `min_rows` (query, head) rows per KV head,
     whose pages hold at least max(min_prefix, bucket) tokens and whose prefix attention costs at least `min_flops`
     (4 x Hq x chunk x prefix x D), its chunk's queries (the G heads of a KV head
@@ -307,7 +314,8 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     several groups are copied into one buffer. complete: every sequence's whole prefix is covered (the fused kernel
     then reads no page). The fused kernel reads the rest (`triton.run(prefix=...)`).
     host_lens: (qo_indptr, kv_indptr, kv_last_page_len) as host lists (checked by the caller), else read back from
-    the device (one synchronization). ops: `page_inputs(kv, D, q.device)` when the caller has them."""
+    the device (one synchronization). ops: `page_inputs(kv, D, q.device)` when the caller has them. rotate_q: q is in
+    the model's space and a Hadamard K spec (one power-of-two block) wants q H: the stacking rotates it."""
     C, Hq, D = q.shape
     Hk = kv.n_kv_heads
     G = Hq // Hk
@@ -354,7 +362,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
     for grp, (t, rp) in zip(groups, at):
         n, cov = len(grp), covered[grp[0]]
         qs = torch.empty(n, Hk, rp, D, dtype=adt, device=q.device)
-        _stack(q, Hk, ops[0], dev[t:], dev[t + n:], n, rp, qs)
+        _stack(q, Hk, ops[0], dev[t:], dev[t + n:], n, rp, qs, rotate_q)
         if n > 1:  # equal shapes: one batched attention call (cuDNN's host cost is paid once)
             k = torch.empty(n, Hk, cov, D, dtype=adt, device=q.device)
             v = torch.empty_like(k)

@@ -14,11 +14,12 @@ import triton.language as tl
 
 from ..configs import ExtendConfig
 from ..env import poisoned
-from ...quant.rotation import hadamard
+from ...quant.rotation import hadamard, norm_constant
 from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor_scales
-from ..tiles.operands import LOG2E, dot_mode, page_operands, unsupported
+from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, page_operands, unsupported
 from ..tiles.permute import to_natural_order
+from ..tiles.rotate import fwht_rows
 
 
 LOG2E_ = tl.constexpr(LOG2E)
@@ -104,13 +105,18 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
 
 
 @triton.jit
-def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, so0, so1, s00, s01, sl0, sl1, soc0, soc1, slcb,
-                  slch, slci, lsec_glob, GROUP: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, VM: tl.constexpr,
-                  VH: tl.constexpr):
-    """MERGE_ONLY: the dense prefix's state (o0 in V's tile order, lse0; `dense.attend_prefixes`) and the chunk's
-    causal state (oc, lsec; `dense.attend_chunks`) of BR stacked rows sr = g x C + i (query i of sequence b, head
-    hk x GROUP + g) -> out. Rows are whole contiguous vectors: o0 goes to the natural order in registers ((VM, VH):
-    `tiles.permute.perm_kind`; VM 0: oc gathered and out scattered through VPERM instead)."""
+def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, Q, KFP, VFP, FPLEN, qk_scale, so0, so1, s00, s01,
+                  sl0, sl1, soc0, soc1, slcb, slch, slci, lsec_glob, sq0, sq1, kf0, kf1, kf2, vf0, vf1, vf2,
+                  GROUP: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, VM: tl.constexpr, VH: tl.constexpr,
+                  ROT: tl.constexpr, RC: tl.constexpr, HAS_FP: tl.constexpr, BNF: tl.constexpr, DOT: tl.constexpr):
+    """Every key attended but the full-precision buffer's: the dense prefix's state (o0 in V's tile order, lse0;
+    `dense.attend_prefixes`), the buffer's FPLEN[b] tokens (HAS_FP: attended here, BNF at a time, all the rows of a
+    program sharing KV head hk's tiles) and the chunk's causal state (oc, lsec; `dense.attend_chunks`) of BR stacked
+    rows sr = g x C + i (query i of sequence b, head hk x GROUP + g) -> out. Rows are whole contiguous vectors: o0 goes
+    to the natural order in registers ((VM, VH): `tiles.permute.perm_kind`; VM 0: the state stays in V's tile order,
+    and oc, the buffer's values and out go through VPERM instead). ROT = log2 D > 0: o0 is of a rotated V (v H) while
+    the chunk's state, the queries and the buffer are in the model's own space (`run`): o0 is un-rotated here
+    (`fwht_rows`, H symmetric; RC = 1 / sqrt(D))."""
     b = tl.program_id(0)
     sr = tl.program_id(1) * BR + tl.arange(0, BR)
     hk = tl.program_id(2)
@@ -124,26 +130,56 @@ def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, so0, so1, s00,
         d = tl.arange(0, D)
         rd = rm & (tl.zeros([BR], tl.int32) + tl.load(DONE + b) != 0)  # the sequence's prefix went dense
         row = (tl.load(ROWS + b) + sr).to(tl.int64)
-        m0 = tl.load(LSE0 + hk * sl0 + row * sl1, mask=rd, other=float("-inf")) * LOG2E_  # base 2
-        o0 = tl.load(O0 + hk * s00 + row[:, None] * s01 + d[None, :], mask=rd[:, None], other=0.0).to(tl.float32)
-        cols = d[None, :]
+        m_i = tl.load(LSE0 + hk * sl0 + row * sl1, mask=rd, other=float("-inf")) * LOG2E_  # base 2
+        l_i = tl.where(rd, 1.0, 0.0)
+        acc = tl.load(O0 + hk * s00 + row[:, None] * s01 + d[None, :], mask=rd[:, None], other=0.0).to(tl.float32)
+        vcols = d
         if VM == 0:
-            cols = tl.load(VPERM + d)[None, :]  # o0 stays in the tile order; oc / out through the perm
+            vcols = tl.load(VPERM + d)  # the state stays in the tile order; oc / values / out through the perm
         else:
-            o0 = to_natural_order(o0, BR, D, VM, VH)
+            acc = to_natural_order(acc, BR, D, VM, VH)
+        if ROT > 0:
+            acc = fwht_rows(acc, BR, D, ROT, RC)
+        if HAS_FP:  # scores are invariant to the column order: queries and buffer keys both in the natural one
+            q = tl.load(Q + (q0 + i)[:, None] * sq0 + heads[:, None] * sq1 + d[None, :], mask=rm[:, None], other=0.0)
+            q = q_operand(q.to(tl.float32) * qk_scale, DOT)  # [BR, D]
+            F = tl.load(FPLEN + b)
+            for t0 in range(0, F, BNF):
+                kt, v, fm = fp_tile(KFP, VFP, b, hk, t0, F, d, vcols, kf0, kf1, kf2, vf0, vf1, vf2, BNF)
+                m_i, l_i, acc = softmax_step(q, kt, v, fm[None, :], m_i, l_i, acc, 1.0, 1.0, DOT)
         lc = tl.load(LSEC + b * slcb + heads * slch + (i + q0 * lsec_glob) * slci, mask=rm,
                      other=float("-inf")) * LOG2E_
-        oc = tl.load(OC + (q0 + i)[:, None] * soc0 + heads[:, None] * soc1 + cols, mask=rm[:, None],
+        oc = tl.load(OC + (q0 + i)[:, None] * soc0 + heads[:, None] * soc1 + vcols[None, :], mask=rm[:, None],
                      other=0.0).to(tl.float32)
-        m_new = tl.maximum(m0, lc)
+        m_new = tl.maximum(m_i, lc)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(rd, tl.exp2(m0 - m_safe), 0.0)
+        alpha = tl.exp2(m_i - m_safe)
         beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
-        acc = o0 * alpha[:, None] + oc * beta[:, None]
-        l_i = alpha + beta
+        acc = acc * alpha[:, None] + oc * beta[:, None]
+        l_i = l_i * alpha + beta
         o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # NaN stays NaN
-        tl.store(OUT + (q0 + i)[:, None] * so0 + heads[:, None] * so1 + cols, o.to(OUT.dtype.element_ty),
+        tl.store(OUT + (q0 + i)[:, None] * so0 + heads[:, None] * so1 + vcols[None, :], o.to(OUT.dtype.element_ty),
                  mask=rm[:, None])
+
+
+def _merge(out, q, qo_indptr, kv: PagedKV, k_fp, v_fp, init, ch, V: dict, sm_scale: float, config: ExtendConfig,
+           group: int, max_qo_len: int, rot: int) -> None:
+    """Launch `_merge_kernel` into out: the dense prefix's state `init`, the buffer k_fp / v_fp (in q's space) and the
+    chunk's state `ch`; rot = log2 D un-rotates the prefix's state (a rotated V of fused rotations)."""
+    B, Hk = qo_indptr.shape[0] - 1, kv.n_kv_heads
+    D = q.shape[-1]
+    BR = max(16, 8192 // D)
+    vm, vh = V["pm"]
+    o0, lse0 = init[1], init[2]
+    has_fp = k_fp is not None
+    kf, vf = (k_fp, v_fp) if has_fp else (out, out)
+    _merge_kernel[(B, triton.cdiv(group * max_qo_len, BR), Hk)](
+        out, qo_indptr, init[0], init[3], o0, lse0, ch[0], ch[1], V["perm"], q, kf, vf,
+        kv.fp_len if has_fp else qo_indptr, sm_scale * LOG2E, out.stride(0), out.stride(1), o0.stride(-3),
+        o0.stride(-2), lse0.stride(-2), lse0.stride(-1), ch[0].stride(0), ch[0].stride(1), *ch[2], int(ch[3]),
+        q.stride(0), q.stride(1), *(kf.stride()[:3] if has_fp else (0, 0, 0)),
+        *(vf.stride()[:3] if has_fp else (0, 0, 0)), GROUP=group, D=D, BR=BR, VM=vm, VH=vh, ROT=rot,
+        RC=norm_constant(D) if rot else 1.0, HAS_FP=has_fp, BNF=16, DOT=dot_mode(config.dot, False), num_warps=4)
 
 
 def why_not(q: torch.Tensor, kv: PagedKV, config: ExtendConfig) -> str | None:
@@ -155,12 +191,13 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
         prefix=None, chunk=None):
     """Launch the extend kernel; returns [C, Hq, D] in q.dtype (written into `out` when given).
 
-    prefix: None, or a callable (q, (K, V) page operands) -> None | (covered [B] int32, o0, lse0 natural log, rows [B]
-    int32, complete) given the rotated queries, that attends the first covered[b] prefix tokens of some sequences
+    prefix: None, or a callable (q, (K, V) page operands, rotate_q) -> None | (covered [B] int32, o0, lse0 natural log,
+    rows [B] int32, complete) given the queries (rotated already, or to be rotated as it stacks them: rotate_q),
+    that attends the first covered[b] prefix tokens of some sequences
     itself (`dense.attend_prefixes`; complete: it covered every sequence's whole prefix); the kernel reads the rest of their prefix, their
     full-precision buffer and chunk, continuing from that softmax state.
     chunk: None, or a callable (q, k_new, v_new, max_qo_len) -> None | (out, lse, lse strides, row_global) given the
-    rotated inputs, that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
+    inputs (rotated, or all in the model's space for a merge-only call of fused rotations), that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
     instead of reading the chunk's keys. With a complete prefix, the chunk attended and no full-precision buffer, only
     the two states are merged (`_merge_kernel`, whole contiguous rows)."""
     Ctot, Hq, D = q.shape
@@ -171,25 +208,37 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     BN = max([config.block_n] + [s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"])
     K = page_operands(kv.k_pages, kv.k_spec, D, False, q.device, kv.k_tensor_scale)
     V = page_operands(kv.v_pages, kv.v_spec, D, False, q.device, kv.v_tensor_scale)
-    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [kv.k_fp, k_new], [kv.v_fp, v_new], kv.k_spec, kv.v_spec, D)
-    rot_v = kv.rotated[1]
+    rot_k, rot_v = kv.rotated
+    # Hadamard specs of one power-of-two block: the dense pass rotates the queries as it stacks them and the merge
+    # un-rotates the prefix's output, so a merge-only call attends the chunk in the model's own space (scores and the
+    # chunk's output are invariant) and runs no torch matmul; otherwise q / the fp keys and values are rotated here
+    fuse = (rot_k or rot_v) and fused_unrotation(D) > 0 and K["pm"][0] > 0 and V["pm"][0] > 0
+    q0, k_new0, v_new0 = q, k_new, v_new
+    if max_qo_len is None:
+        max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
+    has_fp = kv.k_fp is not None
+    init = ch = None
+    tried = False  # the chunk's attention was asked for already (in the model's own space)
+    if prefix is not None and B and max_qo_len:
+        init = prefix(q if fuse else rotate_inputs(q, [], [], kv.k_spec, kv.v_spec, D)[0], (K, V), fuse and rot_k)
+    if fuse and init is not None and init[4] and chunk is not None:
+        ch, tried = chunk(q, k_new, v_new, max_qo_len), True
+        if ch is not None:  # only the buffer left: merge the states, attend the buffer in the model's space
+            if out is None:
+                out = poisoned((Ctot, Hq, D), dtype, q.device)
+            _merge(out, q, qo_indptr, kv, kv.k_fp, kv.v_fp, init, ch, V, sm_scale, config, group, max_qo_len,
+                   fused_unrotation(D) if rot_v else 0)
+            return out
+    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q0, [kv.k_fp, k_new0], [kv.v_fp, v_new0], kv.k_spec, kv.v_spec,
+                                                    D)
     user_out = out
     if out is None or rot_v:
         out = poisoned((Ctot, Hq, D), torch.float32 if rot_v else dtype, q.device)
-    if max_qo_len is None:
-        max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
-    has_fp = k_fp is not None
     kf, vf = (k_fp, v_fp) if has_fp else (out, out)
-    init = prefix(q, (K, V)) if prefix is not None and B and max_qo_len else None
-    ch = chunk(q, k_new, v_new, max_qo_len) if chunk is not None and B and max_qo_len else None
-    if init is not None and init[4] and ch is not None and not has_fp:  # no key left: merge the two states
-        BR = max(16, 8192 // D)
-        vm, vh = V["pm"]
-        o0, lse0 = init[1], init[2]
-        _merge_kernel[(B, triton.cdiv(group * max_qo_len, BR), Hk)](
-            out, qo_indptr, init[0], init[3], o0, lse0, ch[0], ch[1], V["perm"], out.stride(0), out.stride(1),
-            o0.stride(-3), o0.stride(-2), lse0.stride(-2), lse0.stride(-1), ch[0].stride(0), ch[0].stride(1), *ch[2],
-            int(ch[3]), GROUP=group, D=D, BR=BR, VM=vm, VH=vh, num_warps=4)
+    if chunk is not None and B and max_qo_len and not tried:
+        ch = chunk(q, k_new, v_new, max_qo_len)
+    if init is not None and init[4] and ch is not None:  # only the buffer left: merge the states, attend the buffer
+        _merge(out, q, qo_indptr, kv, k_fp, v_fp, init, ch, V, sm_scale, config, group, max_qo_len, 0)
     elif B and max_qo_len:
         QB = max(1, config.block_m // group)
         R = max(16, triton.next_power_of_2(QB * group))

@@ -78,8 +78,9 @@ def test_mixed_batch_some_sequences_dense_some_fused():
                       kw.get("v_tensor_scale"), 3)
     calls = []
 
-    def prefix(qq, ops):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
-        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16, ops=ops)
+    def prefix(qq, ops, rotate_q):  # rows >= 4 * 30: the 2nd and 3rd sequences go dense, the 1st stays fused
+        st = dense.attend_prefixes(qq, qo, kv, 64 ** -0.5, min_rows=100, min_prefix=1, bucket=16, ops=ops,
+                                   rotate_q=rotate_q)
         calls.append(st[0].tolist())
         return st
 
@@ -345,5 +346,47 @@ def test_merge_only_reads_the_state_where_it_lies(lens, cl, gather, monkeypatch)
     got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32,
                  out=torch.full_like(q, float("nan")))
     assert len(launched) == 1
+    assert not torch.isnan(got).any()
+    assert _err(got, ref) < TOL
+
+
+@pytest.mark.parametrize("name", ["int4_had", "k=int4:g32:asym,v=lm3:g32:rot=had", "k=lm3:g32:rot=had,v=q4_0"])
+def test_merge_only_rotations_in_registers(name, monkeypatch):
+    """Hadamard specs of one power-of-two block in a merge-only call: the stacking rotates the queries, the merge
+    un-rotates the prefix's output, and the chunk is attended in the model's own space, so no torch rotation runs
+    (`rotate_inputs` is never called); K rotated, V rotated, or both, equal the reference."""
+    calls = []
+    real = ext_triton.rotate_inputs
+    monkeypatch.setattr(ext_triton, "rotate_inputs", lambda *a: calls.append(1) or real(*a))
+    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 32], [9, 6], 8, 2, 64, 16, name, None), seed=14)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32)
+    assert calls == []
+    assert not torch.isnan(got).any()
+    assert _err(got, ref) < TOL
+
+
+@pytest.mark.parametrize("name,fp", [("q4_0", [3, 0, 17]), ("kivi4", [1, 31, 5]), ("int4_had", [2, 4, 0]),
+                                     ("k=lm3:g32:rot=had,v=int4:g32:sym:pack=ggml:rot=had", [20, 1, 2])])
+def test_merge_only_attends_the_full_precision_buffer(name, fp, monkeypatch):
+    """A complete dense prefix with a full-precision buffer (a window, sinks, a channel-axis group not yet full) still
+    needs no fused pass: the merge launch attends the buffer's tokens itself (ragged lengths, up to 31 of them), in
+    the model's space where the rotations are fused; equal to the reference."""
+    launched = []
+    kernel, fused = ext_triton._merge_kernel, ext_triton._extend_kernel
+
+    class Spy:
+        def __init__(self, k, tag):
+            self.k, self.tag = k, tag
+
+        def __getitem__(self, grid):
+            launched.append(self.tag)
+            return self.k[grid]
+    monkeypatch.setattr(ext_triton, "_merge_kernel", Spy(kernel, "merge"))
+    monkeypatch.setattr(ext_triton, "_extend_kernel", Spy(fused, "fused"))
+    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 32, 96], [9, 6, 12], 8, 2, 64, 32, name, fp), seed=15)
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32)
+    assert launched == ["merge"]
     assert not torch.isnan(got).any()
     assert _err(got, ref) < TOL
