@@ -14,6 +14,8 @@
 #   bash benchmarks/h200_run.sh s12   # Gluon GPU tests + every winner's decode step (17 candidates) + ncu of q4_0
 #   bash benchmarks/h200_run.sh s13   # key smoothing GPU tests + the winners of WINNERS and CANDIDATES' decode step
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
+#   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
+#   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
 #   bash benchmarks/h200_run.sh s16   # issue 17: extend profile (GPU and host) at B 1 / 8 x 8K, cuDNN op schema
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
 #   bash benchmarks/h200_run.sh s15e  # rotated schemes' decode rows at B 32 / B 1 x 32K after the merge un-rotates
@@ -240,6 +242,14 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s16c)  # session 16 (issue 17): GPU extend tests, then the extend table (auto_host, auto, fresh lengths) at every shape
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend tests/kernels/tiles \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-470}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-430}" --extend-backends auto_host,auto --extend-sweep none --fresh "${FRESH:-bf16,q4_0}" \
+    --extend-shapes p32k_b1,p8k_b1,p32k_b8,p8k_b8,smollm2_p8k,d256_p8k 2>&1 | tail -3
   ;;
 s16b)  # session 16 (issue 17): the merge-only launch, batched stacking / dequant: GPU tests, the profile and host profile
   # of s16's cases, then the extend table (auto_host) at the issue's shapes

@@ -39,7 +39,7 @@ BACKENDS = ("auto", "triton", "dense", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
 DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
 DENSE_MIN_FLOPS = 5e10       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
-DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8 and 16-entry codebooks (`slow_in_fused`)
+DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8, codebooks and rotations (`slow_in_fused`)
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
@@ -145,9 +145,11 @@ def _capturing(q) -> bool:
 def slow_in_fused(spec) -> bool:
     """Families the fused kernel dequantizes slowly (H200, B = 1 x 32K, fused / cuDNN: fp8_e4m3 8.5x, q8_0 8.8x, nf4
     and iq4nl 23x, against 2.5-4.4x for bf16, 2-6-bit ints, fp4 and KIVI): fp8, 8-bit ints, 16-entry codebooks
-    other than fp4."""
+    other than fp4; and the Lloyd-Max codebooks and Hadamard-rotated specs, whose fused path also rotates q and the
+    output in torch (SmolLM2's 8K shape, fused at 1.9e10 flops: lm2 / lm3 / lm4 16x cuDNN, int4_had 13x, against
+    2.6-6.7x for the others; sweeps/results/h200/runs/s16c-5ee5d62), while the dense path fuses the rotations."""
     return (spec.fmt.startswith("fp8") or (spec.fmt == "int" and spec.bits == 8)
-            or spec.fmt in ("nf4", "iq4nl"))
+            or spec.fmt in ("nf4", "iq4nl", "lm2", "lm3", "lm4") or spec.rotation == "had")
 
 
 def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, ops,

@@ -174,9 +174,11 @@ def test_min_flops_leaves_small_prefixes_to_the_fused_kernel():
 def test_slow_in_fused_families():
     from kvlab.kernels.extend.api import slow_in_fused
     slow = {n: slow_in_fused(kvlab.scheme(n).k) for n in ("fp8_e4m3", "q8_0", "nf4", "iq4nl", "q4_0", "bf16", "kivi4",
-                                                           "mxfp4", "nvfp4", "int3:g32:asym")}
+                                                           "mxfp4", "nvfp4", "int3:g32:asym", "lm2", "int4_had",
+                                                           "int4:g32:asym")}
     assert slow == {"fp8_e4m3": True, "q8_0": True, "nf4": True, "iq4nl": True, "q4_0": False, "bf16": False,
-                    "kivi4": False, "mxfp4": False, "nvfp4": False, "int3:g32:asym": False}
+                    "kivi4": False, "mxfp4": False, "nvfp4": False, "int3:g32:asym": False, "lm2": True,
+                    "int4_had": True, "int4:g32:asym": False}
 
 
 def test_host_lens_plan_without_a_device_read(monkeypatch):
