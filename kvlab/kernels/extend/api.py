@@ -147,7 +147,7 @@ def slow_in_fused(spec) -> bool:
     and iq4nl 23x, against 2.5-4.4x for bf16, 2-6-bit ints, fp4 and KIVI): fp8, 8-bit ints, 16-entry codebooks
     other than fp4; and the Lloyd-Max codebooks and Hadamard-rotated specs, whose fused path also rotates q and the
     output in torch (SmolLM2's 8K shape, fused at 1.9e10 flops: lm2 / lm3 / lm4 16x cuDNN, int4_had 13x, against
-    2.6-6.7x for the others; sweeps/results/h200/runs/s16c-5ee5d62), while the dense path fuses the rotations."""
+    2.6-6.7x for the others; sweeps/results/h200/runs/s16b-5ee5d62), while the dense path fuses the rotations."""
     return (spec.fmt.startswith("fp8") or (spec.fmt == "int" and spec.bits == 8)
             or spec.fmt in ("nf4", "iq4nl", "lm2", "lm3", "lm4") or spec.rotation == "had")
 
