@@ -47,7 +47,7 @@ COMMANDS = {
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
     "dispatch_header": "written with its decode.csv",
     "store": "python benchmarks/run.py --cases store (H200)",
-    "extend": "bash benchmarks/h200_run.sh extend-table (H200; commit column)",
+    "extend": "bash benchmarks/h200_run.sh s16c (H200; commit column)",
     "extend_before": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
