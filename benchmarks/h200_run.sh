@@ -16,6 +16,7 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s16d  # issue 17: equal chunks through one cuDNN call: tests, profile, auto_host table
 #   bash benchmarks/h200_run.sh s16   # issue 17: extend profile (GPU and host) at B 1 / 8 x 8K, cuDNN op schema
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
 #   bash benchmarks/h200_run.sh s15e  # rotated schemes' decode rows at B 32 / B 1 x 32K after the merge un-rotates
@@ -242,6 +243,17 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s16d)  # session 16 (issue 17): equal chunks through one batched cuDNN call: GPU extend tests, profile at B 8, the
+  # auto_host table at the issue's four shapes
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend tests/kernels/tiles \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -3
+  timeout "${PROF_S:-90}" python3 benchmarks/profile_extend.py --out "$OUT" --cases \
+    "${PROF_CASES:-p8k_b8:q4_0:auto_host,p8k_b8:bf16:auto_host,p32k_b8:q4_0:auto_host}" 2>&1 | grep "^=="
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-260}" --extend-backends auto_host --extend-sweep none --fresh none \
+    --extend-shapes "${EXT_SHAPES:-p8k_b8,p32k_b8,p32k_b1,p8k_b1}" 2>&1 | tail -2
   ;;
 s16c)  # session 16 (issue 17): GPU extend tests, then the extend table (auto_host, auto, fresh lengths) at every shape
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -218,8 +218,9 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
     """The chunks' causal self-attention, all sequences in one varlen call, with its log-sum-exp, for the fused
     kernel to merge (`triton.run(chunk=...)`): key j of a chunk is visible to its query i when j <= i.
 
-    q [C, Hq, D], k_new / v_new [C, Hk, D] (rotated already where the specs are), qo_indptr [B+1]. On a GPU: torch's
-    flash attention (varlen, GQA native, 16-bit: bf16 unless all three are fp16); on the CPU (interpreter tests):
+    q [C, Hq, D], k_new / v_new [C, Hk, D] (rotated already where the specs are), qo_indptr [B+1]. On a GPU: chunks
+    of one length (host_qo) costing CUDNN_CHUNK_MIN_FLOPS or more in one batched cuDNN call (`_cudnn_chunks`), else
+    torch's flash attention (varlen, GQA native, 16-bit: bf16 unless all three are fp16); on the CPU (interpreter tests):
     torch's CPU flash attention per sequence in q's dtype. Returns None where it does not run (the longest chunk
     below `min_rows` (query, head) rows per KV head, a head_dim flash does not take, a failed flash call), else
     (out [C, Hq, D] natural channel order, lse float32 natural log, (stride_b, stride_h, stride_row), row_global):
@@ -245,6 +246,14 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
         return out, lse, (0, lse.stride(0), lse.stride(1)), True
     dt = torch.float16 if q.dtype == k_new.dtype == v_new.dtype == torch.float16 else torch.bfloat16
     key = (q.device.type, D, dt)
+    if host_qo is not None and (D, dt) not in _NO_CUDNN_CHUNK:
+        nb = len(host_qo) - 1
+        cb = host_qo[1] - host_qo[0] if nb else 0
+        if nb and cb and host_qo[-1] == nb * cb == C and all(e - a == cb for a, e in zip(host_qo, host_qo[1:])) \
+                and 2 * nb * cb * cb * Hq * D >= CUDNN_CHUNK_MIN_FLOPS:
+            res = _cudnn_chunks(q, k_new, v_new, nb, cb, sm_scale, dt)
+            if res is not None:
+                return res
     if key in _NO_FLASH:
         return None
     qq, kk, vv = (t.to(dt) if t.stride(-1) == 1 else t.to(dt).contiguous() for t in (q, k_new, v_new))
@@ -258,6 +267,41 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
     if lse.dim() == 2:  # [Hq, C]: FlashAttention's unpadded layout
         return out, lse, (0, lse.stride(0), lse.stride(1)), True
     return out, lse, (lse.stride(0), lse.stride(1), lse.stride(2)), False  # [B, Hq, max_qo_len]
+
+
+# chunks of equal length (known on the host) whose causal part costs at least this (2 x B x C^2 x Hq x D) go through
+# one batched cuDNN call instead of flash varlen: flash ran B 8 x 1,024 x Hq 32 in 0.336 ms (205 TFLOP/s,
+# runs/s16b-5ee5d62), a fifth of the call; at batch 1 (8.6e9) the extra host time of cuDNN's op outweighs its gain
+CUDNN_CHUNK_MIN_FLOPS = 2e10
+_NO_CUDNN_CHUNK: set = set()  # (D, dtype) where the cuDNN chunk call raised: flash keeps the chunk
+
+
+def _cudnn_chunks(q, k_new, v_new, nb: int, cb: int, sm_scale: float, dt):
+    """The causal self-attention of nb chunks of cb tokens each in one cuDNN call (square, so its top-left causal
+    mask is the chunk's), GQA heads expanded to Hq where cuDNN does not take them as they are; None where it raises.
+    Returns attend_chunks' tuple with the padded [B, Hq, cb] log-sum-exp layout."""
+    C, Hq, D = q.shape
+    G = Hq // k_new.shape[1]
+
+    def bhsd(t):  # [C, H, D] -> [nb, H, cb, D] view (sequence-major memory, as the model's tensors lie)
+        return t.to(dt).reshape(nb, cb, t.shape[1], D).transpose(1, 2)
+    for expand in (False, True):
+        kk, vv = (t.repeat_interleave(G, dim=1) if expand and G > 1 else t for t in (k_new, v_new))
+        if expand and G == 1:
+            break
+        try:
+            res = torch.ops.aten._scaled_dot_product_cudnn_attention(bhsd(q), bhsd(kk), bhsd(vv), None, True, 0.0,
+                                                                      True, False, scale=sm_scale)
+        except RuntimeError:
+            continue
+        out, lse = res[0], res[1]
+        if tuple(out.shape) != (nb, Hq, cb, D) or lse.numel() < nb * Hq * cb:
+            continue
+        out = out.transpose(1, 2).reshape(C, Hq, D)  # a view where cuDNN kept q's layout
+        lse = lse.reshape(nb, Hq, -1)[..., :cb].float()
+        return out, lse, (lse.stride(0), lse.stride(1), lse.stride(2)), False
+    _NO_CUDNN_CHUNK.add((D, dt))
+    return None
 
 
 def _merge(o, lse, o2, lse2):

@@ -392,3 +392,21 @@ def test_merge_only_attends_the_full_precision_buffer(name, fp, monkeypatch):
     assert launched == ["merge"]
     assert not torch.isnan(got).any()
     assert _err(got, ref) < TOL
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the batched cuDNN chunk call runs on the GPU only")
+@pytest.mark.parametrize("name", ["q4_0", "int4_had"])
+def test_equal_chunks_through_one_cudnn_call(name, monkeypatch):
+    """Chunks of one length with their lengths on the host attend their causal parts in one batched cuDNN call
+    (threshold lowered to take these small ones); the result equals the reference, and flash is not called."""
+    monkeypatch.setattr(dense, "CUDNN_CHUNK_MIN_FLOPS", 0)
+    flash = []
+    real = torch.ops.aten._flash_attention_forward
+    monkeypatch.setattr(dense.torch.ops.aten, "_flash_attention_forward", lambda *a, **k: flash.append(1) or real(*a, **k),
+                        raising=False)
+    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 96, 32], [40, 40, 40], 8, 2, 64, 16, name, [1, 0, 3]), seed=16)
+    hl = (qo.tolist(), args[2].tolist(), args[4].tolist())
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32, host_lens=hl)
+    assert flash == [] and dense._NO_CUDNN_CHUNK == set()
+    assert _err(got, ref) < TOL
