@@ -2,7 +2,7 @@
 
     python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--packed 0|1]
 
---packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
+--rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
 bandwidth measured in the same process.
 """
@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("schemes", nargs="+")
     ap.add_argument("--configs", default="16x4,32x4")
     ap.add_argument("--packed", type=int, default=1)
+    ap.add_argument("--rare", type=int, default=1, help="0: compile without the exact fallbacks of rare tiles "
+                    "(`store.triton.RARE_PATHS`; codes may then differ from the oracle's: timing only)")
     a = ap.parse_args()
     import triton
 
@@ -33,6 +35,9 @@ def main() -> None:
     from kvlab.kernels.store import triton as st
     from run import SCHEMES, page_size
     st.PACKED_LOADS = bool(a.packed)
+    if not a.rare:
+        import triton.language as tl
+        st.RARE_PATHS = tl.constexpr(False)
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20, return_mode="median")
@@ -45,7 +50,7 @@ def main() -> None:
             cfg = StoreConfig(block_r=br, num_warps=nw)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
-            print(f"variant packed={a.packed} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+            print(f"variant packed={a.packed} rare={a.rare} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 
