@@ -230,7 +230,7 @@ class Paper:
                 "and merging the two by log-sum-exps runs at "
                 f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B8 32K')}-"
                 f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B8 32K')}x cuDNN on dense bf16 K/V for all "
-                f"{len(sel)} schemes when the caller gives the lengths on the host (as the pool's prefill does; "
+                f"{c(len(sel), 'd', 'extend', 'rows, auto_host B8 32K')} schemes when the caller gives the lengths on the host (as the pool's prefill does; "
                 f"{c(auto.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto B8 32K')}-"
                 f"{c(auto.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto B8 32K')}x when extend "
                 "reads them back from the device), where the fused kernel alone took "
