@@ -64,8 +64,10 @@ RARE_PATHS = tl.constexpr(True)
 # offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
 # element). False: the per-element loads (for `benchmarks/store_variants.py`)
 PACKED_LOADS = True
+# the rare exact fallback of group-row specs in a second launch over flagged programs (`two_pass`); False: inline
+TWO_PASS = True
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
-                "ROT", "PK"]
+                "ROT", "PK", "TWO"]
 
 
 @triton.jit
@@ -456,14 +458,14 @@ def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, S
 
 
 @triton.jit
-def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid, h,
-                grp, HK: tl.constexpr, P: tl.constexpr, D: tl.constexpr, CHAN: tl.constexpr, FMT: tl.constexpr,
+def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st,
+                sh, sd, pid, h, grp, HK: tl.constexpr, P: tl.constexpr, D: tl.constexpr, CHAN: tl.constexpr, FMT: tl.constexpr,
                 G: tl.constexpr, NG: tl.constexpr,
                 STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                WH: tl.constexpr, PK: tl.constexpr, BLOCK_R: tl.constexpr):
+                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -474,7 +476,10 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     CHAN (channel-axis groups, KIVI keys): the group rows are BLOCK_R channels of one G-token group (program grp),
     the elements of a row G consecutive tokens; everything after the loads is the same. PK (sequential packing of
     16-bit inputs with unit element stride, rows aligned): the K elements of a byte are K contiguous 16-bit values,
-    loaded as one 2K-byte word and cut by shifts, so a warp's load is one contiguous run instead of K strided ones."""
+    loaded as one 2K-byte word and cut by shifts, so a warp's load is one contiguous run instead of K strided ones.
+    TWO (the rare exact fallback, `run`): 0 inline (a tile with a rare element recomputes its codes exactly here);
+    1 the main pass of two: fast codes only, flag_ptr[prog] = whether the tile has a rare element; 2 the fixup pass
+    (entered only for flagged programs): the exact codes."""
     R: tl.constexpr = BLOCK_R * NG
     K: tl.constexpr = 8 // W
     NB: tl.constexpr = G // K
@@ -604,9 +609,13 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     # the fast codes of every element tile, and one block-wide check of their rare exact fallback for all of them (a
     # check per tile is a reduction and a barrier each: K of them a program)
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
-    byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC,
-                           HW, CBS, 1 if HAS_ODD else 0, K, W, WH)
-    if HAS_ODD:
+    if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
+        byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
+                               XORC, HW, CBS, 2, K, W, WH)
+    else:
+        byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
+                               XORC, HW, CBS, 1 if HAS_ODD else 0, K, W, WH)
+    if HAS_ODD and TWO != 2:
         odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
         if K >= 2:
             odd = odd | _odd(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
@@ -614,7 +623,9 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             odd = odd | _odd(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
             odd = odd | _odd(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
         odd = tl.where(live[:, None], odd, 0)  # rows past T or skipped (their zero scales would count as odd)
-        if tl.max(odd) > 0:  # rare: every tile of the program by the exact path
+        if TWO == 1:  # the main pass: the fixup pass recomputes a flagged program (its codes here are overwritten)
+            tl.store(flag_ptr + prog, tl.max(odd))
+        elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path
             byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                    XORC, HW, CBS, 2, K, W, WH)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
@@ -635,7 +646,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
 
 
 @triton.jit
-def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr,
+def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr,
                   T, st, sh, sd,
                   HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr,
                   G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr, NGP: tl.constexpr, CHAN: tl.constexpr,
@@ -645,15 +656,16 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, PK: tl.constexpr,
-                  BLOCK_R: tl.constexpr):
+                  TWO: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
     if FLAT:  # token rows, one bit plane: the group-row tile
-        _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, T, st, sh, sd, pid,
-                    h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT, HAS_TS, RND, RECIP, OFF,
-                    QMAX, XORC,
-                    W0, ST0, HW, CBS, ROT, RC, W1, PK, BLOCK_R)
+        prog = (pid * tl.num_programs(1) + h) * tl.num_programs(2) + grp
+        if TWO != 2 or tl.load(flag_ptr + prog) != 0:  # the fixup pass: flagged programs only
+            _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog,
+                        T, st, sh, sd, pid, h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT,
+                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -876,15 +888,33 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
-    args = (x, codes, scales, zeros, slots, static, ts, lut, T, *x.stride())
+    two = TWO_PASS and two_pass(p)
+    # one int32 flag per program of the main pass (every program writes its own), for the smallest candidate tile
+    flags = (torch.empty(triton.cdiv(n_rows, min(c.block_r for c in CANDIDATES)) * Hk * n_grp, dtype=torch.int32,
+                         device=x.device) if two else dummy)
+    args = (x, codes, scales, zeros, slots, static, ts, lut, flags, T, *x.stride())
     const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), PK=packed_loads(x, p), **p)
     if config is None and interpreting():
         config = StoreConfig(block_r=min(16, max(4, next_pow2(n_rows))), num_warps=4)
-    if config is not None:
+    tuned = None
+    if config is None:  # the autotuner times and runs the main pass
+        tuner = _autotuned()
+        tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)](*args, **const, TWO=int(two),
+                                                                              enable_fp_fusion=False)
+        best = tuner.best_config
+        config = tuned = StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps)
+        modes = (2,) if two else ()
+    else:
+        modes = (1, 2) if two else (0,)
+    for mode in modes:  # the main pass (unless tuned), then the fixup pass with the same tiles
         _store_kernel[(triton.cdiv(n_rows, config.block_r), Hk, n_grp)](
-            *args, **const, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False)
-        return None
-    tuner = _autotuned()
-    tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)](*args, **const, enable_fp_fusion=False)
-    best = tuner.best_config
-    return StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps)
+            *args, **const, TWO=mode, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False)
+    return tuned
+
+
+def two_pass(p: dict) -> bool:
+    """Whether the kernel constexprs `p` store in two launches: group-row specs with a rare exact fallback (IEEE
+    division as a multiply, sorted-codebook brackets) keep it out of the main kernel, whose every program it slowed
+    3x (H200, int4:g32:asym 0.19 -> 0.58 of copy without it: benchmarks/NOTES_store.md, session 16); the second
+    launch recomputes only the programs the first flagged."""
+    return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1)))

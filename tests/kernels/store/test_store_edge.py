@@ -356,3 +356,45 @@ def test_packed_word_loads(name, dtype):
     assert not packed_loads(odd, kernel_params(spec, 64))
     tri_odd, _ = run_store(odd, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, tri_odd, f"{name} {dtype} element loads", spec)
+
+
+@pytest.mark.parametrize("name", ["int4:g32:asym", "int2:g16:asym"])
+def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
+    """Group-row division specs store in two launches (`two_pass`): the main pass's fast codes differ from the oracle's
+    on quotients near a rounding boundary (so the input needs the fallback), and the fixup pass, which recomputes only
+    the programs the main pass flagged, makes every byte the oracle's; the inline fallback (TWO_PASS off) agrees."""
+    import kvlab.kernels.store.triton as st
+    spec = spec_of(name)
+    G, D = spec.group, 64
+    assert st.two_pass(st.kernel_params(spec, D))
+    grp = _near_half_groups(2 * D // G * 2, G, spec.bits, 11)
+    x = grp.reshape(-1, 1, D).to(DEV)
+    T, P = x.shape[0], 32
+    lay, n_pages = PageLayout(spec, D, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
+    modes = []
+    kernel = st._store_kernel
+
+    class Launch:  # records each launch's pass; drops the fixup when asked
+        skip_fixup = False
+
+        def __getitem__(self, grid):
+            def go(*a, **k):
+                modes.append(k["TWO"])
+                if not (Launch.skip_fixup and k["TWO"] == 2):
+                    kernel[grid](*a, **k)
+            return go
+    monkeypatch.setattr(st, "_store_kernel", Launch())
+    Launch.skip_fixup = True
+    main_only, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+    assert modes == [1, 2] and not torch.equal(main_only["codes"], ref["codes"])
+    assert torch.equal(main_only["scales"], ref["scales"])
+    Launch.skip_fixup = False
+    both, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+    assert_same_pages(ref, both, name)
+    monkeypatch.setattr(st, "TWO_PASS", False)
+    modes.clear()
+    inline, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+    assert modes == [0]
+    assert_same_pages(ref, inline, name + " inline")
