@@ -16,6 +16,7 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s17   # issue 17: two-pass store: tests, one-launch vs two-pass variants, store table
 #   bash benchmarks/h200_run.sh s16d  # issue 17: equal chunks through one cuDNN call: tests, profile, auto_host table
 #   bash benchmarks/h200_run.sh s16   # issue 17: extend profile (GPU and host) at B 1 / 8 x 8K, cuDNN op schema
 #   bash benchmarks/h200_run.sh s15   # Gluon register prefetch on / off at head_dim 256 (kernel probe) + Gluon GPU tests
@@ -243,6 +244,18 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s17)  # next session (issue 17): the two-pass store (fast codes + flagged fixup) on the GPU: store tests, one-launch vs
+  # two-pass variants of the division / codebook families, then the store table for every family (= store.csv)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store 2>&1 \
+    | tee "$OUT/pytest_store.log" | tail -3
+  for t in 0 1; do
+    timeout "${SV_S:-80}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int4:g32:asym int2:g32:asym int3:g32:asym kivi4 nf4 mxfp4 nvfp4 lm2} \
+      --configs "${SV_CONFIGS:-32x4,16x4}" --two "$t" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tail -3
   ;;
 s16d)  # session 16 (issue 17): equal chunks through one batched cuDNN call: GPU extend tests, profile at B 8, the
   # auto_host table at the issue's four shapes
