@@ -70,6 +70,9 @@ class PagedBackend:
         if T == 1:
             self.pool.append_batch(self.seq_ids, layer, k[:, :, 0], v[:, :, 0])  # [B, Hk, D]
             args, kw = self._prefix(layer)
+            if self.kernels == "triton":  # the longest sequence's paged tokens, known on the host: split programs past
+                # it would read nothing (Gemma 3's 512-token sliding layers, short contexts)
+                kw["max_kv_len"] = max([1] + [n for _, n in self._table[0]])
             return decode(q[:, :, 0].to(dt).contiguous(), *args, **kw)[:, :, None].to(q.dtype)
         # static / tensor scales come from the layer's first append (of sequence 0 below): take them now from the same
         # tokens, so this chunk's attention already has them (NVFP4's tensor scale)

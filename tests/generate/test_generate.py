@@ -144,3 +144,26 @@ def test_tensor_scaled_scheme_prefills_and_a_failed_prefill_frees_its_sequences(
     with pytest.raises(RuntimeError, match="kernel failed"):
         generate(model, pool, prompts, 2, chunk=8, kernels="reference")
     assert pool.seq_ids == [] and pool.n_free_pages == n_free
+
+
+@torch.no_grad()
+def test_eager_decode_bounds_the_splits_by_the_longest_paged_sequence(tiny_model, monkeypatch):
+    """The eager backend hands decode the longest sequence's paged (quantized) tokens as max_kv_len, host-known from
+    its block table, so no split program is launched past them; the reference backend gets no bound."""
+    import kvlab.generate.backend as gb
+    seen = []
+    real = gb.decode
+    monkeypatch.setattr(gb, "decode", lambda *a, **k: seen.append(k.get("max_kv_len")) or real(*a, **k))
+    model = tiny_model
+    for kernels in ("triton", "reference"):
+        pool = _pool(model, "q4_0")
+        ids = [pool.add_sequence(), pool.add_sequence()]
+        be = PagedBackend(pool, ids, kernels=kernels)
+        model(torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(5)), positions=torch.arange(20),
+              backend=be)
+        seen.clear()
+        model(torch.randint(0, 64, (2, 1), generator=torch.Generator().manual_seed(6)), positions=torch.tensor([20]),
+              backend=be)
+        want = max(pool.n_quantized(s, 0) for s in ids) if kernels == "triton" else None
+        assert seen == [want] * model.config.n_layers
+        assert kernels == "reference" or want >= 16
