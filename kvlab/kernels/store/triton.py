@@ -66,6 +66,9 @@ RARE_PATHS = tl.constexpr(True)
 PACKED_LOADS = True
 # the rare exact fallback of group-row specs in a second launch over flagged programs (`two_pass`); False: inline
 TWO_PASS = True
+# writes of fewer tokens keep the fallback inline: a decode step's store (B tokens a layer) is launch-bound, where a
+# second launch per layer and tensor would cost more than the slower kernel
+TWO_PASS_MIN_TOKENS = 512
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
                 "ROT", "PK", "TWO"]
 
@@ -888,7 +891,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
-    two = TWO_PASS and two_pass(p)
+    two = TWO_PASS and T >= TWO_PASS_MIN_TOKENS and two_pass(p)
     # one int32 flag per program of the main pass (every program writes its own), for the smallest candidate tile
     flags = (torch.empty(triton.cdiv(n_rows, min(c.block_r for c in CANDIDATES)) * Hk * n_grp, dtype=torch.int32,
                          device=x.device) if two else dummy)

@@ -360,10 +360,12 @@ def test_packed_word_loads(name, dtype):
 
 @pytest.mark.parametrize("name", ["int4:g32:asym", "int2:g16:asym"])
 def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
-    """Group-row division specs store in two launches (`two_pass`): the main pass's fast codes differ from the oracle's
+    """Group-row division specs store writes of TWO_PASS_MIN_TOKENS or more in two launches (`two_pass`); fewer keep
+    the fallback inline (a decode step's store is launch-bound). The main pass's fast codes differ from the oracle's
     on quotients near a rounding boundary (so the input needs the fallback), and the fixup pass, which recomputes only
     the programs the main pass flagged, makes every byte the oracle's; the inline fallback (TWO_PASS off) agrees."""
     import kvlab.kernels.store.triton as st
+    monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", 1)  # (small writes keep the fallback inline)
     spec = spec_of(name)
     G, D = spec.group, 64
     assert st.two_pass(st.kernel_params(spec, D))
@@ -393,8 +395,33 @@ def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
     Launch.skip_fixup = False
     both, _ = run_store(x, slots, lay, n_pages, spec, "triton")
     assert_same_pages(ref, both, name)
-    monkeypatch.setattr(st, "TWO_PASS", False)
-    modes.clear()
-    inline, _ = run_store(x, slots, lay, n_pages, spec, "triton")
-    assert modes == [0]
-    assert_same_pages(ref, inline, name + " inline")
+    for two, min_tokens in ((False, 1), (True, T + 1)):  # switched off; a write below the size bound
+        monkeypatch.setattr(st, "TWO_PASS", two)
+        monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", min_tokens)
+        modes.clear()
+        inline, _ = run_store(x, slots, lay, n_pages, spec, "triton")
+        assert modes == [0]
+        assert_same_pages(ref, inline, f"{name} inline (TWO_PASS {two}, min tokens {min_tokens})")
+
+
+TWO_PASS_SPECS = ["int4:g32:asym", "int3:g32:asym", "kivi4", "nf4", "iq4nl", "lm2:g64", "lm3:g64:rot=had", "mxfp4",
+                  "nvfp4", "int2:g16:asym:s=f32"]
+
+
+@pytest.mark.parametrize("name", TWO_PASS_SPECS, ids=[spec_id(n) for n in TWO_PASS_SPECS])
+def test_two_pass_store_is_the_oracle(name, monkeypatch):
+    """Every family the two-pass store takes (division ints, bit planes, channel-axis keys, sorted codebooks, fp4,
+    rotations), with small writes forced through it: the oracle's bytes on random rows with zero, huge, NaN and
+    subnormal groups."""
+    import kvlab.kernels.store.triton as st
+    monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", 1)
+    spec = spec_of(name)
+    assert st.two_pass(st.kernel_params(spec, 64))
+    x, slots, lay, n_pages, kw = make_input(spec, T=40, seed=21)
+    x[1, 0, :] = 0.0
+    x[2, 1, 3] = float("nan")
+    x[3, 0, :16] *= 1e30
+    x[4, 1, :] *= 1e-40
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    tri, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    assert_same_pages(ref, tri, name)
