@@ -4,9 +4,10 @@ The chunk's own keys/values arrive in full precision (`k_new`/`v_new`); the pref
 quantized pages (`PageLayout`) plus the full-precision buffer, exactly as in `decode`. Backends:
 `reference.py` (torch), `triton.py` (the fused kernel: dequantize in the inner loop) and `dense.py` (the
 prefix dequantized once into a workspace and attended by cuDNN / flash with its log-sum-exp; the chunks' causal
-parts attended by flash varlen with theirs; the fused Triton kernel reads the rest and merges both); this module
-alone chooses, through each backend's `why_not`.
-On a GPU, backend="auto" hands the chunks' causal part to flash (one varlen call for the batch) when the longest
+parts attended by cuDNN (equal chunks) or flash varlen with theirs; a light Triton launch merges the states and attends
+the full-precision buffer, or the fused kernel reads what the dense part left and merges); this module alone chooses,
+through each backend's `why_not`.
+On a GPU, backend="auto" hands the chunks' causal part to cuDNN / flash (one call for the batch) when the longest
 chunk has at least dense.CHUNK_MIN_ROWS (query, head) rows per KV head: the fused kernel spent 0.31 ms on a
 1,024-token chunk at Hq 32 (runs/extend-profile-bea6665), a quarter of the whole call.
 backend="auto" takes the dense prefix on a GPU for a sequence whose chunk has at least DENSE_MIN_ROWS (query, head)

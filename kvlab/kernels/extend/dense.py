@@ -1,8 +1,10 @@
 """Dense-prefix extend: the bulk of a quantized prefix is dequantized once per sequence into a bf16 /
 fp16 workspace and attended by the GPU's dense attention (cuDNN, else flash), which returns the
-softmax's log-sum-exp; the fused Triton extend kernel then continues from that state over the rest
-(the prefix's last partial bucket, the full-precision buffer, the chunk's causal part), so the
-parts merge exactly (`triton.run(..., prefix=...)`). Sequences with short chunks or prefixes stay
+softmax's log-sum-exp. The chunks' causal parts are attended apart (`attend_chunks`: one batched cuDNN
+call for equal chunks, else flash varlen) with theirs. `triton.run` then merges the states: where every
+sequence's prefix was covered, one light launch (`_merge_kernel`) that also attends the full-precision
+buffer; otherwise the fused Triton extend kernel continues from the prefix's state over the rest (the
+prefix's last partial bucket, the buffer, the chunk). Sequences with short chunks or prefixes stay
 wholly with the fused kernel, in the same launch.
 
 Why: prefill is compute-bound, and a dense tensor-core kernel (cuDNN runs wgmma + TMA on Hopper)
@@ -14,10 +16,15 @@ into a workspace, then flash attention varlen, merged by LSE).
 
 Every scheme family works: the workspace is written by the shared dequant tiles the decode and
 extend kernels use (`tiles.attention.kv_tiles`). A prefix longer than `MAX_PIECE` tokens is
-attended in pieces merged by their log-sum-exps, so the workspace stays bounded.
+attended in pieces merged by their log-sum-exps, so the workspace stays bounded. Covered sequences of
+equal shape share one stacking launch, one dequant launch and one attention call (offsets from one
+host table copied once); rows move whole, column orders changed in registers (`tiles.permute`), and a
+Hadamard K spec's queries are rotated as they are stacked.
 
 Backend contract (called by `api.py` only): `why_not(q, kv)`, `attend_prefixes(q, qo_indptr, kv, sm_scale, min_rows,
-min_prefix, bucket, min_flops)` -> None or (covered [B] int32, o0, lse0).
+min_prefix, bucket, row_bucket, min_flops, host_lens, ops, rotate_q)` -> None or (covered [B] int32, o0, lse0, rows [B]
+int32, complete); `attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len, sm_scale, min_rows, host_qo)` -> None or
+(out, lse, lse strides, row_global).
 """
 from __future__ import annotations
 
