@@ -26,6 +26,17 @@ LOG2E_ = tl.constexpr(LOG2E)
 
 
 @triton.jit
+def _merge_state(m_i, l_i, acc, lc, oc):
+    """An online-softmax state (m_i base 2, l_i, acc [R, D]) merged with a normalized part over other keys (its base-2
+    log-sum-exp lc [R], output oc [R, D]) -> (l_i, acc); NaN in either part stays NaN."""
+    m_new = tl.maximum(m_i, lc)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
+    return l_i * alpha + beta, acc * alpha[:, None] + oc * beta[:, None]
+
+
+@triton.jit
 def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
                    INDPTR, INDICES, LAST, KFP, VFP, FPLEN, DONE, O0, LSE0, OC, LSEC, qk_scale, ROWS,
                    sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0, sl1, soc0, soc1, slcb, slch, slci,
@@ -84,12 +95,7 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                          other=float("-inf")) * LOG2E_  # [R], base 2 as the kernel's scores
             oc = tl.load(OC + (q0 + qi)[:, None] * soc0 + heads[:, None] * soc1 + vperm[None, :], mask=rm[:, None],
                          other=0.0).to(tl.float32)  # [R, D] in V's tile order
-            m_new = tl.maximum(m_i, lc)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
-            acc = acc * alpha[:, None] + oc * beta[:, None]
-            l_i = l_i * alpha + beta
+            l_i, acc = _merge_state(m_i, l_i, acc, lc, oc)
         else:
             hi = tl.minimum(C, i0 + QB)  # chunk keys, causal: key j visible to query i when j <= i
             for j0 in range(0, hi, BN):
@@ -151,12 +157,7 @@ def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, Q, KFP, VFP, F
                      other=float("-inf")) * LOG2E_
         oc = tl.load(OC + (q0 + i)[:, None] * soc0 + heads[:, None] * soc1 + vcols[None, :], mask=rm[:, None],
                      other=0.0).to(tl.float32)
-        m_new = tl.maximum(m_i, lc)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        beta = tl.exp2(lc - m_safe)  # NaN when the chunk's part is NaN: the output row stays NaN
-        acc = acc * alpha[:, None] + oc * beta[:, None]
-        l_i = l_i * alpha + beta
+        l_i, acc = _merge_state(m_i, l_i, acc, lc, oc)
         o = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)  # NaN stays NaN
         tl.store(OUT + (q0 + i)[:, None] * so0 + heads[:, None] * so1 + vcols[None, :], o.to(OUT.dtype.element_ty),
                  mask=rm[:, None])
