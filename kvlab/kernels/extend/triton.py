@@ -163,8 +163,8 @@ def _merge_kernel(OUT, QO, DONE, ROWS, O0, LSE0, OC, LSEC, VPERM, Q, KFP, VFP, F
                  mask=rm[:, None])
 
 
-def _merge(out, q, qo_indptr, kv: PagedKV, k_fp, v_fp, init, ch, V: dict, sm_scale: float, config: ExtendConfig,
-           group: int, max_qo_len: int, rot: int) -> None:
+def _launch_merge(out, q, qo_indptr, kv: PagedKV, k_fp, v_fp, init, ch, V: dict, sm_scale: float,
+                  config: ExtendConfig, group: int, max_qo_len: int, rot: int) -> None:
     """Launch `_merge_kernel` into out: the dense prefix's state `init`, the buffer k_fp / v_fp (in q's space) and the
     chunk's state `ch`; rot = log2 D un-rotates the prefix's state (a rotated V of fused rotations)."""
     B, Hk = qo_indptr.shape[0] - 1, kv.n_kv_heads
@@ -194,13 +194,14 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
 
     prefix: None, or a callable (q, (K, V) page operands, rotate_q) -> None | (covered [B] int32, o0, lse0 natural log,
     rows [B] int32, complete) given the queries (rotated already, or to be rotated as it stacks them: rotate_q),
-    that attends the first covered[b] prefix tokens of some sequences
-    itself (`dense.attend_prefixes`; complete: it covered every sequence's whole prefix); the kernel reads the rest of their prefix, their
-    full-precision buffer and chunk, continuing from that softmax state.
+    that attends the first covered[b] prefix tokens of some sequences itself (`dense.attend_prefixes`; complete: it
+    covered every sequence's whole prefix); the kernel reads the rest of their prefix, their full-precision buffer and
+    chunk, continuing from that softmax state.
     chunk: None, or a callable (q, k_new, v_new, max_qo_len) -> None | (out, lse, lse strides, row_global) given the
-    inputs (rotated, or all in the model's space for a merge-only call of fused rotations), that attends every chunk's causal part itself (`dense.attend_chunks`); the kernel merges it
-    instead of reading the chunk's keys. With a complete prefix, the chunk attended and no full-precision buffer, only
-    the two states are merged (`_merge_kernel`, whole contiguous rows)."""
+    inputs (rotated, or all in the model's space for a merge-only call of fused rotations), that attends every chunk's
+    causal part itself (`dense.attend_chunks`); the kernel merges it instead of reading the chunk's keys. With a
+    complete prefix and the chunk attended, one light launch merges the two states and attends the full-precision
+    buffer (`_merge_kernel`, whole contiguous rows)."""
     Ctot, Hq, D = q.shape
     dtype = q.dtype
     B = qo_indptr.shape[0] - 1
@@ -214,24 +215,26 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     # un-rotates the prefix's output, so a merge-only call attends the chunk in the model's own space (scores and the
     # chunk's output are invariant) and runs no torch matmul; otherwise q / the fp keys and values are rotated here
     fuse = (rot_k or rot_v) and fused_unrotation(D) > 0 and K["pm"][0] > 0 and V["pm"][0] > 0
-    q0, k_new0, v_new0 = q, k_new, v_new
+    k_fp, v_fp = kv.k_fp, kv.v_fp
+    if not fuse:  # the pages' space throughout (unrotated specs: unchanged)
+        q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [k_fp, k_new], [v_fp, v_new], kv.k_spec, kv.v_spec, D)
     if max_qo_len is None:
         max_qo_len = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
-    has_fp = kv.k_fp is not None
+    has_fp = k_fp is not None
     init = ch = None
     tried = False  # the chunk's attention was asked for already (in the model's own space)
     if prefix is not None and B and max_qo_len:
-        init = prefix(q if fuse else rotate_inputs(q, [], [], kv.k_spec, kv.v_spec, D)[0], (K, V), fuse and rot_k)
+        init = prefix(q, (K, V), fuse and rot_k)
     if fuse and init is not None and init[4] and chunk is not None:
         ch, tried = chunk(q, k_new, v_new, max_qo_len), True
         if ch is not None:  # only the buffer left: merge the states, attend the buffer in the model's space
             if out is None:
                 out = poisoned((Ctot, Hq, D), dtype, q.device)
-            _merge(out, q, qo_indptr, kv, kv.k_fp, kv.v_fp, init, ch, V, sm_scale, config, group, max_qo_len,
-                   fused_unrotation(D) if rot_v else 0)
+            _launch_merge(out, q, qo_indptr, kv, k_fp, v_fp, init, ch, V, sm_scale, config, group, max_qo_len,
+                          fused_unrotation(D) if rot_v else 0)
             return out
-    q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q0, [kv.k_fp, k_new0], [kv.v_fp, v_new0], kv.k_spec, kv.v_spec,
-                                                    D)
+    if fuse:  # the fused kernel reads the pages' space
+        q, (k_fp, k_new), (v_fp, v_new) = rotate_inputs(q, [k_fp, k_new], [v_fp, v_new], kv.k_spec, kv.v_spec, D)
     user_out = out
     if out is None or rot_v:
         out = poisoned((Ctot, Hq, D), torch.float32 if rot_v else dtype, q.device)
@@ -239,7 +242,7 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     if chunk is not None and B and max_qo_len and not tried:
         ch = chunk(q, k_new, v_new, max_qo_len)
     if init is not None and init[4] and ch is not None:  # only the buffer left: merge the states, attend the buffer
-        _merge(out, q, qo_indptr, kv, k_fp, v_fp, init, ch, V, sm_scale, config, group, max_qo_len, 0)
+        _launch_merge(out, q, qo_indptr, kv, k_fp, v_fp, init, ch, V, sm_scale, config, group, max_qo_len, 0)
     elif B and max_qo_len:
         QB = max(1, config.block_m // group)
         R = max(16, triton.next_power_of_2(QB * group))
