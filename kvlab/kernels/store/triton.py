@@ -892,13 +892,14 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
     lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
     two = TWO_PASS and T >= TWO_PASS_MIN_TOKENS and two_pass(p)
-    # one int32 flag per program of the main pass (every program writes its own), for the smallest candidate tile
-    flags = (torch.empty(triton.cdiv(n_rows, min(c.block_r for c in CANDIDATES)) * Hk * n_grp, dtype=torch.int32,
-                         device=x.device) if two else dummy)
-    args = (x, codes, scales, zeros, slots, static, ts, lut, flags, T, *x.stride())
-    const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), PK=packed_loads(x, p), **p)
     if config is None and interpreting():
         config = StoreConfig(block_r=min(16, max(4, next_pow2(n_rows))), num_warps=4)
+    # one int32 flag per program of the main pass (every program writes its own): for the config's tile, or the
+    # smallest candidate's when the autotuner picks
+    min_r = config.block_r if config is not None else min(c.block_r for c in CANDIDATES)
+    flags = torch.empty(triton.cdiv(n_rows, min_r) * Hk * n_grp, dtype=torch.int32, device=x.device) if two else dummy
+    args = (x, codes, scales, zeros, slots, static, ts, lut, flags, T, *x.stride())
+    const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), PK=packed_loads(x, p), **p)
     tuned = None
     if config is None:  # the autotuner times and runs the main pass
         tuner = _autotuned()
