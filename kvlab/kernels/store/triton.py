@@ -64,8 +64,10 @@ RARE_PATHS = tl.constexpr(True)
 # offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
 # element). False: the per-element loads (for `benchmarks/store_variants.py`)
 PACKED_LOADS = True
-# the rare exact fallback of group-row specs in a second launch over flagged programs (`two_pass`); False: inline
-TWO_PASS = True
+# the rare exact fallback of group-row specs in a second launch over flagged programs (`two_pass`); False: inline.
+# Off: on the H200 the two launches were no faster (int4:g32:asym 0.187 -> 0.182 of copy, kivi4 0.127 -> 0.095, nf4
+# 0.180 -> 0.219; runs/s17-adcc53c): what costs the 3x is the per-element rare check, which the main pass still makes
+TWO_PASS = False
 # writes of fewer tokens keep the fallback inline: a decode step's store (B tokens a layer) is launch-bound, where a
 # second launch per layer and tensor would cost more than the slower kernel
 TWO_PASS_MIN_TOKENS = 512
@@ -918,7 +920,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
 
 def two_pass(p: dict) -> bool:
     """Whether the kernel constexprs `p` store in two launches: group-row specs with a rare exact fallback (IEEE
-    division as a multiply, sorted-codebook brackets) keep it out of the main kernel, whose every program it slowed
-    3x (H200, int4:g32:asym 0.19 -> 0.58 of copy without it: benchmarks/NOTES_store.md, session 16); the second
-    launch recomputes only the programs the first flagged."""
+    division as a multiply, sorted-codebook brackets) keep it out of the main kernel (H200, int4:g32:asym 0.19 -> 0.58
+    of copy with no fallback and no check: benchmarks/NOTES_store.md, session 16); the second launch recomputes only
+    the programs the first flagged. Used only while TWO_PASS is on (off by default: no faster, session 17)."""
     return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1)))
