@@ -27,11 +27,13 @@ def _layouts(scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size: i
 
 
 def layout_page_bytes(lay: PageLayout) -> int:
-    """Bytes of one page of one layout (codes + scales + zeros)."""
+    """Bytes of one page of one layout (codes + scales + zeros + outlier slots)."""
     n = math.prod(lay.code_shape(1)) * (2 if lay.spec.is_float_storage else 1)
     if lay.has_group_scales:
         sb = {"f16": 2, "bf16": 2, "f32": 4, "e8m0": 1, "e4m3": 1}[lay.spec.scale_dtype]
         n += math.prod(lay.scale_shape(1)) * sb * (1 if lay.spec.sym else 2)
+    if lay.spec.outliers:
+        n += math.prod(lay.slot_shape(1)) * 3  # uint8 index + float16 value
     return n
 
 

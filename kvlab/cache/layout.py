@@ -76,6 +76,10 @@ class PageLayout:
             return (n_pages, H, P // G, D)
         return (n_pages, H, P, D // G)
 
+    def slot_shape(self, n_pages: int) -> tuple:
+        """Shape of an `out=N` spec's outlier slots, `pages["out_idx"]` / `["out_val"]`: per token (every axis)."""
+        return (n_pages, self.n_heads, self.page_size, self.spec.outliers)
+
     @property
     def code_dtype(self) -> torch.dtype:
         return FLOAT_TORCH_DTYPES[self.spec.fmt] if self.spec.is_float_storage else torch.uint8
@@ -85,7 +89,7 @@ class PageLayout:
         return SCALE_TORCH_DTYPES[self.spec.scale_dtype]
 
     def bytes_per_token(self) -> float:
-        """Stored bytes per token per head (codes + scales + zeros)."""
+        """Stored bytes per token per head (codes + scales + zeros + outlier slots)."""
         return self.head_dim * self.spec.bits_per_element_at(self.head_dim) / 8
 
     def check_pages(self, pages: dict, device, name: str = "pages", other: str = "x") -> int:
@@ -136,12 +140,22 @@ class PageLayout:
                  f"for spec {spec}, got {getattr(sm, 'shape', sm)}")
         else:
             need(sm is None, lambda: f"{name}['smooth'] is given but spec {spec} does not smooth")
+        for key, dt in (("out_idx", torch.uint8), ("out_val", torch.float16)):
+            t = pages.get(key)
+            if spec.outliers:
+                need(isinstance(t, torch.Tensor) and tuple(t.shape) == self.slot_shape(N) and t.dtype == dt
+                     and t.device == codes.device, lambda: f"{name}[{key!r}] ({dt} {self.slot_shape(N)} on "
+                     f"{codes.device}: the outlier slots) is required for spec {spec}, got "
+                     f"{getattr(t, 'dtype', '')} {tuple(getattr(t, 'shape', ())) or t}")
+            else:
+                need(t is None, lambda: f"{name}[{key!r}] is given but spec {spec} keeps no outlier slots")
         return N
 
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
         """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored), plus "codebook"
         (float32 [16]: the levels, then copies of the last, as the kernels read them) for a calibrated spec and
-        "smooth" (float32 [Hk, D]: the factors the stored keys were divided by) for a smoothed one."""
+        "smooth" (float32 [Hk, D]: the factors the stored keys were divided by) for a smoothed one, "out_idx" (uint8)
+        and "out_val" (float16) [n_pages, Hk, page_size, N] for a spec with N outlier slots."""
         codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)
         scales = zeros = None
         if self.has_group_scales:
@@ -154,4 +168,7 @@ class PageLayout:
         if self.spec.smooth:  # the layer's key smoothing factors, set by the pool (NaN until then)
             out["smooth"] = torch.full((self.n_heads, self.head_dim), float("nan"), dtype=torch.float32,
                                        device=device)
+        if self.spec.outliers:
+            out["out_idx"] = torch.zeros(self.slot_shape(n_pages), dtype=torch.uint8, device=device)
+            out["out_val"] = torch.zeros(self.slot_shape(n_pages), dtype=torch.float16, device=device)
         return out

@@ -64,6 +64,8 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
         for key, t in (("scales", q.scales), ("zeros", q.zeros)):
             if t is not None:
                 pages[key][page, :, blk] = t.transpose(0, 1)[keep]
+        if spec.outliers:  # slots are per token: [Hk, T, N] -> each token's slot
+            _write_slots(pages, q.out_idx.transpose(0, 1), q.out_val.transpose(0, 1), slots, P)
         return
     keep = slots >= 0
     page, off = slots[keep] // P, slots[keep] % P
@@ -76,6 +78,17 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
         pages["scales"][page, :, off] = q.scales
         if q.zeros is not None:
             pages["zeros"][page, :, off] = q.zeros
+    if spec.outliers:
+        pages["out_idx"][page, :, off] = q.out_idx
+        pages["out_val"][page, :, off] = q.out_val
+
+
+def _write_slots(pages: dict, idx: torch.Tensor, val: torch.Tensor, slots: torch.Tensor, P: int) -> None:
+    """Outlier slots idx / val [T, Hk, N] of tokens at `slots` [T] (-1: skipped) into pages["out_idx"/"out_val"]."""
+    keep = slots >= 0
+    page, off = slots[keep] // P, slots[keep] % P
+    pages["out_idx"][page, :, off] = idx[keep]
+    pages["out_val"][page, :, off] = val[keep]
 
 
 def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,
@@ -109,7 +122,10 @@ def read_qtensor(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, s
         s = store_scale(_as_static(scale, codes.device), spec.scale_dtype, elem_fmt=spec.fmt)
     ts = _as_static(tensor_scale, codes.device) if spec.tensor_scale else None
     cb = pages["codebook"][:2 ** spec.bits] if spec.calibrated else None
-    return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32, cb)
+    oi = ov = None
+    if spec.outliers:
+        oi, ov = take(pages["out_idx"], n_tokens), take(pages["out_val"], n_tokens)  # [Hk, n_tokens, N]
+    return QTensor(c, s, z, ts, spec, (Hk, n_tokens, head_dim), torch.float32, cb, out_idx=oi, out_val=ov)
 
 
 def read_values(pages: dict, spec, page_ids, n_tokens: int, head_dim: int, *, scale=None,

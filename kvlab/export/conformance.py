@@ -250,6 +250,15 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
                           "layer's smoothing factors s [KV heads, head_dim] (kv_smoothing.safetensors, "
                           "model.layers.{i}.self_attn.k_smooth); attention multiplies each query head by its KV "
                           "head's s, so q . k is unchanged (kvlab.quant.smoothing)")
+    if spec.outliers:
+        n = spec.outliers
+        d["outlier_slots"] = (f"each token vector keeps its {n} values of largest magnitude (of the stored row: after "
+                              "smoothing and rotation; NaN and inf first, then |x| descending, the lower channel on "
+                              "ties) in full precision; before grouping each of them is replaced by the mean of the "
+                              "other elements of its scale group (0 if none), so it widens no scale; the row's bytes "
+                              f"end with {n} fp16 values (little-endian) then {n} uint8 channel indices per token "
+                              "(an axis-chan row: its tokens' slots in token order); dequantization writes the values "
+                              "over their channels (kvlab.quant.outliers)")
     if spec.rotation == "had":
         d["rotation"] = ("rows are rotated before grouping: x @ H with H the orthonormal Sylvester Hadamard matrix "
                          "(block-diagonal in blocks of the largest power of two dividing head_dim, at most 256), "

@@ -102,7 +102,10 @@ def gather_tokens(pages: dict, spec, page_ids: torch.Tensor, n_tokens: int, D: i
     if spec.tensor_scale:
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=codes.device).reshape(())
     cb = pages["codebook"][:2 ** spec.bits] if spec.calibrated else None  # a calibrated spec's levels
-    q = QTensor(codes, sc, ze, ts, spec, (Hk, T, D), torch.float32, cb)
+    oi = ov = None
+    if spec.outliers:  # the outlier slots, per token: [Hk, T, N]
+        oi, ov = (take(pages[k]).reshape(Hk, T, spec.outliers) for k in ("out_idx", "out_val"))
+    q = QTensor(codes, sc, ze, ts, spec, (Hk, T, D), torch.float32, cb, out_idx=oi, out_val=ov)
     return dequantize(q)[:, :n_tokens]
 
 

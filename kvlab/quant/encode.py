@@ -9,6 +9,9 @@ For the GGML presets this is exactly GGML's block_q4_0 / q4_1 / q5_0 / q5_1 / q8
 no per-group scale (unit-scale fp8, axis tensor, bf16/fp16) store only the codes; a static
 tensor scale (axis tensor, NVFP4's fp32 second level) lives outside the rows, in the spec
 file an exporter writes. Axis chan rows are [token group][channel] blocks.
+
+Outlier slots (`out=N`) follow a row's blocks: each token's N fp16 values (little-endian), then its N uint8
+channel indices (3 N bytes a token; an axis-chan row of G tokens carries its G tokens' slots in token order).
 """
 from __future__ import annotations
 
@@ -32,9 +35,16 @@ def _block_parts(q: QTensor) -> list[torch.Tensor]:
 
 def encode(x: torch.Tensor, spec, **kw) -> np.ndarray:
     """Engine bytes of x [..., T, D]: uint8 array [..., T, row_bytes] ([..., T/G, row_bytes] for axis chan)."""
+    spec = as_spec(spec)
     q = quantize(x, spec, **kw)
     blocks = torch.cat(_block_parts(q), dim=-1)  # [..., A, B, block_bytes]
-    return blocks.reshape(*blocks.shape[:-2], -1).cpu().numpy()
+    rows = blocks.reshape(*blocks.shape[:-2], -1)
+    if spec.outliers:  # [..., T, 3N] per token, after the row's blocks
+        sl = torch.cat([q.out_val.contiguous().view(torch.uint8), q.out_idx], -1)
+        if spec.axis == "chan":
+            sl = sl.reshape(*sl.shape[:-2], sl.shape[-2] // spec.group, -1)
+        rows = torch.cat([rows, sl], -1)
+    return rows.cpu().numpy()
 
 
 def block_bytes(spec, head_dim: int) -> int:
@@ -60,6 +70,14 @@ def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, d
     # Shape of the grouped tensor tells A, B; the block splits into scale/zero/code parts.
     probe = group(torch.empty(shape, device="meta"), spec) if not spec.is_float_storage else None
     A_B = probe.shape[:-1] if probe is not None else (*shape[:-1], 1)
+    oi = ov = None
+    if spec.outliers:  # the slots after each row's blocks: N fp16 values, then N uint8 indices, per token
+        n = spec.outliers
+        rows = t.reshape(*A_B[:-1], -1)
+        tail = 3 * n * (spec.group if spec.axis == "chan" else 1)
+        sl = rows[..., rows.shape[-1] - tail:].reshape(*shape[:-1], 3 * n)
+        ov, oi = sl[..., :2 * n].contiguous().view(torch.float16), sl[..., 2 * n:].contiguous()
+        t = rows[..., :rows.shape[-1] - tail]
     blocks = t.reshape(*A_B, -1)
     sdt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "e8m0": torch.uint8,
            "e4m3": torch.float8_e4m3fn}[spec.scale_dtype]
@@ -81,5 +99,5 @@ def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, d
         if tensor_scale is None:
             raise ValueError(f"spec {spec} has a tensor scale outside the rows; pass tensor_scale=")
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32)
-    q = QTensor(blocks[..., off:].contiguous(), scales, zeros, ts, spec, shape, dtype)
+    q = QTensor(blocks[..., off:].contiguous(), scales, zeros, ts, spec, shape, dtype, out_idx=oi, out_val=ov)
     return dequantize(q)

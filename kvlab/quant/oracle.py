@@ -15,6 +15,7 @@ import torch
 from ..spec import KVQuantSpec, as_spec
 from .formats import (CODEBOOKS, ELEM_EMAX, FLOAT_STORAGE, FP8_MAX, codebook, codebook_absmax, finite_amax, fp8_cast,
                       fp8_value, roundf_away, scale_value, store_scale)
+from . import outliers as _slots
 from .packing import pack, unpack
 from .qtensor import QTensor
 from .rotation import rotate, unrotate
@@ -274,7 +275,12 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool, table=No
     xf = x.float()
     if spec.rotation == "had":
         xf = rotate(xf)
-    xg = group(xf, spec)  # [..., A, B, G]
+    out_idx = out_val = None
+    if spec.outliers:  # the slots leave the dense codes: their elements quantize as the mean of their group's rest
+        out_idx, out_val, mask = _slots.select(xf, spec.outliers)
+        xg = _slots.fill(group(xf, spec), group(mask, spec))
+    else:
+        xg = group(xf, spec)  # [..., A, B, G]
     ts = None
     if spec.tensor_scale:
         ts = torch.as_tensor(tensor_scale if tensor_scale is not None else
@@ -296,9 +302,12 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool, table=No
         u, s_st, m_st = _mse_search(run, xg, spec, ts, u, s_st, m_st, table=table)
     if not packed:
         y = ungroup(_values(u, s_st, m_st, spec, ts, table), spec, shape)
+        if out_idx is not None:
+            y = _slots.apply(y, out_idx, out_val)
         return (unrotate(y) if spec.rotation == "had" else y).to(dtype)
     squeeze = (lambda t: None if t is None else (t.reshape(()) if spec.axis == "tensor" else t.squeeze(-1)))
-    return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype, table)
+    return QTensor(pack(u, spec), squeeze(s_st), squeeze(m_st), ts, spec, shape, dtype, table,
+                   out_idx=out_idx, out_val=out_val)
 
 
 def _mse_search(run, xg, spec: KVQuantSpec, ts, u, s_st, m_st, budget: int = 1 << 27, table=None):
@@ -354,6 +363,9 @@ def dequantize(q: QTensor) -> torch.Tensor:
     m = q.zeros if q.zeros is None or q.zeros.dim() == 0 else q.zeros.unsqueeze(-1)
     xg = _values(u, s, m, spec, q.tensor_scale, check_codebook(q.codebook, spec))
     x = ungroup(xg, spec, q.shape)
+    if spec.outliers:
+        _slots.check_slots(q.out_idx, q.out_val, spec, q.shape)
+        x = _slots.apply(x, q.out_idx, q.out_val)
     if spec.rotation == "had":
         x = unrotate(x)
     if q.smooth is not None:

@@ -26,6 +26,8 @@ class QTensor:
     smooth:       float32 factors of a smoothed spec (`smooth`), broadcastable to shape: the codes hold
                   x / smooth and `dequantize` multiplies back; None otherwise (or for codes read from pages,
                   which hold the smoothed keys)
+    out_idx, out_val: an `out=N` spec's outlier slots, uint8 channel indices and float16 values [..., T, N]
+                  (`kvlab.quant.outliers`; in the rotated / smoothed space of the codes), else None
     """
 
     codes: torch.Tensor
@@ -37,12 +39,14 @@ class QTensor:
     dtype: torch.dtype
     codebook: torch.Tensor | None = None
     smooth: torch.Tensor | None = None
+    out_idx: torch.Tensor | None = None
+    out_val: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes stored: codes + scales + zeros (+ 4 for a tensor scale, + 4 per calibrated level)."""
+        """Bytes stored: codes + scales + zeros + outlier slots (+ 4 for a tensor scale, + 4 per calibrated level)."""
         n = self.codes.numel() + (4 * self.codebook.numel() if self.codebook is not None else 0)
-        for t in (self.scales, self.zeros):
+        for t in (self.scales, self.zeros, self.out_idx, self.out_val):
             if t is not None:
                 n += t.numel() * t.element_size()
         return n + (4 if self.tensor_scale is not None else 0)
@@ -50,4 +54,5 @@ class QTensor:
     def to(self, device) -> "QTensor":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return QTensor(self.codes.to(device), mv(self.scales), mv(self.zeros), mv(self.tensor_scale),
-                       self.spec, self.shape, self.dtype, mv(self.codebook), mv(self.smooth))
+                       self.spec, self.shape, self.dtype, mv(self.codebook), mv(self.smooth), mv(self.out_idx),
+                       mv(self.out_val))

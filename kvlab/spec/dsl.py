@@ -18,6 +18,8 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     cal           calibrated codebook levels (lm2..lm4)
     smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing);
                   smooth=pair ties the factors within RoPE pairs (c, c + D/2): position-independent, for long contexts
+    out=<N>       N outlier slots per token vector (1..8): its N largest-magnitude values kept as fp16 with their
+                  channel index (dense-and-sparse, as KVQuant; kvlab.quant.outliers), 24 bits a slot
 
 A spec preset name (`q4_0`, `mxfp4`, `freetoken:q6_0`, ...) is accepted wherever a spec is.
 `format_spec` (kvlab.spec.text) prints the canonical text: format, group/axis, sym/asym (ints), then every
@@ -77,6 +79,12 @@ def parse_spec(text: str) -> KVQuantSpec:
                 raise ValueError(f"smooth={val!r} in spec {text!r} is not allowed; allowed: smooth (per channel), "
                                  f"{', '.join('smooth=' + v for v in SMOOTH_TIES)}")
             given["smooth"], given["smooth_pairs"] = True, val == "pair"
+        elif tok.startswith("out="):
+            val = tok.partition("=")[2]
+            if not re.fullmatch(r"[1-9]\d*", val):
+                raise ValueError(f"out={val!r} in spec {text!r} is not allowed; allowed: out=1..8 (outlier slots "
+                                 "per token vector)")
+            given["outliers"] = int(val)
         elif "=" in tok:
             key, _, val = tok.partition("=")
             if key not in KEYED:
@@ -87,7 +95,7 @@ def parse_spec(text: str) -> KVQuantSpec:
             given[field] = val
         else:
             raise ValueError(f"unknown token {tok!r} in spec {text!r}; allowed: g<N>, {'|'.join(AXES)}, sym|asym, "
-                             f"{', '.join(k + '=' for k in KEYED)}, {', '.join(FLAGS)}")
+                             f"{', '.join(k + '=' for k in KEYED)}, out=, {', '.join(FLAGS)}")
     axis = given.get("axis")
     if axis is None and "group" in given:
         axis = "tok"

@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .text import format_spec
 from .vocab import (AXES, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, LLOYD_MAX, PACKINGS, ROTATIONS, ROUNDINGS,
-                    SCALE_BYTES,
-                    SCALE_DTYPES, SCALE_RULES, SPEC_VERSION, bit_planes)
+                    OUTLIER_SLOT_BYTES, OUTLIERS_MAX, SCALE_BYTES, SCALE_DTYPES, SCALE_RULES, SPEC_VERSION, bit_planes)
 
 
 
@@ -67,6 +66,11 @@ class KVQuantSpec:
                  energy, which RoPE's rotation leaves unchanged, so the factors hold at positions the calibration
                  text never reached (per-channel factors of post-RoPE keys do not: sweeps/results/quality/
                  passkey_smoothing.txt); tied factors commute with RoPE and could fold into W_q / W_k offline
+    outliers:    N outlier slots per token vector (0: none; text `out=N`, 1..8): the N values of largest magnitude
+                 of each token's head_dim (after smoothing and rotation; NaN and inf first; lowest channel on ties)
+                 are kept as fp16 with their uint8 channel index (`pages["out_val"]`, `pages["out_idx"]`
+                 [pages, Hk, page_size, N]); the dense codes see them replaced by the mean of the rest of their
+                 group (so they widen no scale); dequantization overwrites the N channels (`kvlab.quant.outliers`)
     """
 
     fmt: str = "int"
@@ -86,6 +90,7 @@ class KVQuantSpec:
     calibrated: bool = False
     smooth: bool = False
     smooth_pairs: bool = False
+    outliers: int = 0
 
     def __post_init__(self) -> None:
         _allowed("format", self.fmt, FORMATS)
@@ -154,6 +159,13 @@ class KVQuantSpec:
         if self.smooth and self.pre_rope:
             raise ValueError("smooth factors are per channel of post-RoPE keys (RoPE mixes channel c with c + D/2, "
                              "so they do not commute with it); drop prerope or smooth")
+        if not isinstance(self.outliers, int) or isinstance(self.outliers, bool) or \
+                not 0 <= self.outliers <= OUTLIERS_MAX:
+            raise ValueError(f"outliers={self.outliers!r} out of range; allowed: 0..{OUTLIERS_MAX} slots per token vector")
+        if self.outliers and self.is_float_storage:
+            raise ValueError(f"outlier slots keep values a quantizer would round; {self.fmt} stores every value as it is")
+        if self.outliers and self.pre_rope:
+            raise ValueError("outlier slots are chosen among the stored (post-RoPE) channels; drop prerope or out=")
         if self.pack == "ggml" and self.axis != "tok":
             raise ValueError("pack ggml describes per-token GGML blocks; it needs axis tok")
 
@@ -189,6 +201,11 @@ class KVQuantSpec:
         return self.smooth
 
     @property
+    def needs_outliers(self) -> bool:
+        """Readers and writers keep per-token outlier slots beside the codes (`pages["out_idx"]`, `["out_val"]`)."""
+        return self.outliers > 0
+
+    @property
     def planes(self) -> tuple[int, ...]:
         return bit_planes(self.bits)
 
@@ -204,6 +221,9 @@ class KVQuantSpec:
                              f"allowed groups: {[g for g in range(8, min(head_dim, 256) + 1, 8) if head_dim % g == 0]}")
         if head_dim % 8:
             raise ValueError(f"head_dim {head_dim} must be a multiple of 8 (codes pack into whole bytes)")
+        if self.outliers and not self.outliers < head_dim <= 256:
+            raise ValueError(f"{self.outliers} outlier slots need head_dim in {self.outliers + 1}..256 (uint8 channel "
+                             f"indices), got {head_dim}")
         if self.rotation == "had" and head_dim % 8:
             raise ValueError(f"Hadamard rotation needs head_dim divisible by 8, got {head_dim}")
 
@@ -212,13 +232,14 @@ class KVQuantSpec:
         return n * (1 if self.sym else 2)
 
     def bits_per_element_at(self, head_dim: int = 128) -> float:
-        """Exact stored bits per element (payload + scales + zero points) for rows of head_dim."""
+        """Exact stored bits per element (payload + scales + zero points + outlier slots) for rows of head_dim."""
         if self.is_float_storage:
             return float(self.bits)
+        slots = 8 * OUTLIER_SLOT_BYTES * self.outliers / head_dim if self.outliers else 0.0
         if self.axis == "tensor":
-            return float(self.bits)  # one scale per tensor: amortized to zero
+            return self.bits + slots  # one scale per tensor: amortized to zero
         g = self.group_size(head_dim)
-        return self.bits + 8 * self.scale_bytes_per_group() / g
+        return self.bits + 8 * self.scale_bytes_per_group() / g + slots
 
     @property
     def bits_per_element(self) -> float:

@@ -31,7 +31,7 @@ def format_defaults(fmt: str, axis: str | None = None) -> dict:
         "rule": "unit" if (dense or (fp8 and axis == "tensor")) else ("rms" if fmt.startswith("lm") else "absmax"),
         "recip": False, "rounding": "even", "rotation": "none", "pack": "seq",
         "tensor_scale": False, "pre_rope": False, "twos": False, "calibrated": False,
-        "smooth": False, "smooth_pairs": False,
+        "smooth": False, "smooth_pairs": False, "outliers": 0,
     }
 
 
@@ -54,4 +54,6 @@ def format_spec(spec) -> str:
     for tok, field in FLAGS.items():
         if getattr(spec, field):
             out.append("smooth=pair" if field == "smooth" and spec.smooth_pairs else tok)
+    if spec.outliers:
+        out.append(f"out={spec.outliers}")
     return ":".join(out)

@@ -13,6 +13,9 @@ ROUNDINGS = ("even", "away", "up")
 ROTATIONS = ("none", "had")
 PACKINGS = ("seq", "ggml")
 GROUP_MIN, GROUP_MAX = 8, 256
+# outlier slots (`out=N`): full-precision values kept per token vector, each an fp16 value + a uint8 channel index
+OUTLIERS_MAX = 8
+OUTLIER_SLOT_BYTES = 3
 
 SCALE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "e8m0": 1, "e4m3": 1}
 # Fixed bit width of the non-int formats.

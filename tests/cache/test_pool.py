@@ -48,7 +48,8 @@ def fill(pool, sid, steps, seed=0, layers=None):
 
 SCHEMES = ["q4_0", "q4_0,window=4,sink=2", "k=int4:g16:chan:asym,v=int4:g32:asym,window=8",
            "kivi2", "nvfp4,window=3", "fp8_e4m3:tensor:rule=absmax", "int8:tensor,sink=1",
-           "int4_had,window=5", "k=int4:g32:asym:prerope,v=q8_0", "q4_1,L0=bf16,L-1=int3:g32:asym", "bf16"]
+           "int4_had,window=5", "k=int4:g32:asym:prerope,v=q8_0", "q4_1,L0=bf16,L-1=int3:g32:asym", "bf16",
+           "k=int3:g16:chan:asym:out=2,v=int2:g32:asym:out=1,window=4", "lm3:g64:rot=had:out=1,L1=nf4:out=3"]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

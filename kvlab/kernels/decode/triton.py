@@ -19,13 +19,13 @@ from ..env import gpu_codegen, interpreting, poisoned
 from ...quant.rotation import hadamard
 from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, softmax_step_t, tensor_scales
-from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, merge_splits, page_operands, unsupported
+from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, merge_splits, page_operands, slot_args, unsupported
 
 @triton.jit
 def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS,
                    INDPTR, INDICES, LAST, KFP, VFP, FPLEN, qk_scale, num_splits,
                    sq0, sq1, so0, so1, kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
-                   kf0, kf1, kf2, vf0, vf1, vf2,
+                   kf0, kf1, kf2, vf0, vf1, vf2, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                    P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
                    HAS_VTS: tl.constexpr, DOT: tl.constexpr, DIRECT: tl.constexpr,
@@ -57,7 +57,7 @@ def _decode_kernel(Q, OUT, OP, LSE, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM
         acc = tl.zeros([D, GP], tl.float32)  # out^T
     for t0 in range(lo, hi, BN):
         kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm, kc0, kc1, kc2, kc3,
-                         ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, ROWFIRST, PIN)
+                         ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, ROWFIRST, PIN, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1)
         valid = (t0 + tl.arange(0, BN)) < hi
         if KVMAJOR:
             m_i, l_i, acc = softmax_step_t(qt, tl.trans(kt), v, valid[:, None], m_i, l_i, acc, kts, vts, DOT)
@@ -129,7 +129,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: TritonDecodeConfig, out=None, p
             kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else kv.kv_last_page_len,
             sm_scale * LOG2E, S, qr.stride(0), qr.stride(1), out.stride(0), out.stride(1),
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
-            *(vf.stride()[:3] if has_fp else (0, 0, 0)),
+            *(vf.stride()[:3] if has_fp else (0, 0, 0)), *slot_args(K, V),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, GP=GP, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot, DIRECT=S == 1, ROWFIRST=int(rowfirst),
             PIN=int(pin_on), KVMAJOR=int(config.orient == "kv"), num_warps=config.num_warps,

@@ -38,7 +38,7 @@ import triton.language as tl
 from ..env import interpreting
 from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
-from ..tiles.operands import page_operands
+from ..tiles.operands import page_operands, slot_args
 from ..tiles.permute import to_tile_order
 from ..tiles.rotate import fwht_rows
 from ...quant.rotation import norm_constant
@@ -54,6 +54,7 @@ ATTN_ORDER = "cudnn,flash"  # tried in this order; KVLAB_DENSE_ATTN overrides (e
 @triton.jit
 def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IND, IOFF, L,
                     kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, son, so0, so1,
+                    KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1,
                     KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                     HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
     """Tokens t0..t0+BT of sequence n's pages (ids at IND + IOFF[n]), KV head hk -> OK / OV [n, Hk, L, D] (n stride
@@ -69,7 +70,7 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
     kperm = tl.load(KPERM + d)
     vperm = tl.load(VPERM + d)
     kt, v = kv_tiles(OK, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
-                     ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BT, D, 0, 0)  # [D, BT], [BT, D]
+                     ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BT, D, 0, 0, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1)  # [D, BT], [BT, D]
     k = tl.trans(kt).to(tl.float32)
     v = v.to(tl.float32)
     if HAS_KTS:
@@ -160,7 +161,7 @@ def _dequant(kv: PagedKV, ops: tuple, ioff, n_seq: int, n: int, D: int, ok, ov) 
     _dequant_kernel[(triton.cdiv(n, BT), Hk, n_seq)](
         ok, ov, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
         ok if K["ts"] is None else K["ts"], ok if V["ts"] is None else V["ts"], kv.kv_indices, ioff, n,
-        *K["cs"], *K["ss"], *V["cs"], *V["ss"], ok.stride(0), ok.stride(1), ok.stride(2),
+        *K["cs"], *K["ss"], *V["cs"], *V["ss"], ok.stride(0), ok.stride(1), ok.stride(2), *slot_args(K, V),
         KCFG=K["cfg"], VCFG=V["cfg"], P=kv.page_size, BT=BT, D=D, HAS_KTS=K["ts"] is not None,
         HAS_VTS=V["ts"] is not None, num_warps=4)
 

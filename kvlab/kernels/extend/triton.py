@@ -17,7 +17,7 @@ from ..env import poisoned
 from ...quant.rotation import hadamard, norm_constant
 from ..paged import PagedKV, rotate_inputs
 from ..tiles.attention import fp_tile, kv_tiles, q_operand, softmax_step, tensor_scales
-from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, page_operands, unsupported
+from ..tiles.operands import LOG2E, dot_mode, fused_unrotation, page_operands, slot_args, unsupported
 from ..tiles.permute import to_natural_order
 from ..tiles.rotate import fwht_rows
 
@@ -42,6 +42,7 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                    sq0, sq1, skn0, skn1, svn0, svn1, so0, so1, s00, s01, sl0, sl1, soc0, soc1, slcb, slch, slci,
                    lsec_glob,
                    kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, kf0, kf1, kf2, vf0, vf1, vf2,
+                   KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1,
                    KCFG: tl.constexpr, VCFG: tl.constexpr, GROUP: tl.constexpr, QB: tl.constexpr, R: tl.constexpr,
                    D: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, HAS_FP: tl.constexpr, HAS_KTS: tl.constexpr,
                    HAS_VTS: tl.constexpr, DOT: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CHUNK: tl.constexpr):
@@ -82,7 +83,7 @@ def _extend_kernel(Q, KN, VN, OUT, QO, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VP
                           other=0.0).to(tl.float32)  # V's tile order
         for t0 in range(T0, L, BN):  # quantized prefix: visible to every query
             kt, v = kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
-                             ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0)
+                             ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BN, D, 0, 0, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1)
             valid = (t0 + tl.arange(0, BN)) < L
             m_i, l_i, acc = softmax_step(q, kt, v, valid[None, :], m_i, l_i, acc, kts, vts, DOT)
         if HAS_FP:
@@ -257,7 +258,7 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
               else (0, 0, 0, 0)),
             *(ch[0].stride()[:2] if ch else (0, 0)), *(ch[2] if ch else (0, 0, 0)), int(ch[3]) if ch else 0,
             *K["cs"], *K["ss"], *V["cs"], *V["ss"], *(kf.stride()[:3] if has_fp else (0, 0, 0)),
-            *(vf.stride()[:3] if has_fp else (0, 0, 0)),
+            *(vf.stride()[:3] if has_fp else (0, 0, 0)), *slot_args(K, V),
             KCFG=K["cfg"], VCFG=V["cfg"], GROUP=group, QB=QB, R=R, D=D, P=kv.page_size, BN=BN, HAS_FP=has_fp,
             HAS_KTS=K["ts"] is not None, HAS_VTS=V["ts"] is not None, DOT=dot_mode(config.dot, False),
             HAS_INIT=init is not None, HAS_CHUNK=ch is not None,

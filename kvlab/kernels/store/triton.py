@@ -866,6 +866,8 @@ def why_not(spec) -> str | None:
     """None when the kernel stores `spec`; else why (the api then runs the reference)."""
     if spec.rule == "mse":
         return "rule=mse searches 21 clipping ratios per group; the store uses the torch reference for it"
+    if spec.outliers:
+        return "outlier slots (out=N) pick each token's largest values first; the store uses the torch reference for it"
     return None
 
 

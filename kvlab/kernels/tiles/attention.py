@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .dequant import chan_tile, tok_tile
-from .layout import F_CHAN, F_KIND
+from .layout import F_CHAN, F_KIND, F_OUTL
 from .rotate import fwht_rows
 
 
@@ -103,27 +103,50 @@ def q_operand(q, DOT: tl.constexpr):
 def kv_tiles(q, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, hi, hk, kperm, vperm,
              kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2,
              KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-             ROWFIRST: tl.constexpr, PIN: tl.constexpr):
+             ROWFIRST: tl.constexpr, PIN: tl.constexpr, KOI=None, KOV=None, VOI=None, VOV=None, ko0=0, ko1=0, vo0=0,
+             vo1=0):
     """Dequantized K^T [D, BN] and V [BN, D] of tokens t0..t0+BN (rows past hi are 0); token- or
     channel-axis tiles per spec. ROWFIRST: the dot dtype (q's) in the load's row layout, anchored
-    there (pin); bf16 / fp16 pages have nothing to dequantize and are left as they are."""
+    there (pin); bf16 / fp16 pages have nothing to dequantize and are left as they are. KOI / KOV (VOI / VOV):
+    the outlier slots of an `out=N` spec (page / head strides ko0 / ko1), read only when its cfg has them."""
     kt = tl.trans(_rows(q, KC, KS, KZ, KL, IDX, t0, hi, hk, kperm, kc0, kc1, kc2, kc3, ks0, ks1, ks2, KCFG, P, BN, D,
-                        ROWFIRST, PIN))
-    v = _rows(q, VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D, ROWFIRST, PIN)
+                        ROWFIRST, PIN, KOI, KOV, ko0, ko1))
+    v = _rows(q, VC, VS, VZ, VL, IDX, t0, hi, hk, vperm, vc0, vc1, vc2, vc3, vs0, vs1, vs2, VCFG, P, BN, D, ROWFIRST, PIN,
+              VOI, VOV, vo0, vo1)
     return kt, v
 
 
 @triton.jit
 def _rows(q, C, S, Z, LUT, IDX, t0, hi, h, perm, c0, c1, c2, c3, s0, s1, s2, CFG: tl.constexpr, P: tl.constexpr,
-          BN: tl.constexpr, D: tl.constexpr, ROWFIRST: tl.constexpr, PIN: tl.constexpr):
+          BN: tl.constexpr, D: tl.constexpr, ROWFIRST: tl.constexpr, PIN: tl.constexpr, OI, OV, o0, o1):
     """One cache tensor's tile as rows [BN, D]: token-axis tiles as loaded (in the dot dtype and pinned under
-    ROWFIRST), channel-axis tiles transposed."""
+    ROWFIRST), channel-axis tiles transposed; outlier slots written over their channels."""
     if CFG[F_CHAN]:
         x = tl.trans(chan_tile(C, S, Z, LUT, IDX, t0, hi, h, c0, c1, c2, c3, s0, s1, s2, CFG, P, BN, D))
+        if CFG[F_OUTL] > 0:
+            x = slot_values(x, OI, OV, IDX, t0, hi, h, perm, o0, o1, CFG[F_OUTL], P, BN)
     else:
         x = tok_tile(C, S, Z, LUT, IDX, t0, hi, h, perm, c0, c1, c2, s0, s1, s2, CFG, P, BN, D)
+        if CFG[F_OUTL] > 0:
+            x = slot_values(x, OI, OV, IDX, t0, hi, h, perm, o0, o1, CFG[F_OUTL], P, BN)
         if ROWFIRST and CFG[F_KIND] != 0:
             x = pin(x.to(q.dtype), PIN)
+    return x
+
+
+@triton.jit
+def slot_values(x, OI, OV, IDX, t0, hi, h, perm, o0, o1, N: tl.constexpr, P: tl.constexpr, BN: tl.constexpr):
+    """Rows x [BN, D] (column c = channel perm[c]) of tokens t0..t0+BN with each token's N outlier slots written
+    over their channels: indices OI (uint8) and fp16 values OV, [pages, Hk, P, N] (page / head strides o0 / o1).
+    Rows past hi are left as they are."""
+    t = t0 + tl.arange(0, BN)
+    valid = t < hi
+    pg = tl.load(IDX + t // P, mask=valid, other=0).to(tl.int64)
+    base = pg * o0 + h * o1 + (t % P) * N  # [BN]
+    for j in tl.static_range(N):
+        oi = tl.load(OI + base + j, mask=valid, other=255).to(tl.int32)  # 255: no channel (head_dim <= 256)
+        ov = tl.load(OV + base + j, mask=valid, other=0.0)
+        x = tl.where(perm[None, :] == oi[:, None], ov[:, None].to(x.dtype), x)
     return x
 
 

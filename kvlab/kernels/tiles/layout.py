@@ -54,11 +54,12 @@ class TileCfg(NamedTuple):
     asm: int         # GPU fp16 fast path (dequant_half)
     byte_rows: int   # one 8-bit plane read as a [BN, NG, G] byte tile (word 1)
     rows4: int       # rowfirst nibble unpack (dequant_half.nibble_rows)
+    outl: int = 0    # outlier slots per token (`out=N`): written over the dequantized tile (attention.slot_values)
 
 
 (F_KIND, F_G, F_NG, F_WORD, F_NP, F_W0, F_SH0, F_OFF0, F_STR0, F_GAT0, F_W1, F_SH1, F_OFF1, F_STR1, F_GAT1,
  F_W2, F_SH2, F_OFF2, F_STR2, F_GAT2, F_GBU, F_FULL, F_XOR8, F_OFFSET, F_SK, F_ZERO, F_CHAN, F_ASM, F_BYTES,
- F_ROWS) = (tl.constexpr(i) for i in range(len(TileCfg._fields)))
+ F_ROWS, F_OUTL) = (tl.constexpr(i) for i in range(len(TileCfg._fields)))
 PLANE_FIELDS = tl.constexpr(F_W1 - F_W0)  # plane k's fields sit at F_W0 + PLANE_FIELDS * k, ...
 
 
@@ -118,5 +119,6 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False, rowfirst: bo
     xor8 = int(sym_int and spec.bits == 8)
     sk = SCALE_KINDS[spec.scale_dtype] if spec.has_scale and spec.axis != "tensor" else 0
     cfg = TileCfg(KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset,
-                  sk, int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows), int(rows4))
+                  sk, int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows), int(rows4),
+                  spec.outliers)
     return cfg, perm

@@ -34,7 +34,8 @@ def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, ro
     """Kernel arguments of one cache tensor: codes viewed in their widest load unit ("c"), scales ("s"),
     zeros ("z"), codebook ("lut": the format's, or a calibrated spec's pages["codebook"]), column permutation ("perm"),
     its (M, H) form ("pm", `tiles.permute.perm_kind`), per-tensor scale ("ts", float32 [1] or None), the TileCfg
-    ("cfg") and code / scale strides ("cs", "ss")."""
+    ("cfg"), code / scale strides ("cs", "ss"), and an `out=N` spec's outlier slots ("oi", "ov": pages["out_idx"] /
+    ["out_val"], page / head strides "os"; dummies otherwise: `slot_args`)."""
     codes = pages["codes"]
     word, view = 4, codes
     if not spec.is_float_storage:
@@ -62,9 +63,22 @@ def page_operands(pages: dict, spec, D: int, asm: bool, device, tensor_scale, ro
     if zeros is not None and zeros.stride() != scales.stride():
         raise ValueError("zeros must have the same strides as scales")
     ss = list(scales.stride()) if scales is not None else [0, 0, 0]
+    oi, ov, os_ = perm, perm, [0, 0]
+    if spec.outliers:  # outlier slots [N, Hk, P, n], uint8 indices and fp16 values of the same strides
+        oi, ov = pages["out_idx"], pages["out_val"]
+        if oi.stride() != ov.stride() or oi.stride(-1) != 1 or oi.stride(2) != spec.outliers:
+            raise ValueError(f"outlier slots must be contiguous within a (page, head) tile, out_idx and out_val alike; "
+                             f"got strides {oi.stride()} and {ov.stride()}")
+        os_ = [oi.stride(0), oi.stride(1)]
     return dict(c=view, s=perm if scales is None else scales, z=perm if zeros is None else zeros,
                 lut=perm if lut is None else lut, perm=perm, pm=pm, ts=ts, cfg=tuple(cfg),
-                cs=cs[:4] if cfg.chan else cs[:3] + [0], ss=ss[:3], half=bool(cfg.asm))
+                cs=cs[:4] if cfg.chan else cs[:3] + [0], ss=ss[:3], half=bool(cfg.asm), oi=oi, ov=ov, os=os_)
+
+
+def slot_args(K: dict, V: dict) -> tuple:
+    """The outlier-slot kernel arguments of K's and V's page operands: (KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1)
+    (dummies and zero strides for specs without slots; the kernels read them only where the cfg has slots)."""
+    return K["oi"], K["ov"], V["oi"], V["ov"], *K["os"], *V["os"]
 
 
 def dot_mode(cfg_dot: str | None, half: bool) -> int:

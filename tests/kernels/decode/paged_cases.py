@@ -70,6 +70,9 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
                 for key, val in (("scales", qt.scales), ("zeros", qt.zeros)):
                     if pages[key] is not None:
                         pages[key][ids] = val.reshape(Hk, n, *lay.scale_shape(1)[2:]).transpose(0, 1)
+                if spec.outliers:  # the outlier slots, per token
+                    for key, val in (("out_idx", qt.out_idx), ("out_val", qt.out_val)):
+                        pages[key][ids] = val.reshape(Hk, n, P, spec.outliers).transpose(0, 1)
             L = lens[b]
             tail = n * P - L  # poison the unused slots of the last page
             if tail and not spec.is_float_storage and pages["scales"] is not None:
@@ -78,6 +81,8 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
                 s[:, (L - (n - 1) * P) // G:] = float("nan") if s.dtype != torch.uint8 else 255
             elif tail and spec.is_float_storage:
                 pages["codes"][ids[-1], :, L - (n - 1) * P:] = float("nan")
+            if tail and spec.outliers:  # past-the-end slots: real channels, NaN values (read: NaN output)
+                pages["out_val"][ids[-1], :, L - (n - 1) * P:] = float("nan")
         out[f"{name}_pages"] = pages
         out[f"{name}_ts"] = ts
     if fp_lens is not None:

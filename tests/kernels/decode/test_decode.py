@@ -24,6 +24,10 @@ CASES = [
     (2, [17, 40], 8, 2, 64, 16, "k=lm3:g64:rot=had:cal,v=lm4:g32:cal", [3, 0], None),  # calibrated tables
     (2, [17, 40], 6, 2, 64, 16, "k=lm2:g64:s=e4m3:rot=had:smooth,v=lm2:g64:s=e4m3:rot=had", [3, 0], None),  # smoothing
     (2, [32, 64], 8, 2, 64, 32, "kivi4", [5, 31], None),
+    # outlier slots: token- and channel-axis keys, a rotated V, a codebook (slots over every kind of tile)
+    (2, [17, 40], 8, 2, 64, 16, "k=int3:g32:asym:out=2,v=int2:g32:asym:out=1", [3, 0], 2),
+    (2, [32, 64], 8, 2, 64, 32, "k=int2:g32:chan:asym:out=1,v=lm3:g64:rot=had:out=3", [5, 31], None),
+    (1, [50], 4, 1, 128, 16, "nf4:out=4", None, 3),
     (2, [64, 96], 8, 2, 64, 64, "kivi2", [0, 7], 3),
     (3, [1, 17, 63], 8, 2, 64, 16, "q4_0", [1, 0, 4], 3),
     (2, [1, 63], 2, 2, 64, 1, "q8_0", None, 4),
