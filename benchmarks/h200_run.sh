@@ -16,6 +16,7 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s17b  # issue 18: outlier slots (GPU tests, gated decode timings); store ncu rare on/off
 #   bash benchmarks/h200_run.sh s17   # issue 17: two-pass store: tests, one-launch vs two-pass variants, store table
 #   bash benchmarks/h200_run.sh s16d  # issue 17: equal chunks through one cuDNN call: tests, profile, auto_host table
 #   bash benchmarks/h200_run.sh s16   # issue 17: extend profile (GPU and host) at B 1 / 8 x 8K, cuDNN op schema
@@ -244,6 +245,27 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s17b)  # session 17 (issue 18): outlier slots on the GPU (decode / extend tests, every timed pair gated against the
+  # float32 reference, then timed: winners_decode over the evaluated schemes and the search's slot candidates), and
+  # Nsight Compute on the int4:g32:asym store with and without its per-element rare check (issue 17)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/quant/test_outliers.py \
+    tests/kernels/decode/test_decode.py tests/kernels/extend/test_extend.py tests/kernels/extend/test_extend_dense.py \
+    -k "out" 2>&1 | tee "$OUT/pytest_outliers.log" | tail -3
+  pkill -f "pytest" ; sleep 2
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-260}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
+    --winners sweeps/results/quality/outliers/schemes_to_time.csv --candidates "${CANDIDATES:-}" --budget 220 \
+    --fp "${FP:-0:0,32:4}" --bound 2>&1 | tee "$OUT/winners.log" | tail -30
+  for s in ${NCU_SCHEMES:-int4:g32:asym}; do
+    for r in 1 0; do
+      timeout 90 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section Occupancy --section SchedulerStats --section InstructionStats \
+        python3 benchmarks/profile_store.py "$s" --block-rows 32 --rare "$r" > "$OUT/ncu_store_${s//:/_}_rare$r.txt" 2>&1
+      grep -E "Duration|Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Executed Instructions " \
+        "$OUT/ncu_store_${s//:/_}_rare$r.txt" | sed "s/^/$s rare$r /" | head -16
+    done
+  done
   ;;
 s17)  # next session (issue 17): the two-pass store (fast codes + flagged fixup) on the GPU: store tests, one-launch vs
   # two-pass variants of the division / codebook families, then the store table for every family (= store.csv)

@@ -18,7 +18,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--block-rows", type=int, default=32)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test under TRITON_INTERPRET=1")
+    ap.add_argument("--rare", type=int, default=1, help="0: compile without the rare exact fallbacks and their "
+                    "per-element checks (`store.triton.RARE_PATHS`; timing and profiling only, not exact)")
     a = ap.parse_args()
+    if not a.rare:
+        import triton.language as tl
+        from kvlab.kernels.store import triton as st
+        st.RARE_PATHS = tl.constexpr(False)
     from kvlab.cache.layout import PageLayout
     from kvlab.kernels.configs import StoreConfig
     from kvlab.kernels.store import store
@@ -36,7 +42,7 @@ def main() -> None:
     if a.device == "cuda":
         torch.cuda.synchronize()
     nbytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
-    print(f"profiled store {a.scheme}: {T} tokens, BLOCK_R {a.block_rows}, {nbytes / 1e6:.1f} MB read + written")
+    print(f"profiled store {a.scheme} (rare paths {a.rare}): {T} tokens, BLOCK_R {a.block_rows}, {nbytes / 1e6:.1f} MB read + written")
 
 
 if __name__ == "__main__":
