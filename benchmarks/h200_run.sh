@@ -16,6 +16,7 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s17c  # issue 17: the store's exact quotient + wider codebook bracket: tests, variants, table
 #   bash benchmarks/h200_run.sh s17b  # issue 18: outlier slots (GPU tests, gated decode timings); store ncu rare on/off
 #   bash benchmarks/h200_run.sh s17   # issue 17: two-pass store: tests, one-launch vs two-pass variants, store table
 #   bash benchmarks/h200_run.sh s16d  # issue 17: equal chunks through one cuDNN call: tests, profile, auto_host table
@@ -245,6 +246,21 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s17c)  # session 17 (issue 17): the store's exact quotient (Markstein's correction instead of a near-half check whose
+  # fallback ran in most bf16 tiles) and the codebook bracket up to 32 x the largest level: store GPU tests, variants
+  # (one launch; int4 also without any rare path: the ceiling), the store table (= store.csv)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store 2>&1 \
+    | tee "$OUT/pytest_store.log" | tail -3
+  pkill -f "pytest" ; sleep 2
+  timeout "${SV_S:-100}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int4:g32:asym int2:g32:asym int3:g32:asym kivi4 kivi2 nf4 iq4nl lm2 lm3 lm4 int4_had} \
+    --configs "${SV_CONFIGS:-32x4,16x4}" --two 0 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  timeout 40 python3 benchmarks/store_variants.py int4:g32:asym --configs 32x4 --two 0 --rare 0 2>&1 | grep variant \
+    | tee -a "$OUT/store_variants.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-200}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tail -3
+  cut -d, -f1,3,7 "$OUT/store/store.csv"
   ;;
 s17b)  # session 17 (issue 18): outlier slots on the GPU (decode / extend tests, every timed pair gated against the
   # float32 reference, then timed: winners_decode over the evaluated schemes and the search's slot candidates), and

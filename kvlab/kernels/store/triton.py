@@ -181,17 +181,17 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             den = tl.where(nz, 1.0, s_raw)
             inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))
             v = x * inv if SYM else (x - m_raw) * inv
-        else:  # divide by the scale as stored: x * (1 / s) where that provably rounds to the same code
+        else:  # divide by the scale as stored: the IEEE quotient x / s, by Markstein's correction of x * (1 / s)
             num = x if SYM else x - m_val
             nz = s_val == 0
             den = tl.where(nz, 1.0, s_val)  # [.., 1] per group
             inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(den.shape, 1.0, tl.float32), den))  # one division a group
-            v = num * inv
+            v = _quotient(num, den, inv)
             if MODE == 2:
                 num_b, den_b = tl.broadcast(num, den)
                 v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
             elif RARE_PATHS and MODE == 0:
-                if tl.max(_near_half(v, inv, OFF).to(tl.int32)) > 0:  # rare (~1e-5 an element): IEEE division
+                if tl.max(_inv_odd(inv).to(tl.int32)) > 0:  # rare: a scale past 2^+-100, IEEE division
                     num_b, den_b = tl.broadcast(num, den)
                     v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
         v = tl.where(v != v, 0.0, v)
@@ -249,10 +249,10 @@ def _odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: t
          OFF: tl.constexpr, CBS: tl.constexpr):
     """int32 1 where `_codes`' fast path (MODE 1) may differ from its exact one (MODE 2), 0 elsewhere; all 0 for the
     formats without a fast path (GGML's reciprocal ints, fp8, the full codebook search)."""
-    if FMT == 0 and not RECIP:
+    if FMT == 0 and not RECIP:  # per group: Markstein's quotient is exact unless the reciprocal is out of range
         nz = s_val == 0
         inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), tl.where(nz, 1.0, s_val)))
-        odd = _near_half((x if SYM else x - m_val) * inv, inv, OFF)
+        odd = _inv_odd(inv)
     elif CBS == 1:
         odd = _e2m1_odd(x, s_eff, cb_ptr)
     elif CBS >= 2:
@@ -264,15 +264,21 @@ def _odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: t
 
 
 @triton.jit
-def _near_half(v, inv, OFF: tl.constexpr):
-    """1 where rounding q = x * (1 / s) (v, float32) may give another code than rounding the IEEE quotient x / s:
-    q lies within (|q| + OFF + 2) * 2^-21 of a half-integer (|q - x / s| < |q| * 2^-22; GGML's `up` rounding adds
-    OFF + 0.5 first, one more rounding of (|q| + OFF + 1.5) * 2^-24), or the group's reciprocal is inexact
-    (1 / s past 2^100 or subnormal-close below 2^-100). Shapes: v [..], inv [.., 1] per group."""
-    d = tl.abs((v - tl.floor(v)) - 0.5)  # distance to the nearest half-integer (exact for |v| < 2^23)
-    tol = (tl.abs(v) + (OFF + 2.0)) * 4.76837158203125e-07  # 2^-21; NaN v: not near (codes 0 either way)
-    odd = (inv > 1.2676506002282294e30) | ((inv < 7.888609052210118e-31) & (inv > 0.0))  # 2^100, 2^-100
-    return (d <= tol) | odd
+def _quotient(num, den, inv):
+    """The IEEE float32 quotient num / den from inv = RN(1 / den) with two FMAs (Markstein): q = RN(num * inv) is
+    within an ulp of num / den, so r = num - q den is exact in one FMA and RN(q + r inv) is the correctly rounded
+    quotient, for den's reciprocal within 2^+-100 (`_inv_odd`; the remainder stays normal where the code's rounding
+    depends on it, |num / den| >= 1/2); an infinite or NaN q (num infinite or NaN) is the quotient as it is. Replaces a per-element near-half-integer check whose exact fallback ran in 92%
+    of 32-row programs on bf16 inputs (benchmarks/NOTES_store.md, session 17). inv = 0 (a zero scale) gives 0."""
+    q = num * inv
+    return tl.where(tl.abs(q) < float("inf"), tl.fma(tl.fma(-q, den, num), inv, q), q)  # (an infinite num: q)
+
+
+@triton.jit
+def _inv_odd(inv):
+    """Per group: 1 where the reciprocal of the scale is out of `_quotient`'s range (past 2^100, or below 2^-100 and
+    not 0)."""
+    return (inv > 1.2676506002282294e30) | ((inv < 7.888609052210118e-31) & (inv > 0.0))
 
 
 @triton.jit
@@ -308,8 +314,8 @@ def _sorted_codes(x, s, cb_ptr, N: tl.constexpr):
     `_cb_search` where `_sorted_odd` is 0. A negative s flips x and s (s * cb[j] - x = -(|s| cb[j] - (-x)) exactly),
     so the scaled levels a_j = |s| cb[j] ascend. A binary search (log2 N compares; each level's threshold picked by
     selects over the previous answers) brackets a_i <= x' < a_i+1 (i = 0 below a_1, N - 1 from a_N-1 on); the
-    farther levels' float32 errors are strictly larger (levels at least 2^-16 of the largest apart, |x| within twice
-    the largest: rounding is ~2^-22 of it), so only the two neighbours' errors, computed as the search computes them,
+    farther levels' float32 errors are strictly larger (levels at least 2^-16 of the largest apart, |x| within 32
+    times the largest: rounding is ~2^-18 of it), so only the two neighbours' errors, computed as the search computes them,
     decide, a tie keeping the lower index as the search's first index does; NaN x gives 0 as the search. x [..],
     s [.., 1]."""
     neg = s < 0
@@ -348,8 +354,11 @@ def _sorted_codes(x, s, cb_ptr, N: tl.constexpr):
 @triton.jit
 def _sorted_odd(x, s, cb_ptr, N: tl.constexpr):
     """1 where `_sorted_codes` may differ from the full search: |s| outside [2^-100, 2^100] (zero, NaN, inf,
-    subnormal products), |x| past twice the largest scaled level, or a codebook whose levels are not at least 2^-16
-    of its largest magnitude apart (a calibrated table may be anything ascending)."""
+    subnormal products), |x| past 32 times the largest scaled level, or a codebook whose levels are not at least 2^-16
+    of its largest magnitude apart (a calibrated table may be anything ascending). Past the end levels the two
+    nearest errors differ by a gap >= 2^-16 m s, their float32 rounding by <= 2^-23 (|x| + m s): no tie below
+    |x| = 127 m s. (Twice the level, the bound before session 17, sent most lm2 tiles to the search: an RMS-scaled
+    group of 64 reaches 3 RMS, 2 x lm2's 1.51, in 15% of groups.)"""
     sa = tl.abs(s)
     ok = (sa >= 7.888609052210118e-31) & (sa <= 1.2676506002282294e30)
     c0 = tl.load(cb_ptr)
@@ -359,7 +368,7 @@ def _sorted_odd(x, s, cb_ptr, N: tl.constexpr):
     for j in tl.static_range(2, N):
         gap = tl.minimum(gap, tl.load(cb_ptr + j) - tl.load(cb_ptr + j - 1))
     close = tl.where((gap >= m * 1.52587890625e-05) & (gap > 0), 0, 1)  # 2^-16; NaN or all-equal levels: close
-    return ((~ok | ~(tl.abs(x) <= sa * m * 2.0)).to(tl.int32) + close) > 0
+    return ((~ok | ~(tl.abs(x) <= sa * m * 32.0)).to(tl.int32) + close) > 0
 
 
 @triton.jit

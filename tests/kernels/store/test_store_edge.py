@@ -312,6 +312,7 @@ def test_sorted_codebook_bracket_exact(name, monkeypatch):
     x[0] = -x[0]
     x[1, 0, :32] = 0.0
     x[2:6] = torch.randn(4, 1, D, generator=g) * torch.exp(torch.randn(4, 1, 1, generator=g))
+    x[4, 0, 9] = 60.0  # a spike: ~sqrt(G) RMS, past twice the largest Lloyd-Max level, within the bracket's 32 times
     odd = torch.randn(4, 1, D, generator=g)
     odd[0, 0, 5] = float("nan")
     odd[1, 0, 7] = 1e30
@@ -358,12 +359,12 @@ def test_packed_word_loads(name, dtype):
     _nan_aware_equal(ref, tri_odd, f"{name} {dtype} element loads", spec)
 
 
-@pytest.mark.parametrize("name", ["int4:g32:asym", "int2:g16:asym"])
+@pytest.mark.parametrize("name", ["int4:g32:asym:s=f32", "int2:g16:asym:s=bf16"])  # (f16 scales never reach 2^-100)
 def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
     """Group-row division specs store writes of TWO_PASS_MIN_TOKENS or more in two launches (`two_pass`); fewer keep
-    the fallback inline (a decode step's store is launch-bound). The main pass's fast codes differ from the oracle's
-    on quotients near a rounding boundary (so the input needs the fallback), and the fixup pass, which recomputes only
-    the programs the main pass flagged, makes every byte the oracle's; the inline fallback (TWO_PASS off) agrees."""
+    the fallback inline (a decode step's store is launch-bound). The main pass flags the programs holding a group
+    whose scale is below 2^-100 (out of the exact quotient's range) and no others; the fixup pass recomputes those;
+    every byte is the oracle's, as with the inline fallback (TWO_PASS off)."""
     import kvlab.kernels.store.triton as st
     monkeypatch.setattr(st, "TWO_PASS", True)  # (off by default: slower on the H200, runs/s17-adcc53c)
     monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", 1)  # (small writes keep the fallback inline)
@@ -371,15 +372,16 @@ def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
     G, D = spec.group, 64
     assert st.two_pass(st.kernel_params(spec, D))
     grp = _near_half_groups(2 * D // G * 2, G, spec.bits, 11)
+    grp[::3] *= 2.0 ** -110  # every third group's scale below 2^-100: its reciprocal is out of the quotient's range
     x = grp.reshape(-1, 1, D).to(DEV)
     T, P = x.shape[0], 32
     lay, n_pages = PageLayout(spec, D, P, 1), -(-T // P) + 1
     slots = torch.arange(T, device=DEV) + P
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference")
-    modes = []
+    modes, flags = [], []
     kernel = st._store_kernel
 
-    class Launch:  # records each launch's pass; drops the fixup when asked
+    class Launch:  # records each launch's pass and the main pass's flags; drops the fixup when asked
         skip_fixup = False
 
         def __getitem__(self, grid):
@@ -387,15 +389,22 @@ def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
                 modes.append(k["TWO"])
                 if not (Launch.skip_fixup and k["TWO"] == 2):
                     kernel[grid](*a, **k)
+                if k["TWO"] == 1:
+                    flags.append(a[8].clone())  # (x, codes, scales, zeros, slots, static, ts, lut, flags, ...)
             return go
     monkeypatch.setattr(st, "_store_kernel", Launch())
     Launch.skip_fixup = True
     main_only, _ = run_store(x, slots, lay, n_pages, spec, "triton")
-    assert modes == [1, 2] and not torch.equal(main_only["codes"], ref["codes"])
-    assert torch.equal(main_only["scales"], ref["scales"])
+    assert modes == [1, 2] and torch.equal(main_only["scales"], ref["scales"])
+    assert int((flags[0] != 0).sum()) > 0  # a program holding an out-of-range scale is flagged
+    # (the fast codes are Markstein's exact quotients, so even unfixed they are the oracle's here)
+    assert_same_pages(ref, main_only, name + " main pass")
     Launch.skip_fixup = False
     both, _ = run_store(x, slots, lay, n_pages, spec, "triton")
     assert_same_pages(ref, both, name)
+    flags.clear()
+    run_store((x * 2.0 ** 110).where(x.abs() < 1e-20, x), slots, lay, n_pages, spec, "triton")  # every scale in range
+    assert int((flags[0] != 0).sum()) == 0
     for two, min_tokens in ((False, 1), (True, T + 1)):  # switched off; a write below the size bound
         monkeypatch.setattr(st, "TWO_PASS", two)
         monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", min_tokens)
