@@ -209,8 +209,13 @@ class Paper:
                 f"{c(st.loc['mxfp4', 'fraction_of_copy'], '.2f', 'store', 'mxfp4 / fraction_of_copy')} for mxfp4 and "
                 f"{c(st.loc['int4_had', 'fraction_of_copy'], '.2f', 'store', 'int4_had / fraction_of_copy')} for "
                 "int4_had, whose Hadamard rotation runs inside the kernel (the oracle defines it as a fixed-order fast "
-                "Walsh-Hadamard transform, so the kernel reproduces its bits): the formats with a division, a codebook "
-                "search or bit planes are bound by instruction issue or by one load per element, not by bytes.", "",
+                "Walsh-Hadamard transform, so the kernel reproduces its bits). The integer formats whose codes divide "
+                "by the stored scale reach "
+                f"{c(st.loc['int2', 'fraction_of_copy'], '.2f', 'store', 'int2 / fraction_of_copy')} (int2) and "
+                f"{c(st.loc['int3', 'fraction_of_copy'], '.2f', 'store', 'int3 / fraction_of_copy')} (int3): the "
+                "IEEE quotient is two fused multiply-adds on the reciprocal (Markstein's correction), where a check "
+                "for quotients near a rounding boundary sent most tiles of bf16 inputs to an exact division. The "
+                "codebook searches, channel-axis groups and rotations are bound by instruction issue, not by bytes.", "",
                 self._extend_line(), "", fi_line, ""]
 
     def _extend_line(self) -> str:
