@@ -56,7 +56,7 @@ RND_IDS = {"even": 0, "away": 1, "up": 2}
 # 128 rows 4 warps 79.2, 2 warps 55.9; 64 rows 1 warp 54.9)
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8),
                                                                (128, 4), (128, 8), (64, 1), (64, 2), (128, 2))]
-# the exact fallbacks of rare tiles (IEEE division near a rounding boundary, the full codebook search);
+# the exact fallbacks of rare tiles (IEEE division for scales past 2^+-100, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 RARE_PATHS = tl.constexpr(True)
 # sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
@@ -268,8 +268,9 @@ def _quotient(num, den, inv):
     """The IEEE float32 quotient num / den from inv = RN(1 / den) with two FMAs (Markstein): q = RN(num * inv) is
     within an ulp of num / den, so r = num - q den is exact in one FMA and RN(q + r inv) is the correctly rounded
     quotient, for den's reciprocal within 2^+-100 (`_inv_odd`; the remainder stays normal where the code's rounding
-    depends on it, |num / den| >= 1/2); an infinite or NaN q (num infinite or NaN) is the quotient as it is. Replaces a per-element near-half-integer check whose exact fallback ran in 92%
-    of 32-row programs on bf16 inputs (benchmarks/NOTES_store.md, session 17). inv = 0 (a zero scale) gives 0."""
+    depends on it, |num / den| >= 1/2); an infinite or NaN q (num infinite or NaN) is the quotient as it is.
+    Replaces a per-element near-half-integer check whose exact fallback ran in 92% of 32-row programs on bf16 inputs
+    (benchmarks/NOTES_store.md, session 17). inv = 0 (a zero scale) gives 0."""
     q = num * inv
     return tl.where(tl.abs(q) < float("inf"), tl.fma(tl.fma(-q, den, num), inv, q), q)  # (an infinite num: q)
 

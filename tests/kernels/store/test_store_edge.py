@@ -181,8 +181,7 @@ def test_group_row_path(name, dtype, monkeypatch):
 
 
 def test_group_row_path_selection():
-    """FLAT for token rows of int (reciprocal, or IEEE division now a multiply by the group's reciprocal with a rare
-    exact fallback) and codebook specs in one plane or two sequentially packed planes (3, 5, 6 bits; Lloyd-Max rms
+    """FLAT for token rows of int (reciprocal, or IEEE division as Markstein's two FMAs on the group's reciprocal) and codebook specs in one plane or two sequentially packed planes (3, 5, 6 bits; Lloyd-Max rms
     specs too), for channel-axis groups of one plane (KIVI keys: channels as the group rows); not for fp8,
     GGML-packed bit planes, three planes, float storage, channel-axis bit planes."""
     from kvlab.kernels.store.triton import kernel_params
