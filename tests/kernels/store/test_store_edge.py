@@ -181,8 +181,8 @@ def test_group_row_path(name, dtype, monkeypatch):
 
 
 def test_group_row_path_selection():
-    """FLAT for token rows of int (reciprocal, or IEEE division as Markstein's two FMAs on the group's reciprocal) and codebook specs in one plane or two sequentially packed planes (3, 5, 6 bits; Lloyd-Max rms
-    specs too), for channel-axis groups of one plane (KIVI keys: channels as the group rows); not for fp8,
+    """FLAT for token rows of int (reciprocal, or IEEE division as Markstein's two FMAs on the group's reciprocal)
+    and codebook specs in one plane or two sequentially packed planes (3, 5, 6 bits; Lloyd-Max rms specs too), for channel-axis groups of one plane (KIVI keys: channels as the group rows); not for fp8,
     GGML-packed bit planes, three planes, float storage, channel-axis bit planes."""
     from kvlab.kernels.store.triton import kernel_params
     names = ["q4_0", "q8_0", "fp8_e4m3", "mxfp4", "int4:g32:asym", "freetoken:q4_0", "int3:g32:asym", "bf16",
