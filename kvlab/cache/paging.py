@@ -79,8 +79,7 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
         if q.zeros is not None:
             pages["zeros"][page, :, off] = q.zeros
     if spec.outliers:
-        pages["out_idx"][page, :, off] = q.out_idx
-        pages["out_val"][page, :, off] = q.out_val
+        _write_slots(pages, q.out_idx, q.out_val, slots[keep], P)
 
 
 def _write_slots(pages: dict, idx: torch.Tensor, val: torch.Tensor, slots: torch.Tensor, P: int) -> None:
