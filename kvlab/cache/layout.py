@@ -140,6 +140,14 @@ class PageLayout:
                  f"for spec {spec}, got {getattr(sm, 'shape', sm)}")
         else:
             need(sm is None, lambda: f"{name}['smooth'] is given but spec {spec} does not smooth")
+        pm = pages.get("perm")
+        if spec.permute:
+            need(isinstance(pm, torch.Tensor) and tuple(pm.shape) == (self.n_heads, self.head_dim)
+                 and pm.dtype == torch.int64 and pm.device == codes.device, lambda: f"{name}['perm'] (int64 "
+                 f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's key channel order) is required "
+                 f"for spec {spec}, got {getattr(pm, 'shape', pm)}")
+        else:
+            need(pm is None, lambda: f"{name}['perm'] is given but spec {spec} does not permute")
         for key, dt in (("out_idx", torch.uint8), ("out_val", torch.float16)):
             t = pages.get(key)
             if spec.outliers:
@@ -154,7 +162,9 @@ class PageLayout:
     def allocate(self, n_pages: int, device="cpu") -> dict[str, torch.Tensor | None]:
         """Empty page tensors {"codes", "scales", "zeros"} (scales/zeros None when not stored), plus "codebook"
         (float32 [16]: the levels, then copies of the last, as the kernels read them) for a calibrated spec and
-        "smooth" (float32 [Hk, D]: the factors the stored keys were divided by) for a smoothed one, "out_idx" (uint8)
+        "smooth" (float32 [Hk, D]: the factors the stored keys were divided by) for a smoothed one, "perm" (int64
+        [Hk, D]: the channel order the stored keys are in; the identity until the pool sets it) for a permuted one,
+        "out_idx" (uint8)
         and "out_val" (float16) [n_pages, Hk, page_size, N] for a spec with N outlier slots."""
         codes = torch.empty(self.code_shape(n_pages), dtype=self.code_dtype, device=device)
         scales = zeros = None
@@ -168,6 +178,8 @@ class PageLayout:
         if self.spec.smooth:  # the layer's key smoothing factors, set by the pool (NaN until then)
             out["smooth"] = torch.full((self.n_heads, self.head_dim), float("nan"), dtype=torch.float32,
                                        device=device)
+        if self.spec.permute:
+            out["perm"] = torch.arange(self.head_dim, device=device).repeat(self.n_heads, 1)
         if self.spec.outliers:
             out["out_idx"] = torch.zeros(self.slot_shape(n_pages), dtype=torch.uint8, device=device)
             out["out_val"] = torch.zeros(self.slot_shape(n_pages), dtype=torch.float16, device=device)

@@ -45,7 +45,7 @@ def write_tokens(x: torch.Tensor, pages: dict, slots: torch.Tensor, spec, page_s
     axis-tensor spec, `tensor_scale` NVFP4's fp32 second level (both float32, set by the pool).
     """
     T, Hk, D = x.shape
-    spec = unsmoothed(spec)  # a smoothed spec's pages hold keys already divided by pages["smooth"]
+    spec = unsmoothed(spec)  # a smoothed / permuted spec's pages hold keys already divided and permuted
     x, spec = prerotate(x, spec)
     lay = PageLayout(spec, D, page_size, Hk)
     P, G = page_size, lay.group

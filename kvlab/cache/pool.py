@@ -165,14 +165,17 @@ class KVPool(PoolViews):
 
     # ---- static scales ------------------------------------------------------------------
     def set_static_scales(self, layer: int, *, k_scale=None, v_scale=None, k_tensor_scale=None,
-                          v_tensor_scale=None, k_codebook=None, v_codebook=None, k_smooth=None) -> None:
+                          v_tensor_scale=None, k_codebook=None, v_codebook=None, k_smooth=None,
+                          k_perm=None) -> None:
         """Fix a layer's static scales (axis-tensor `scale`, NVFP4 `tensor_scale`), calibrated codebook levels
         (`cal` specs: float [2^bits], e.g. from `kvlab.quant.fit_codebook` on calibration text) and key smoothing
         factors (`smooth` K specs: float [Hk, D], from `kvlab.quant.fit_smoothing` on calibration keys and queries)
-        before its first append; unset ones are calibrated from the first tokens appended to the layer (codebooks
-        unweighted; smoothing factors need the queries, so unset ones stay 1: no smoothing).
-        Static scales and codebooks given here are those of the stored (smoothed) keys."""
+        and key channel permutations (`perm` K specs: int [Hk, D], from `kvlab.quant.fit_permutation`) before its
+        first append; unset ones are calibrated from the first tokens appended to the layer (codebooks
+        unweighted; smoothing factors and permutations need the queries, so unset ones stay 1 and the identity).
+        Static scales and codebooks given here are those of the stored (smoothed, permuted) keys."""
         from ..quant.oracle import check_codebook
+        from ..quant.permutation import check_permutation
         from ..quant.smoothing import check_smoothing
         st = self._static[self._layer(layer)]
         if st["set"]:
@@ -199,6 +202,11 @@ class KVPool(PoolViews):
             self.k_pages[layer]["smooth"].copy_(check_smoothing(k_smooth, self.n_kv_heads, self.head_dim,
                                                                 "k_smooth").to(self.device))
             st["k_sm"] = True
+        if k_perm is not None:
+            if not kspec.permute:
+                raise ValueError(f"layer {layer} K spec {kspec} takes no channel permutation (add ':perm')")
+            self.k_pages[layer]["perm"].copy_(check_permutation(k_perm, self.n_kv_heads, self.head_dim,
+                                                                "k_perm").to(self.device))
 
     def calibrate_from(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fix a layer's unset static scales and calibrated codebooks from k, v [T, Hk, D], exactly as its first append
@@ -231,11 +239,15 @@ class KVPool(PoolViews):
 
     def stored_keys(self, layer: int, k: torch.Tensor) -> torch.Tensor:
         """Keys k [..., Hk, D] as the layer stores them: divided by its smoothing factors (in k's dtype) for a
-        `smooth` K spec, else k itself."""
-        if not self.specs[layer][0].smooth:
-            return k
-        from ..quant.smoothing import smooth_keys
-        return smooth_keys(k, self.k_pages[layer]["smooth"])
+        `smooth` K spec, then in its channel order for a `perm` one, else k itself."""
+        kspec = self.specs[layer][0]
+        if kspec.smooth:
+            from ..quant.smoothing import smooth_keys
+            k = smooth_keys(k, self.k_pages[layer]["smooth"])
+        if kspec.permute:
+            from ..quant.permutation import permute_channels
+            k = permute_channels(k, self.k_pages[layer]["perm"])
+        return k
 
     # ---- appending ----------------------------------------------------------------------
     def _check_kv(self, name: str, t, T: int | None = None) -> None:
@@ -286,7 +298,8 @@ class KVPool(PoolViews):
                              f"{len(self._free)} of {self.n_pages} are free; free sequences or build a larger pool")
         if not self._static[layer]["set"]:  # (checked first: the concatenation is skipped once set)
             self.calibrate_from(layer, torch.cat([k for _, k, _ in items]), torch.cat([v for _, _, v in items]))
-        if self.specs[layer][0].smooth:  # pages and the fp buffer hold k / s; attention multiplies q by s
+        if self.specs[layer][0].smooth or self.specs[layer][0].permute:  # pages and the fp buffer hold k / s in
+            # the layer's channel order; attention multiplies q by s and reads it in that order
             items = [(s, self.stored_keys(layer, k), v) for s, k, v in items]
         for (s, _, _), n in zip(items, need):
             self._seqs[s].pages.extend(self._free.pop() for _ in range(n))

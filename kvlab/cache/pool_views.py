@@ -83,7 +83,8 @@ class PoolViews:
     def dense_kv(self, seq_id: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) float32 [Hk, T, D] of a sequence at `layer` in position order: dequantized page
         tokens and full-precision tokens, exactly what attention over the cache sees (keys pre-RoPE for prerope K
-        specs; a smoothed K spec's keys multiplied back by its factors, as the scores see them)."""
+        specs; a smoothed / permuted K spec's keys multiplied back by its factors in the model's channel order, as the
+        scores see them)."""
         st, layer = self._seq(seq_id), self._layer(layer)
         n, nq, S = st.n[layer], self.policy.n_quantized(st.n[layer]), self.policy.sink
         held = torch.tensor(st.rows[layer], dtype=torch.long, device=self.device)
@@ -95,6 +96,9 @@ class PoolViews:
                                          tensor_scale=self._static[layer][key + "_ts"])
             x[:, held] = fp[st.row][:, :len(held)].float()
             out.append(x)
+        if self.specs[layer][0].permute:
+            from ..quant.permutation import unpermute_channels
+            out[0] = unpermute_channels(out[0], self.k_pages[layer]["perm"], heads_dim=-3)
         if self.specs[layer][0].smooth:
             from ..quant.smoothing import unsmooth_keys
             out[0] = unsmooth_keys(out[0], self.k_pages[layer]["smooth"], heads_dim=-3)

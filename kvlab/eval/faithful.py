@@ -229,23 +229,41 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: b
 
 def needs_calibration(spec: KVQuantSpec) -> bool:
     """True when the spec needs a per-tensor value calibrated on other text: a static scale, NVFP4's second level,
-    a calibrated codebook's levels or key smoothing factors."""
-    return spec.needs_tensor_scale or spec.calibrated or spec.smooth
+    a calibrated codebook's levels, key smoothing factors or a key channel permutation."""
+    return spec.needs_tensor_scale or spec.calibrated or spec.smooth or spec.permute
+
+
+PERM_OFFSETS = 4  # captures of the calibration text, at positions spread over the model's context, for `perm`
+
+
+def _spread_capture(model, tokens: Tensor) -> dict:
+    """The calibration tokens captured at PERM_OFFSETS start positions spread over the model's context (one batch
+    row each): post-RoPE keys and queries whose channel statistics cover the positions a long context reaches."""
+    T = tokens.shape[1]
+    ctx = int(getattr(model.config, "max_position_embeddings", T))
+    starts = [0] if ctx <= T else [round(i * (ctx - T) / (PERM_OFFSETS - 1)) for i in range(PERM_OFFSETS)]
+    caps = [model.capture(tokens, positions=torch.arange(T, device=tokens.device) + s0) for s0 in starts]
+    return {key: [torch.cat([c[key][i] for c in caps]) for i in range(len(caps[0][key]))] for key in ("k", "q")}
 
 
 @torch.no_grad()
 def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dict:
-    """Static per-tensor scales, calibrated codebooks and key smoothing factors per layer from a calibration pass (a
-    different text than scored).
+    """Static per-tensor scales, calibrated codebooks, key smoothing factors and key channel permutations per layer
+    from a calibration pass (a different text than scored).
 
     Returns {layer: {"k": kwargs, "v": kwargs}} for `quantize` (tensor_scale=, scale=, codebook=, smooth=). Smoothing
     factors come first (`fit_smoothing` on the layer's keys and queries past the scheme's sinks, [Hk, 1, D], tied
     within RoPE pairs for `smooth=pair`; strength
     0.5, or with `smooth_search` the per-head strength whose quantized keys give the least score error); the
-    other values are then fitted to the smoothed keys k / s (the queries they meet are q * s). A calibrated key
+    other values are then fitted to the smoothed keys k / s (the queries they meet are q * s). A `perm` K spec's
+    channel order comes next (`fit_permutation`, [Hk, 1, D]) from the calibration text captured again at positions
+    spread over the model's context (RoPE moves key energy between channels with position; the order fitted at the
+    text's own positions loses its gain at 7K on SmolLM2, sweeps/results/quality/permutations/), smoothed alike;
+    codebooks and static scales are then those of the permuted keys. A calibrated key
     codebook weights each element by the mean square of the query channel it meets (GQA: over the KV head's query
     heads; in the rotated domain when the spec rotates), so the fit minimises the error of the scores; value
     codebooks weigh elements alike."""
+    from ..quant.permutation import fit_permutation, permute_channels, permute_queries
     from ..quant.smoothing import fit_smoothing, smooth_keys, smooth_queries
     sch = as_scheme(scheme)
     n = model.config.n_layers
@@ -253,6 +271,7 @@ def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dic
     if not any(needs_calibration(s) for pair in specs for s in pair):
         return {}
     cap = model.capture(tokens)
+    spread = _spread_capture(model, tokens) if any(ks.permute for ks, _ in specs) else None
     out = {}
     for i, (ks, vs) in enumerate(specs):
         out[i] = {}
@@ -268,6 +287,16 @@ def calibrate(model, tokens: Tensor, scheme, smooth_search: bool = False) -> dic
                 x, q = smooth_keys(x.float(), s, heads_dim=-3), smooth_queries(q.float().transpose(1, 2), s)
                 q = q.transpose(1, 2)
                 spec = dataclasses.replace(spec, smooth=False, smooth_pairs=False)
+            if spec.permute:  # the channel order of the (smoothed) keys, fitted over spread positions
+                ksp, qsp = spread["k"][i].float(), spread["q"][i].float()
+                if "smooth" in kw:
+                    ksp = smooth_keys(ksp, kw["smooth"][:, 0], heads_dim=-3)
+                    qsp = smooth_queries(qsp.transpose(1, 2), kw["smooth"][:, 0]).transpose(1, 2)
+                p = fit_permutation(ksp, qsp, spec, sink=min(sch.sink, x.shape[2] - 1))
+                kw["perm"] = p[:, None, :]
+                x = permute_channels(x.float(), p, heads_dim=-3)
+                q = permute_queries(q.float().transpose(1, 2), p).transpose(1, 2)
+                spec = dataclasses.replace(spec, permute=False)
             if spec.calibrated:
                 kw["codebook"] = fit_codebook(x.contiguous(), spec, _query_weights(q, x, spec) if name == "k" else None)
             elif spec.needs_tensor_scale:

@@ -187,7 +187,8 @@ def _values(u, s_st, m_st, spec: KVQuantSpec, ts, table=None):
 
 
 # ---- public API ------------------------------------------------------------------------------
-def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None, smooth=None) -> QTensor:
+def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None, smooth=None,
+             perm=None) -> QTensor:
     """Quantize x [..., T, D] (float32/16/bf16, any device) with `spec` -> `QTensor`.
 
     `scale` fixes the static scale of an axis-tensor spec (calibrated, as vLLM's k_scale);
@@ -195,24 +196,68 @@ def quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=N
     `codebook` gives a calibrated spec's (`cal`) levels: float [2^bits] (`fit_codebook`), required for it;
     `smooth` gives a smoothed spec's factors (`smooth`), positive, broadcastable to x (e.g. [Hk, 1, D] for
     x [Hk, T, D]; `kvlab.quant.smoothing.fit_smoothing`), required for it: the codes are those of x / smooth and
-    `dequantize` multiplies back (every other field, the static and tensor scales included, is of x / smooth).
+    `dequantize` multiplies back (every other field, the static and tensor scales included, is of x / smooth);
+    `perm` gives a permuted spec's channel order (`perm`), an integer tensor broadcastable to x whose last dim
+    is a permutation of 0..D-1 (e.g. [Hk, 1, D]; `kvlab.quant.permutation.fit_permutation`), required for it:
+    the codes are those of (x / smooth)[..., perm] and `dequantize` puts the channels back.
     """
-    s = check_smooth(smooth, spec, x)
-    if s is None:
-        return _quantize(x, spec, scale, tensor_scale, packed=True, table=codebook)
-    q = _quantize((x.float() / s).to(x.dtype), spec, scale, tensor_scale, packed=True, table=codebook)
-    q.smooth = s
+    s, p = check_smooth(smooth, spec, x), check_perm(perm, spec, x)
+    y = _stored(x, s, p)
+    q = _quantize(y, spec, scale, tensor_scale, packed=True, table=codebook)
+    q.smooth, q.perm = s, p
     return q
 
 
 def fake_quantize(x: torch.Tensor, spec, *, scale=None, tensor_scale=None, codebook=None,
-                  smooth=None) -> torch.Tensor:
+                  smooth=None, perm=None) -> torch.Tensor:
     """dequantize(quantize(x, spec)) without packing the codes (bit-identical, faster)."""
-    s = check_smooth(smooth, spec, x)
-    if s is None:
-        return _quantize(x, spec, scale, tensor_scale, packed=False, table=codebook)
-    y = _quantize((x.float() / s).to(x.dtype), spec, scale, tensor_scale, packed=False, table=codebook)
-    return (y.float() * s).to(x.dtype)
+    s, p = check_smooth(smooth, spec, x), check_perm(perm, spec, x)
+    y = _quantize(_stored(x, s, p), spec, scale, tensor_scale, packed=False, table=codebook)
+    return _model_order(y, s, p).to(x.dtype)
+
+
+def _stored(x, s, p):
+    """x as a smoothed / permuted cache stores it: (x / s)[..., p], in x's dtype."""
+    if s is not None:
+        x = (x.float() / s).to(x.dtype)
+    return x if p is None else torch.gather(x, -1, p.expand(x.shape))
+
+
+def _model_order(y, s, p):
+    """The inverse of `_stored` (float32 when smoothed)."""
+    if p is not None:
+        y = torch.empty_like(y).scatter_(-1, p.expand(y.shape), y)
+    return y if s is None else y.float() * s
+
+
+def check_perm(perm, spec, x) -> torch.Tensor | None:
+    """A permuted spec's channel order as int64 on x's device, broadcastable to x: ValueError unless the spec
+    permutes (then it is required) and each row of its last dim is a permutation of 0..D-1."""
+    spec = as_spec(spec)
+    if not spec.permute:
+        if perm is not None:
+            raise ValueError(f"perm= gives a key channel permutation; spec {spec} does not permute (add ':perm' to a "
+                             "K spec)")
+        return None
+    if perm is None:
+        raise ValueError(f"spec {spec} permutes its key channels: pass perm= (an integer tensor broadcastable to x, "
+                         "e.g. [Hk, 1, D]; kvlab.quant.permutation.fit_permutation, or the pool's pages['perm'])")
+    p = torch.as_tensor(perm)
+    if p.is_floating_point() or p.is_complex() or p.dtype == torch.bool:
+        raise ValueError(f"perm must be an integer tensor, got {p.dtype}")
+    p = p.long().to(getattr(x, "device", "cpu"))
+    D = x.shape[-1]
+    if p.dim() == 0 or p.shape[-1] != D:
+        raise ValueError(f"perm's last dim must be head_dim {D}, got shape {tuple(p.shape)}")
+    try:
+        full = torch.broadcast_shapes(tuple(p.shape), tuple(x.shape))
+    except RuntimeError:
+        raise ValueError(f"perm of shape {tuple(p.shape)} does not broadcast to x {tuple(x.shape)}") from None
+    if full != tuple(x.shape):
+        raise ValueError(f"perm of shape {tuple(p.shape)} would grow x {tuple(x.shape)}")
+    if not torch.equal(p.sort(-1).values, torch.arange(D, device=p.device).expand(p.shape)):
+        raise ValueError(f"perm: every row must hold each channel 0..{D - 1} exactly once")
+    return p
 
 
 def check_smooth(smooth, spec, x) -> torch.Tensor | None:
@@ -368,6 +413,4 @@ def dequantize(q: QTensor) -> torch.Tensor:
         x = _slots.apply(x, q.out_idx, q.out_val)
     if spec.rotation == "had":
         x = unrotate(x)
-    if q.smooth is not None:
-        x = x * q.smooth
-    return x.to(q.dtype)
+    return _model_order(x, q.smooth, q.perm).to(q.dtype)

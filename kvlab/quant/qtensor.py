@@ -26,6 +26,9 @@ class QTensor:
     smooth:       float32 factors of a smoothed spec (`smooth`), broadcastable to shape: the codes hold
                   x / smooth and `dequantize` multiplies back; None otherwise (or for codes read from pages,
                   which hold the smoothed keys)
+    perm:         int64 channel order of a permuted spec (`perm`), broadcastable to shape: the codes hold
+                  (x / smooth)[..., perm] and `dequantize` puts the channels back; None otherwise (or for codes read
+                  from pages, which hold the permuted keys)
     out_idx, out_val: an `out=N` spec's outlier slots, uint8 channel indices and float16 values [..., T, N]
                   (`kvlab.quant.outliers`; in the rotated / smoothed space of the codes), else None
     """
@@ -41,6 +44,7 @@ class QTensor:
     smooth: torch.Tensor | None = None
     out_idx: torch.Tensor | None = None
     out_val: torch.Tensor | None = None
+    perm: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -55,4 +59,4 @@ class QTensor:
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return QTensor(self.codes.to(device), mv(self.scales), mv(self.zeros), mv(self.tensor_scale),
                        self.spec, self.shape, self.dtype, mv(self.codebook), mv(self.smooth), mv(self.out_idx),
-                       mv(self.out_val))
+                       mv(self.out_val), mv(self.perm))

@@ -125,9 +125,11 @@ def check_smoothing(s, n_kv_heads: int, head_dim: int, name: str = "smooth") -> 
 
 
 def unsmoothed(spec):
-    """The spec without `smooth`: how the stored (already divided) keys are quantized and read."""
+    """The spec without `smooth` and `perm`: how the stored (already divided and permuted) keys are quantized and
+    read."""
     import dataclasses
-    return dataclasses.replace(spec, smooth=False, smooth_pairs=False) if spec.smooth else spec
+    return dataclasses.replace(spec, smooth=False, smooth_pairs=False, permute=False) \
+        if (spec.smooth or spec.permute) else spec
 
 
 def smooth_queries(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

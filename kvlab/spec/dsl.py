@@ -18,6 +18,8 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     cal           calibrated codebook levels (lm2..lm4)
     smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing);
                   smooth=pair ties the factors within RoPE pairs (c, c + D/2): position-independent, for long contexts
+    perm          keys only: a calibrated permutation of the channels before grouping, followed by the queries
+                  (kvlab.quant.permutation); per-token groups
     out=<N>       N outlier slots per token vector (1..8): its N largest-magnitude values kept as fp16 with their
                   channel index (dense-and-sparse, as KVQuant; kvlab.quant.outliers), 24 bits a slot
 

@@ -66,6 +66,10 @@ class KVQuantSpec:
                  energy, which RoPE's rotation leaves unchanged, so the factors hold at positions the calibration
                  text never reached (per-channel factors of post-RoPE keys do not: sweeps/results/quality/
                  passkey_smoothing.txt); tied factors commute with RoPE and could fold into W_q / W_k offline
+    permute:     K only (text `perm`): a calibrated permutation of the key channels per layer and KV head
+                 (`kvlab.quant.permutation`): the cache stores k[..., perm] (`pages["perm"]`, int64 [Hk, D]) and
+                 queries are read in the same order, so scores are unchanged and each group holds channels chosen to
+                 share a scale; per-token groups only (axis tok), post-RoPE keys (not with pre_rope)
     outliers:    N outlier slots per token vector (0: none; text `out=N`, 1..8): the N values of largest magnitude
                  of each token's head_dim (after smoothing and rotation; NaN and inf first; lowest channel on ties)
                  are kept as fp16 with their uint8 channel index (`pages["out_val"]`, `pages["out_idx"]`
@@ -90,6 +94,7 @@ class KVQuantSpec:
     calibrated: bool = False
     smooth: bool = False
     smooth_pairs: bool = False
+    permute: bool = False
     outliers: int = 0
 
     def __post_init__(self) -> None:
@@ -159,6 +164,12 @@ class KVQuantSpec:
         if self.smooth and self.pre_rope:
             raise ValueError("smooth factors are per channel of post-RoPE keys (RoPE mixes channel c with c + D/2, "
                              "so they do not commute with it); drop prerope or smooth")
+        if self.permute and (self.axis != "tok" or self.is_float_storage):
+            raise ValueError(f"perm reorders the channels a token's groups are cut from; it needs a quantized spec "
+                             f"with per-token groups (axis tok), got {self.fmt} axis {self.axis}")
+        if self.permute and self.pre_rope:
+            raise ValueError("perm reorders post-RoPE key channels (the reader applies RoPE to pre-RoPE keys in the "
+                             "model's channel order); drop prerope or perm")
         if not isinstance(self.outliers, int) or isinstance(self.outliers, bool) or \
                 not 0 <= self.outliers <= OUTLIERS_MAX:
             raise ValueError(f"outliers={self.outliers!r} out of range; allowed: 0..{OUTLIERS_MAX} slots per token vector")
@@ -199,6 +210,11 @@ class KVQuantSpec:
     def needs_smoothing(self) -> bool:
         """Readers and writers need the layer's smoothing factors (`pages["smooth"]`, `quantize(smooth=)`)."""
         return self.smooth
+
+    @property
+    def needs_permutation(self) -> bool:
+        """Readers and writers need the layer's key channel permutation (`pages["perm"]`, `quantize(perm=)`)."""
+        return self.permute
 
     @property
     def needs_outliers(self) -> bool:

@@ -49,6 +49,9 @@ class KVScheme:
         if self.v.smooth:
             raise ValueError("smooth applies to keys only (their factors fold into the queries); write it on the k= "
                              "spec")
+        if self.v.permute:
+            raise ValueError("perm applies to keys only (the queries follow the permuted channels); write it on the "
+                             "k= spec")
         norm = []
         for item in self.overrides:
             if not isinstance(item, tuple) or len(item) not in (2, 3):
@@ -58,8 +61,9 @@ class KVScheme:
                 raise ValueError(f"layer override index {layer!r} must be an int")
             if ks.pre_rope or vs.pre_rope:
                 raise ValueError("prerope cannot be set through a layer override")
-            if vs.smooth:
-                raise ValueError(f"layer {layer} override: smooth applies to keys only (the K side of 'K|V')")
+            if vs.smooth or vs.permute:
+                raise ValueError(f"layer {layer} override: {'smooth' if vs.smooth else 'perm'} applies to keys only "
+                                 "(the K side of 'K|V')")
             norm.append((layer, ks, vs))
         object.__setattr__(self, "overrides", tuple(norm))
         layers = [l for l, *_ in self.overrides]

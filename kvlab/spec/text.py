@@ -8,7 +8,8 @@ ALIASES = {"fp8": "fp8_e4m3", "fp4": "fp4_e2m1", "e4m3": "fp8_e4m3", "e5m2": "fp
 KEYED = {"s": ("scale_dtype", SCALE_DTYPES), "rule": ("rule", SCALE_RULES),
          "rnd": ("rounding", ROUNDINGS), "rot": ("rotation", ROTATIONS), "pack": ("pack", PACKINGS)}
 SMOOTH_TIES = ("chan", "pair")  # smooth=chan is the bare flag; smooth=pair ties factors within RoPE pairs
-FLAGS = {"recip": "recip", "ts": "tensor_scale", "prerope": "pre_rope", "twos": "twos", "cal": "calibrated", "smooth": "smooth"}
+FLAGS = {"recip": "recip", "ts": "tensor_scale", "prerope": "pre_rope", "twos": "twos", "cal": "calibrated",
+         "smooth": "smooth", "perm": "permute"}
 
 
 def clean_text(text, what: str, example: str) -> str:
@@ -31,7 +32,7 @@ def format_defaults(fmt: str, axis: str | None = None) -> dict:
         "rule": "unit" if (dense or (fp8 and axis == "tensor")) else ("rms" if fmt.startswith("lm") else "absmax"),
         "recip": False, "rounding": "even", "rotation": "none", "pack": "seq",
         "tensor_scale": False, "pre_rope": False, "twos": False, "calibrated": False,
-        "smooth": False, "smooth_pairs": False, "outliers": 0,
+        "smooth": False, "smooth_pairs": False, "permute": False, "outliers": 0,
     }
 
 

@@ -125,7 +125,8 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     q:                [B, Hq, D] float32/float16/bfloat16 (one new token per sequence)
     k_pages, v_pages: page dicts {"codes", "scales", "zeros"} laid out as `PageLayout(spec, D, page_size, Hk)`
                       (plus "codebook" for `cal` specs; "smooth" for a `smooth` K spec, whose pages and k_fp hold
-                      k / smooth: q is multiplied by it here, exactly, and the backends see the plain spec)
+                      k / smooth: q is multiplied by it here, exactly, and the backends see the plain spec; "perm"
+                      for a `perm` K spec, whose pages and k_fp hold k[..., perm]: q is gathered alike)
     kv_indptr:        [B+1] int32/64, CSR offsets into kv_indices; kv_indices: page ids of every sequence, in order
     kv_last_page_len: [B] tokens used in each sequence's last page (1..page_size; ignored for 0 pages)
     k_spec, v_spec:   `KVQuantSpec` or spec text
@@ -169,9 +170,8 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
         return run()
     if smooth is None:
         return run
-    s_rep = smooth.repeat_interleave(Hq // smooth.shape[0], 0).to(q.dtype)  # [Hq, D]
 
-    def launch():  # q is read in place each call: its smoothed copy is refreshed first (one fixed-shape multiply)
-        torch.mul(q_in, s_rep, out=q)
+    def launch():  # q is read in place each call: its smoothed / permuted copy is refreshed first (fixed shapes)
+        q.copy_(smooth.queries(q_in))
         return run()
     return launch

@@ -51,7 +51,8 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
 
     q:            [C, Hq, D] float32/float16/bfloat16, the chunk queries of all sequences (CSR by qo_indptr)
     k_new, v_new: [C, Hk, D] the chunk's keys/values in full precision (not yet in the cache; the model's keys:
-                  for a `smooth` K spec, q is multiplied and k_new divided by k_pages["smooth"] here, exactly)
+                  for a `smooth` K spec, q is multiplied and k_new divided by k_pages["smooth"] here, exactly; a
+                  `perm` K spec's q and k_new are gathered in k_pages["perm"]'s channel order)
     qo_indptr:    [B+1] int32/64 offsets of each sequence's chunk in q / k_new / v_new
     k_pages ... page_size, k_fp, v_fp, fp_len, k/v_tensor_scale, sm_scale: the prefix, as in `decode`
     max_qo_len:   longest chunk (optional; saves a device->host read of qo_indptr on the fused path)
@@ -70,7 +71,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
          qo_indptr.dtype in INDEX_DTYPES, "qo_indptr must be a 1-d int32/int64 tensor [B+1]")
     B = qo_indptr.shape[0] - 1
     Hq, D = check_query(q, "C")
-    q, k_pages, k_spec, smooth = strip_smoothing(q, k_pages, k_spec)  # a smoothed K spec: q * s, k_new / s below
+    q, k_pages, k_spec, smooth = strip_smoothing(q, k_pages, k_spec)  # smoothed / permuted K: q * s, k_new / s below
     kv = check_prefix(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size,
                       k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, B)
     C, Hk = q.shape[0], kv.n_kv_heads

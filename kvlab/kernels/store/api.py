@@ -66,7 +66,8 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
     """Quantize new tokens and write them into a paged cache tensor; returns the backend that ran.
 
     x:            [T, Hk, D] float32 / float16 / bfloat16 (keys post-RoPE unless spec.pre_rope; for a `smooth`
-                  spec, the keys as the cache stores them, already divided by pages["smooth"], as `KVPool` does)
+                  spec, the keys as the cache stores them, already divided by pages["smooth"] / permuted by pages["perm"],
+                  as `KVPool` does)
     pages:        {"codes", "scales", "zeros"} of `PageLayout(spec, D, P, Hk).allocate(N)`
     slot_mapping: [T] int64 or int32, slot = page * P + offset; -1 skips the token. Axis chan:
                   T is a multiple of the group G and every run of G tokens has consecutive slots
@@ -86,10 +87,13 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
     """
     need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(BACKENDS)}")
     spec = as_spec(spec)
-    if spec.smooth:  # x is already divided: the codes are the plain spec's; the factors stay beside the pages
-        need(isinstance(pages, dict) and isinstance(pages.get("smooth"), torch.Tensor), f"pages['smooth'] (the "
-             f"layer's key smoothing factors) is required for spec {spec}")
-        pages = {k: v for k, v in pages.items() if k != "smooth"}
+    for flag, key, what in ((spec.smooth, "smooth", "key smoothing factors"),
+                            (spec.permute, "perm", "key channel permutation")):
+        if flag:  # x is already divided / permuted: the codes are the plain spec's; the table stays beside the pages
+            need(isinstance(pages, dict) and isinstance(pages.get(key), torch.Tensor), f"pages[{key!r}] (the "
+                 f"layer's {what}) is required for spec {spec}")
+    if spec.smooth or spec.permute:
+        pages = {k: v for k, v in pages.items() if k not in ("smooth", "perm")}
         spec = unsmoothed(spec)
     need(isinstance(x, torch.Tensor) and x.dim() == 3, "x must be a tensor [T, Hk, D] (tokens, KV heads, head_dim)"
          f", got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
