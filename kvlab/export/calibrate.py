@@ -62,24 +62,29 @@ def fp8_kv_scales(model, tokenizer, text: str = "license", n_tokens: int = 512) 
 
 @torch.no_grad()
 def key_smoothing(model, tokenizer, sch, text: str = "license", n_tokens: int = 512) -> dict:
-    """Smoothing factors of a scheme's `smooth` K specs: {"layers": {i: float32 [Hk, D]}, "calibration": provenance}
+    """Smoothing factors of a scheme's `smooth` K specs and channel orders of its `perm` K specs:
+    {"layers": {i: float32 [Hk, D]}, "perms": {i: int64 [Hk, D]}, "calibration": provenance}
     (`kvlab.eval.faithful.calibrate` on the offline text: per layer, past the scheme's sinks)."""
     from ..eval.faithful import calibrate
     ids, prov = calibration_tokens(tokenizer, text, n_tokens)
     cal = calibrate(model, ids[None], sch)
     layers = {i: c["k"]["smooth"][:, 0].contiguous() for i, c in cal.items() if "smooth" in c.get("k", {})}
-    return {"layers": layers, "calibration": prov}
+    perms = {i: c["k"]["perm"][:, 0].contiguous() for i, c in cal.items() if "perm" in c.get("k", {})}
+    return {"layers": layers, "perms": perms, "calibration": prov}
 
 
 def write_smoothing(sm: dict, out_dir: str) -> str:
-    """kv_smoothing.safetensors: model.layers.{i}.self_attn.k_smooth float32 [Hk, D] per smoothed layer (the
-    provenance in the metadata). Returns the file name."""
+    """kv_smoothing.safetensors: model.layers.{i}.self_attn.k_smooth float32 [Hk, D] per smoothed layer and
+    model.layers.{i}.self_attn.k_perm int64 [Hk, D] per permuted one (the provenance in the metadata). Returns the
+    file name."""
     from safetensors.torch import save_file
     name = "kv_smoothing.safetensors"
-    save_file({f"model.layers.{i}.self_attn.k_smooth": t.float().cpu() for i, t in sm["layers"].items()},
-              os.path.join(out_dir, name), metadata={"calibration": json.dumps(sm["calibration"]),
-                                                     "meaning": "stored keys = k / k_smooth per channel; attention "
-                                                                "multiplies queries by k_smooth (kvlab smooth)"})
+    tensors = {f"model.layers.{i}.self_attn.k_smooth": t.float().cpu() for i, t in sm["layers"].items()}
+    tensors.update({f"model.layers.{i}.self_attn.k_perm": t.long().cpu() for i, t in sm.get("perms", {}).items()})
+    save_file(tensors, os.path.join(out_dir, name), metadata={
+        "calibration": json.dumps(sm["calibration"]),
+        "meaning": "stored keys = (k / k_smooth)[..., k_perm] per KV head (each factor 1 / the identity where a layer "
+                   "has none); attention reads queries as (q * k_smooth)[..., k_perm] (kvlab smooth, perm)"})
     return name
 
 

@@ -250,6 +250,11 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
                           "layer's smoothing factors s [KV heads, head_dim] (kv_smoothing.safetensors, "
                           "model.layers.{i}.self_attn.k_smooth); attention multiplies each query head by its KV "
                           "head's s, so q . k is unchanged (kvlab.quant.smoothing)")
+    if spec.permute:
+        d["permutation"] = ("the rows are the keys as stored: in the layer's channel order k_perm [KV heads, head_dim] "
+                            "(kv_smoothing.safetensors, model.layers.{i}.self_attn.k_perm; after smoothing), stored "
+                            "channel j = the model's channel k_perm[h, j]; attention reads each query head in its KV "
+                            "head's order, so q . k is unchanged (kvlab.quant.permutation)")
     if spec.outliers:
         n = spec.outliers
         d["outlier_slots"] = (f"each token vector keeps its {n} values of largest magnitude (of the stored row: after "

@@ -206,6 +206,9 @@ def _gap(spec: KVQuantSpec, engine: Engine) -> str:
                      "calibrated key smoothing (keys divided and queries multiplied per channel at run time)")
     if spec.tensor_scale:
         parts.append("two-level (tensor + group) scales")
+    if spec.permute:
+        parts.append("a calibrated key channel permutation (keys and queries gathered in the layer's order at run "
+                     "time; post-RoPE channels, so it does not fold into W_k / W_q)")
     if spec.outliers:
         parts.append(f"outlier slots ({spec.outliers} fp16 values + uint8 channel indices a token vector, written over "
                      "the dequantized row: no engine keeps a sparse part in its paged cache)")

@@ -69,7 +69,7 @@ def load(model: str):
 def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None,
               smoothing: dict | None = None) -> list[dict]:
     """Real K/V rows (head 0 of the first, middle and last layer) for the conformance vectors (a smoothed K spec's
-    rows divided by the layer's factors, as the cache stores them)."""
+    rows divided by the layer's factors, a permuted one's in the layer's channel order, as the cache stores them)."""
     ids, prov = cal.calibration_tokens(tok, text, rows_for(sch, rows))
     cap = m.capture(ids[None])
     L = m.config.n_layers
@@ -85,6 +85,10 @@ def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None,
                 if not smoothing or layer not in smoothing["layers"]:
                     continue
                 x, how = x / smoothing["layers"][layer][0], f"{key} / k_smooth"
+            if role == "k" and spec.permute:
+                if not smoothing or layer not in smoothing.get("perms", {}):
+                    continue
+                x, how = x[:, smoothing["perms"][layer][0]], f"({how})[..., k_perm]"
             out.append({"role": role, "name": f"captured_L{layer}_h0", "x": x, "kwargs": kw,
                         "source": f"model.capture layer {layer} head 0, first tokens of {prov['text']} ({how})"})
     return out
@@ -142,14 +146,15 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
         elif p.k.kv_spec.has_scale:
             log("warning: no --model, so no calibrated k/v scales: the engine will use 1.0 (kvlab fp8_e4m3)")
     smoothing = None
-    if any(ks.smooth for ks in (sch.k, *(ks for _, ks, _ in sch.overrides))):
+    if any(ks.smooth or ks.permute for ks in (sch.k, *(ks for _, ks, _ in sch.overrides))):
         if m is not None:
-            log(f"calibrating key smoothing factors on {calib_tokens} tokens of {calib_text} ...")
+            log(f"calibrating key smoothing factors / channel permutations on {calib_tokens} tokens of {calib_text} ...")
             smoothing = cal.key_smoothing(m, tok, sch, calib_text, calib_tokens)
             files["smoothing"] = cal.write_smoothing(smoothing, out)
         else:
-            log("warning: no --model, so no key smoothing factors: calibrate them with the model "
-                "(kvlab.quant.fit_smoothing) or the keys are stored unsmoothed (factors 1)")
+            log("warning: no --model, so no key smoothing factors / channel permutations: calibrate them with the "
+                "model (kvlab.quant.fit_smoothing, fit_permutation) or the keys are stored unsmoothed (factors 1) and "
+                "in the model's channel order")
     fl = flags(p, files.get("scales_json") and os.path.join(out, files["scales_json"]))
     fl["notes"] += _notes(p, scales)
     captured = _captured(m, tok, sch, vectors, calib_text, scales, smoothing) if m is not None else None

@@ -53,7 +53,9 @@ def readme(info: dict, meta: dict) -> str:
             "tuned_configs": "tuned kvlab kernel configs for this scheme (GPU named inside)",
             "smoothing": "key smoothing factors `model.layers.{i}.self_attn.k_smooth` float32 [KV heads, head_dim]: "
                          "the cache stores k / k_smooth per channel and attention multiplies each query head by its "
-                         "KV head's factors (calibration text in the metadata)",
+                         "KV head's factors; `k_perm` int64 [KV heads, head_dim] for a `perm` K spec: the cache "
+                         "stores k[..., k_perm] and attention reads queries in the same order (calibration text in "
+                         "the metadata)",
             "engine": "everything below, machine-readable", "readme": "this file"}
     for key, fname in files.items():
         if fname:

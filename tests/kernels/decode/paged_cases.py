@@ -45,14 +45,16 @@ def make_paged(lens, Hk, D, P, k_spec: KVQuantSpec, v_spec: KVQuantSpec, *, fp_l
     for name, spec in (("k", k_spec), ("v", v_spec)):
         lay = PageLayout(spec, D, P, Hk)
         pages = lay.allocate(total)
-        for t in pages.values():
-            if t is not None:
+        for key, t in pages.items():
+            if t is not None and key != "perm":  # (an order is set below; there is no poison for an index)
                 _poison(t) if t.dtype != torch.uint8 or t is not pages["codes"] else t.random_(0, 256, generator=g)
         xs = [torch.randn(Hk, n * P, D, generator=g) * (1 + torch.rand(1, 1, D, generator=g) * 3) for n in npages]
         cb = calibrated_levels(spec, D, seed) if spec.calibrated else None
         qspec = unsmoothed(spec)
         if spec.smooth:  # smoothed keys: factors in [1/2, 2] beside the pages, which hold the stored keys (x as drawn)
             pages["smooth"].copy_(torch.exp2(torch.rand(Hk, D, generator=g) * 2 - 1))
+        if spec.permute:  # permuted keys: a channel order per head beside the pages, which hold the stored keys
+            pages["perm"].copy_(torch.stack([torch.randperm(D, generator=g) for _ in range(Hk)]))
         if cb is not None:  # a calibrated codebook: its table beside the pages (poisoned with NaN above)
             pages["codebook"].copy_(codebook_table(cb))
         ts = None

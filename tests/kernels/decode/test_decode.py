@@ -23,6 +23,7 @@ CASES = [
     (2, [32, 64], 8, 2, 64, 32, "k=lm2:g32:chan,v=lm2", [5, 31], None),
     (2, [17, 40], 8, 2, 64, 16, "k=lm3:g64:rot=had:cal,v=lm4:g32:cal", [3, 0], None),  # calibrated tables
     (2, [17, 40], 6, 2, 64, 16, "k=lm2:g64:s=e4m3:rot=had:smooth,v=lm2:g64:s=e4m3:rot=had", [3, 0], None),  # smoothing
+    (2, [17, 40], 6, 2, 64, 16, "k=int3:g16:asym:smooth:perm,v=int3:g32:asym", [3, 0], 2),  # smoothing + channel order
     (2, [32, 64], 8, 2, 64, 32, "kivi4", [5, 31], None),
     # outlier slots: token- and channel-axis keys, a rotated V, a codebook (slots over every kind of tile)
     (2, [17, 40], 8, 2, 64, 16, "k=int3:g32:asym:out=2,v=int2:g32:asym:out=1", [3, 0], 2),
