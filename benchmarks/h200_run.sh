@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s18   # issue 18: key channel permutations (GPU tests, decode of the evaluated schemes:
+#                                     # the query gather's cost), Gemma's slot winners timed; issue 17: the store table
 #   bash benchmarks/h200_run.sh s17c  # issue 17: the store's exact quotient + wider codebook bracket: tests, variants, table
 #   bash benchmarks/h200_run.sh s17b  # issue 18: outlier slots (GPU tests, gated decode timings); store ncu rare on/off
 #   bash benchmarks/h200_run.sh s17   # issue 17: two-pass store: tests, one-launch vs two-pass variants, store table
@@ -246,6 +248,23 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s18)  # session 18: `perm` (key channel permutations) on the GPU: its tests (oracle, pool decode / extend on Gluon /
+  # Triton, the decode case), the decode step of the evaluated perm schemes and their plain twins at SmolLM2's shape
+  # (the per-call query gather), the Gemma 3 slot search's winners (not timed in session 17), then the store table
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/quant/test_permutation.py \
+    tests/kernels/decode/test_decode.py -k "perm or Permut or permut" 2>&1 | tee "$OUT/pytest_perm.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${PERM_S:-170}" python3 benchmarks/winners_decode.py --out "$OUT/perm" \
+    --winners sweeps/results/quality/permutations/schemes_to_time.csv --budget 150 --bound 2>&1 \
+    | tee "$OUT/perm.log" | tail -14
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${GEMMA_S:-200}" python3 benchmarks/winners_decode.py --out "$OUT/gemma" \
+    --winners sweeps/results/quality/search-gemma3-s4w32-outl/winners_to_time.csv --budget 180 --bound 2>&1 \
+    | tee "$OUT/gemma.log" | tail -8
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tail -3
+  cut -d, -f1,3,7 "$OUT/store/store.csv"
+  cd "$OUT" && tar czf s18.tgz perm gemma store pytest_perm.log perm.log gemma.log gpu.txt 2>/dev/null; ls -la "$OUT"
   ;;
 s17c)  # session 17 (issue 17): the store's exact quotient (Markstein's correction instead of a near-half check whose
   # fallback ran in most bf16 tiles) and the codebook bracket up to 32 x the largest level: store GPU tests, variants
