@@ -28,6 +28,28 @@ class KeyFold:
             q = smooth_queries(q, self.smooth)
         return q if self.perm is None else permute_queries(q, self.perm)
 
+    def planned(self, q_in: torch.Tensor, out: torch.Tensor):
+        """A callable that writes `queries(q_in)` into `out` (both [..., Hq, D], fixed) with the factors and the
+        gather index prepared once: one kernel for smoothing or a permutation alone, two for both (a decode plan
+        refreshes its query this way on every replay)."""
+        Hq = q_in.shape[-2]
+        s = p = None
+        if self.perm is not None:
+            pr = self.perm.repeat_interleave(Hq // self.perm.shape[0], 0)             # [Hq, D]
+            p = pr.expand(q_in.shape)
+        if self.smooth is not None:
+            s = self.smooth.repeat_interleave(Hq // self.smooth.shape[0], 0)          # [Hq, D]
+            s = (s if p is None else torch.gather(s, -1, pr)).to(q_in.dtype)           # in the stored order
+        if p is None:
+            return lambda: torch.mul(q_in, s, out=out)
+        if s is None:
+            return lambda: torch.gather(q_in, -1, p, out=out)
+
+        def both():
+            torch.gather(q_in, -1, p, out=out)
+            out.mul_(s)
+        return both
+
     def keys(self, k: torch.Tensor) -> torch.Tensor:
         """Keys k [C, Hk, D] as the cache stores them: (k / s)[..., perm], contiguous."""
         if self.smooth is not None:

@@ -170,8 +170,9 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
         return run()
     if smooth is None:
         return run
+    refresh = smooth.planned(q_in, q)
 
     def launch():  # q is read in place each call: its smoothed / permuted copy is refreshed first (fixed shapes)
-        q.copy_(smooth.queries(q_in))
+        refresh()
         return run()
     return launch
