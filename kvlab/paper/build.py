@@ -37,6 +37,7 @@ FILES = {
     "calibrated": f"{R}/quality/calibrated_eval.json",
     "key_probes": f"{R}/quality/key_probes.json",
     "key_probes_winners": f"{R}/quality/key_probes_winners.json",
+    "permutations": f"{R}/quality/permutations/perm_int.json",
 }
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
@@ -61,6 +62,8 @@ COMMANDS = {
     "calibrated": "python -m kvlab.eval --scheme lm3:rot=had --scheme lm3:rot=had:cal ... --json FILE (CPU)",
     "key_probes": "python benchmarks/key_probes.py --out sweeps/results/quality/key_probes (CPU)",
     "key_probes_winners": "python benchmarks/key_probes.py --winners --out sweeps/results/quality/key_probes_winners (CPU)",
+    "permutations": "python -m kvlab.eval --scheme S ... --greedy 0 --passkey '' --json "
+                    "sweeps/results/quality/permutations/perm_int.json (CPU; the schemes of its rows)",
 }
 
 
@@ -503,7 +506,27 @@ class Paper:
                 f"({lcp('ppl_delta_pct', '+.2f')}% at `8192` tokens, `sweeps/results/quality/long_context_8k_pair.json`): on "
                 "SmolLM2, our reading (not tested further) is that the per-channel factors' extra gain at `2048` tokens came "
                 "from low-frequency pairs that barely rotate within the calibration text. "
-                f"{self._targets(pairs=True)}", ""]
+                f"{self._targets(pairs=True)}", "", self._permutations(), ""]
+
+    def _permutations(self):
+        """Key channel permutations (`perm`) against the same per-token int keys without them."""
+        rows = self.t["permutations"]["rows"]
+        by = {r["scheme"]: (i, r) for i, r in enumerate(rows)}
+
+        def v(scheme, col, fmt):
+            i, r = by[scheme]
+            return self.c(r[col], fmt, "permutations", f"row {i} / {col}")
+        pairs = [(f"int{b}:g32:asym", f"k=int{b}:g32:asym:perm,v=int{b}:g32:asym") for b in (4, 3)]
+        txt = "; ".join(f"{b}-bit keys {v(a, 'ppl_delta_pct', '+.2f')}% (KL {v(a, 'kl', '.4f')}) to "
+                        f"{v(p, 'ppl_delta_pct', '+.2f')}% (KL {v(p, 'kl', '.4f')})" for b, (a, p) in zip((4, 3), pairs))
+        return ("Reordering key channels before grouping (`perm` on a K spec: the cache stores `k[..., perm]` and "
+                "the queries are gathered alike, a calibrated order per layer and KV head that minimises a proxy of the "
+                "score error: each group's squared range times the query energy of its channels) buys little on "
+                "SmolLM2. Sorting channels by magnitude is worse than no order (`benchmarks/perm_positions.py`); the "
+                "fitted order loses its gain far from the positions it was fitted at (RoPE moves a pair's energy "
+                "between its two channels), so it is fitted over the calibration text captured at four starts spread "
+                f"over the context. With per-token int keys and values it moves {txt}, within one or two sd of the "
+                "PPL; the channel-axis keys of the winners leave it nothing to reorder.")
 
     def _targets(self, pairs: bool = False):
         """Whether the latest searches (SmolLM2's 21 candidates, Gemma's 15; with per-channel or, `pairs`, RoPE-pair
