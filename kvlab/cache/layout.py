@@ -132,22 +132,16 @@ class PageLayout:
                  f"{getattr(cb, 'shape', cb)}")
         else:
             need(cb is None, lambda: f"{name}['codebook'] is given but spec {spec} is not calibrated")
-        sm = pages.get("smooth")
-        if spec.smooth:
-            need(isinstance(sm, torch.Tensor) and tuple(sm.shape) == (self.n_heads, self.head_dim)
-                 and sm.dtype == torch.float32 and sm.device == codes.device, lambda: f"{name}['smooth'] (float32 "
-                 f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's key smoothing factors) is required "
-                 f"for spec {spec}, got {getattr(sm, 'shape', sm)}")
-        else:
-            need(sm is None, lambda: f"{name}['smooth'] is given but spec {spec} does not smooth")
-        pm = pages.get("perm")
-        if spec.permute:
-            need(isinstance(pm, torch.Tensor) and tuple(pm.shape) == (self.n_heads, self.head_dim)
-                 and pm.dtype == torch.int64 and pm.device == codes.device, lambda: f"{name}['perm'] (int64 "
-                 f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's key channel order) is required "
-                 f"for spec {spec}, got {getattr(pm, 'shape', pm)}")
-        else:
-            need(pm is None, lambda: f"{name}['perm'] is given but spec {spec} does not permute")
+        for key, on, dt, what, verb in (("smooth", spec.smooth, torch.float32, "key smoothing factors", "smooth"),
+                                        ("perm", spec.permute, torch.int64, "key channel order", "permute")):
+            t = pages.get(key)
+            if on:
+                need(isinstance(t, torch.Tensor) and tuple(t.shape) == (self.n_heads, self.head_dim) and t.dtype == dt
+                     and t.device == codes.device, lambda: f"{name}[{key!r}] ({str(dt).replace('torch.', '')} "
+                     f"[{self.n_heads}, {self.head_dim}] on {codes.device}: the layer's {what}) is required for spec "
+                     f"{spec}, got {getattr(t, 'shape', t)}")
+            else:
+                need(t is None, lambda: f"{name}[{key!r}] is given but spec {spec} does not {verb}")
         for key, dt in (("out_idx", torch.uint8), ("out_val", torch.float16)):
             t = pages.get(key)
             if spec.outliers:

@@ -230,6 +230,16 @@ def _model_order(y, s, p):
     return y if s is None else y.float() * s
 
 
+def _check_fits(t, x, name: str) -> None:
+    """ValueError unless t broadcasts to x's shape without growing it."""
+    try:
+        full = torch.broadcast_shapes(tuple(t.shape), tuple(x.shape))
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} do not broadcast to x {tuple(x.shape)}") from None
+    if full != tuple(x.shape):
+        raise ValueError(f"{name} of shape {tuple(t.shape)} would grow x {tuple(x.shape)}")
+
+
 def check_perm(perm, spec, x) -> torch.Tensor | None:
     """A permuted spec's channel order as int64 on x's device, broadcastable to x: ValueError unless the spec
     permutes (then it is required) and each row of its last dim is a permutation of 0..D-1."""
@@ -249,12 +259,7 @@ def check_perm(perm, spec, x) -> torch.Tensor | None:
     D = x.shape[-1]
     if p.dim() == 0 or p.shape[-1] != D:
         raise ValueError(f"perm's last dim must be head_dim {D}, got shape {tuple(p.shape)}")
-    try:
-        full = torch.broadcast_shapes(tuple(p.shape), tuple(x.shape))
-    except RuntimeError:
-        raise ValueError(f"perm of shape {tuple(p.shape)} does not broadcast to x {tuple(x.shape)}") from None
-    if full != tuple(x.shape):
-        raise ValueError(f"perm of shape {tuple(p.shape)} would grow x {tuple(x.shape)}")
+    _check_fits(p, x, "perm")
     if not torch.equal(p.sort(-1).values, torch.arange(D, device=p.device).expand(p.shape)):
         raise ValueError(f"perm: every row must hold each channel 0..{D - 1} exactly once")
     return p
@@ -275,12 +280,7 @@ def check_smooth(smooth, spec, x) -> torch.Tensor | None:
     s = torch.as_tensor(smooth).float().to(getattr(x, "device", "cpu"))
     if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
         raise ValueError("smooth factors must be finite and positive")
-    try:
-        torch.broadcast_shapes(tuple(s.shape), tuple(x.shape))
-    except RuntimeError:
-        raise ValueError(f"smooth factors of shape {tuple(s.shape)} do not broadcast to x {tuple(x.shape)}") from None
-    if torch.broadcast_shapes(tuple(s.shape), tuple(x.shape)) != tuple(x.shape):
-        raise ValueError(f"smooth factors of shape {tuple(s.shape)} would grow x {tuple(x.shape)}")
+    _check_fits(s, x, "smooth factors")
     return s
 
 

@@ -130,15 +130,9 @@ def fit_permutation(k: torch.Tensor, q: torch.Tensor, spec, sink: int = 0) -> to
 
     from ..spec import as_spec
     from .oracle import fake_quantize
+    from .smoothing import check_calibration
     spec = as_spec(spec)
-    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
-        raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
-    B, Hk, T, D = k.shape
-    if (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or q.shape[2] != T or q.shape[3] != D
-            or q.shape[1] % Hk):
-        raise ValueError(f"q must be [B={B}, Hq (a multiple of {Hk}), T={T}, D={D}], got {getattr(q, 'shape', q)}")
-    if not 0 <= sink < T:
-        raise ValueError(f"a permutation needs calibration tokens past the {sink} sinks, got {T}")
+    B, Hk, T, D = check_calibration(k, q, sink, "a permutation")
     if spec.axis != "tok" or spec.is_float_storage:
         raise ValueError(f"spec {spec} does not group channels within a token; a permutation changes nothing")
     plain = dataclasses.replace(spec, permute=False, smooth=False, smooth_pairs=False, calibrated=False)

@@ -47,14 +47,7 @@ def fit_smoothing(k: torch.Tensor, q: torch.Tensor, sink: int = 0, spec=None, al
     pairs: one factor per RoPE pair (c, c + D/2; rotate-half, as both decoders): the rms over the pair's two
     channels, an energy RoPE's rotation leaves unchanged, so the factor does not depend on the positions the
     calibration text covered (the `smooth=pair` spec option). ValueError for bad shapes or too few tokens."""
-    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
-        raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
-    B, Hk, T, D = k.shape
-    if (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or q.shape[2] != T or q.shape[3] != D
-            or q.shape[1] % Hk):
-        raise ValueError(f"q must be [B={B}, Hq (a multiple of {Hk}), T={T}, D={D}], got {getattr(q, 'shape', q)}")
-    if not 0 <= sink < T:
-        raise ValueError(f"smoothing needs calibration tokens past the {sink} sinks, got {T}")
+    B, Hk, T, D = check_calibration(k, q, sink, "smoothing")
     kf, qf = k[:, :, sink:].float(), q[:, :, sink:].float()
     kf = torch.where(torch.isfinite(kf), kf, torch.zeros_like(kf))
     qf = torch.where(torch.isfinite(qf), qf, torch.zeros_like(qf))
@@ -108,6 +101,20 @@ def _best_alpha(kf, qf, spec, factors, alphas) -> list[float]:
         errs.append((e - e.mean(-1, keepdim=True)).pow(2).sum((0, 2, 3)))       # [Hk]
     pick = torch.stack(errs).argmin(0)                                          # the first minimum per head
     return [float(alphas[int(i)]) for i in pick]
+
+
+def check_calibration(k, q, sink: int, what: str) -> tuple[int, int, int, int]:
+    """(B, Hk, T, D) of calibration keys k [B, Hk, T, D] and queries q [B, Hq, T, D] (Hq a multiple of Hk): ValueError
+    for other shapes or no token past the `sink` first ones (what: the fit, for the message)."""
+    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.is_floating_point():
+        raise ValueError(f"k must be a float tensor [B, Hk, T, D], got {getattr(k, 'shape', type(k).__name__)}")
+    B, Hk, T, D = k.shape
+    if (not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != B or q.shape[2] != T or q.shape[3] != D
+            or q.shape[1] % Hk):
+        raise ValueError(f"q must be [B={B}, Hq (a multiple of {Hk}), T={T}, D={D}], got {getattr(q, 'shape', q)}")
+    if not 0 <= sink < T:
+        raise ValueError(f"{what} needs calibration tokens past the {sink} sinks, got {T}")
+    return B, Hk, T, D
 
 
 def check_smoothing(s, n_kv_heads: int, head_dim: int, name: str = "smooth") -> torch.Tensor:

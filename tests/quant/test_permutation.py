@@ -16,6 +16,8 @@ from kvlab.quant import dequantize, fake_quantize, fit_smoothing, quantize
 from kvlab.quant.permutation import (check_permutation, fit_permutation, permute_channels, permute_queries,
                                      unpermute_channels)
 
+from pool_attend import attend, ops_args
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 2e-2 if DEV == "cuda" else 1e-4
 
@@ -145,22 +147,6 @@ def _pool_with(scheme, k, v, p, s=None, page=16, T0=60):
     return pool, sid
 
 
-def _args(pool, sid):
-    lc, bt, fp = pool.layer_cache(0), pool.block_table([sid]), pool.fp_buffer(0, [sid])
-    return ((lc.k_pages, lc.v_pages, bt.kv_indptr, bt.kv_indices, bt.kv_last_page_len, lc.k_spec, lc.v_spec,
-             pool.page_size), dict(k_fp=fp.k, v_fp=fp.v, fp_len=fp.length))
-
-
-def _attend(q, k, v):
-    """softmax(q k^T / sqrt(D)) v in float64 with GQA: q [Tq, Hq, D], k, v [Hk, S, D], causal over the last Tq."""
-    Tq, Hq, D = q.shape
-    Hk, S = k.shape[0], k.shape[1]
-    sc = (q.double().transpose(0, 1).reshape(Hk, -1, D) @ k.double().transpose(1, 2)).reshape(Hk, Hq // Hk, Tq, S)
-    mask = torch.arange(S, device=q.device)[None] <= (S - Tq + torch.arange(Tq, device=q.device))[:, None]
-    sc = sc.masked_fill(~mask, float("-inf")) / D ** 0.5
-    return (torch.softmax(sc, -1) @ v.double()[:, None]).reshape(Hq, Tq, D).transpose(0, 1)
-
-
 SCHEMES = ["k=int3:g16:asym:perm,v=int3:g32:asym,window=8,sink=2", "k=int4:g16:sym:smooth:perm,v=q4_0,window=4",
            "k=int2:g16:asym:perm:out=1,v=int2:g32:asym"]
 
@@ -199,24 +185,24 @@ def test_pool_decode_and_extend_attend_the_model_keys(scheme, backend):
         pool0.append(sid0, 0, k, v)
         kd0 = pool0.dense_kv(sid0, 0)[0]
         assert (kd - k.transpose(0, 1)).norm() < (kd0 - k.transpose(0, 1)).norm()
-    args, kw = _args(pool, sid)
+    args, kw = ops_args(pool, sid)
 
     def close(got, want):
         err = (got.double() - want).abs().max() / want.abs().max()
         assert err < TOL, f"relative error {err:.2e}"
     qd = torch.randn(1, 6, 64, generator=torch.Generator().manual_seed(5)).to(DEV)
-    close(decode(qd, *args, **kw, backend=backend), _attend(qd, kd, vd))
+    close(decode(qd, *args, **kw, backend=backend), attend(qd, kd, vd))
     kn, vn = torch.randn(2, 5, 2, 64, generator=torch.Generator().manual_seed(6)).to(DEV)
     qn = torch.randn(5, 6, 64, generator=torch.Generator().manual_seed(7)).to(DEV)
     got = extend(qn, kn, vn, torch.tensor([0, 5], device=DEV), *args, **kw, backend=backend)
-    close(got, _attend(qn, torch.cat([kd, kn.transpose(0, 1)], 1), torch.cat([vd, vn.transpose(0, 1)], 1)))
+    close(got, attend(qn, torch.cat([kd, kn.transpose(0, 1)], 1), torch.cat([vd, vn.transpose(0, 1)], 1)))
 
 
 def test_decode_plan_reads_the_new_query_and_checks_the_order():
     q, k4 = _qk(6, T=100)
     k, v = k4[0].transpose(0, 1).contiguous(), torch.randn(100, 2, 64)
     pool, sid = _pool_with(SCHEMES[0], k, v, fit_permutation(k4, q, "int3:g16:asym:perm"))
-    args, kw = _args(pool, sid)
+    args, kw = ops_args(pool, sid)
     qd = torch.randn(1, 6, 64).to(DEV)
     run = decode(qd, *args, **kw, backend="reference", plan=True)
     first = run().clone()
