@@ -153,7 +153,7 @@ def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "
     from kvlab.kernels.autotune import synthetic_cache
     from kvlab.kernels.checks import check_prefix
     from kvlab.kernels.decode import api, decode
-    from kvlab.kernels.smoothing import strip_smoothing
+    from kvlab.kernels.key_fold import strip_key_fold
     B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
     c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, device)
@@ -167,7 +167,7 @@ def decode_plan(sch, shape: dict, num_splits: int | None = None, device: str = "
     args = (q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"], sch.k, sch.v, P)
     fn = decode(*args, **fp, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True, num_splits=num_splits,
                 max_kv_len=max_kv_len)
-    qs, kp, ks, _ = strip_smoothing(q, c["k_pages"], sch.k)  # what decode hands the dispatch for a smoothed K spec
+    qs, kp, ks, _ = strip_key_fold(q, c["k_pages"], sch.k)  # what decode hands the dispatch (smoothed / permuted K)
     kv = check_prefix(qs, kp, *args[2:6], ks, *args[7:], *fp.values(), c["k_ts"], c["v_ts"], B)
     _, cfg = api.resolve(qs, kv, None, num_splits, max_kv_len)
     return fn, cfg

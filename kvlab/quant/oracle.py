@@ -240,6 +240,13 @@ def _check_fits(t, x, name: str) -> None:
         raise ValueError(f"{name} of shape {tuple(t.shape)} would grow x {tuple(x.shape)}")
 
 
+def check_rows(p: torch.Tensor, name: str = "perm") -> None:
+    """ValueError unless every row of p's last dim (int64) holds each channel 0..D-1 exactly once."""
+    D = p.shape[-1]
+    if not torch.equal(p.sort(-1).values, torch.arange(D, device=p.device).expand(p.shape)):
+        raise ValueError(f"{name}: every row must hold each channel 0..{D - 1} exactly once")
+
+
 def check_perm(perm, spec, x) -> torch.Tensor | None:
     """A permuted spec's channel order as int64 on x's device, broadcastable to x: ValueError unless the spec
     permutes (then it is required) and each row of its last dim is a permutation of 0..D-1."""
@@ -260,8 +267,7 @@ def check_perm(perm, spec, x) -> torch.Tensor | None:
     if p.dim() == 0 or p.shape[-1] != D:
         raise ValueError(f"perm's last dim must be head_dim {D}, got shape {tuple(p.shape)}")
     _check_fits(p, x, "perm")
-    if not torch.equal(p.sort(-1).values, torch.arange(D, device=p.device).expand(p.shape)):
-        raise ValueError(f"perm: every row must hold each channel 0..{D - 1} exactly once")
+    check_rows(p)
     return p
 
 

@@ -35,10 +35,9 @@ def check_permutation(p, n_kv_heads: int, head_dim: int, name: str = "perm") -> 
     if tuple(t.shape) != (n_kv_heads, head_dim) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor [Hk={n_kv_heads}, D={head_dim}] (a permutation of the "
                          f"channels per KV head), got {tuple(t.shape)} {t.dtype}")
+    from .oracle import check_rows
     t = t.long()
-    ok = torch.equal(t.sort(-1).values.cpu(), torch.arange(head_dim).expand(n_kv_heads, head_dim))
-    if not ok:
-        raise ValueError(f"{name}: every row must hold each channel 0..{head_dim - 1} exactly once")
+    check_rows(t, name)
     return t
 
 

@@ -16,7 +16,7 @@ import torch
 from ..checks import check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import GluonDecodeConfig, TritonDecodeConfig, auto_splits, config_from_dict
 from ..env import num_sms
-from ..smoothing import strip_smoothing
+from ..key_fold import strip_key_fold
 from ..tuned import attention_key, lookup, nearest
 
 GLUON_DEFAULT = GluonDecodeConfig(num_warps=4, tokens_per_warp=32)  # the shape most tuned Gluon entries share
@@ -149,7 +149,7 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
     need(backend in BACKENDS, f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
     Hq, D = check_query(q, "B")
     q_in = q
-    q, k_pages, k_spec, smooth = strip_smoothing(q, k_pages, k_spec)
+    q, k_pages, k_spec, fold = strip_key_fold(q, k_pages, k_spec)
     kv = check_prefix(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size,
                       k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, q.shape[0])
     sm_scale = check_sm_scale(sm_scale, D)
@@ -168,9 +168,9 @@ def decode(q, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_
             return run
     if not plan:
         return run()
-    if smooth is None:
+    if fold is None:
         return run
-    refresh = smooth.planned(q_in, q)
+    refresh = fold.planned(q_in, q)
 
     def launch():  # q is read in place each call: its smoothed / permuted copy is refreshed first (fixed shapes)
         refresh()

@@ -33,7 +33,7 @@ import torch
 from ..checks import FLOAT_DTYPES, INDEX_DTYPES, check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import ExtendConfig, config_from_dict
 from ..env import interpreting, on_gpu
-from ..smoothing import stored_chunk_keys, strip_smoothing
+from ..key_fold import stored_chunk_keys, strip_key_fold
 from ..tuned import attention_key, lookup
 
 BACKENDS = ("auto", "triton", "dense", "reference")
@@ -71,7 +71,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
          qo_indptr.dtype in INDEX_DTYPES, "qo_indptr must be a 1-d int32/int64 tensor [B+1]")
     B = qo_indptr.shape[0] - 1
     Hq, D = check_query(q, "C")
-    q, k_pages, k_spec, smooth = strip_smoothing(q, k_pages, k_spec)  # smoothed / permuted K: q * s, k_new / s below
+    q, k_pages, k_spec, fold = strip_key_fold(q, k_pages, k_spec)  # smoothed / permuted K: q * s, k_new / s below
     kv = check_prefix(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size,
                       k_fp, v_fp, fp_len, k_tensor_scale, v_tensor_scale, B)
     C, Hk = q.shape[0], kv.n_kv_heads
@@ -81,7 +81,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         need(t.dtype in FLOAT_DTYPES and t.device == q.device and t.stride(-1) == 1,
              lambda: f"{nm} must be a float tensor on {q.device}, contiguous in its last dim")
     need(qo_indptr.device == q.device, lambda: f"qo_indptr is on {qo_indptr.device}, q is on {q.device}")
-    k_new = stored_chunk_keys(k_new, smooth)
+    k_new = stored_chunk_keys(k_new, fold)
     sm_scale = check_sm_scale(sm_scale, D)
     check_out(out, q)
     if host_lens is not None:

@@ -59,7 +59,7 @@ class KeyFold:
         return k.contiguous()
 
 
-def strip_smoothing(q, k_pages, k_spec, name: str = "k_pages"):
+def strip_key_fold(q, k_pages, k_spec, name: str = "k_pages"):
     """(q as the stored keys meet it, pages without "smooth" / "perm", the plain spec, a `KeyFold`) for a smoothed
     or permuted K spec; (q, k_pages, spec, None) otherwise. q [..., Hq, D]; ValueError when the factors or the
     permutation are missing or invalid."""
