@@ -22,8 +22,9 @@ _FP_BYTES = {"bf16": 2, "fp16": 2, "f16": 2, "f32": 4, "float32": 4}
 
 def _layouts(scheme, n_layers: int, n_kv_heads: int, head_dim: int, page_size: int):
     for layer in range(n_layers):
-        for spec in scheme.for_layer(layer, n_layers):
-            yield PageLayout(spec, head_dim, page_size, n_kv_heads)
+        for pair, heads in scheme.head_groups(layer, n_layers, n_kv_heads):  # one group without per-head specs
+            for spec in pair:
+                yield PageLayout(spec, head_dim, page_size, len(heads))
 
 
 def layout_page_bytes(lay: PageLayout) -> int:

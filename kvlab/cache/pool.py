@@ -26,7 +26,7 @@ import torch
 
 from .block_table import slots_of
 from .capacity import pages_that_fit
-from .layout import PageLayout
+from .head_parts import build_parts
 from .paging import calibrate, codebook_table, write_tokens
 from .pool_views import PoolViews
 from .window import FpPolicy, plan_append
@@ -56,6 +56,9 @@ class KVPool(PoolViews):
     float32 on CPU); max_seqs: live sequences at once (rows of the fp buffer);
     store: fn(x [T, Hk, D], pages, slots [T] int64, spec, page_size, scale, tensor_scale) that quantizes
     tokens into pages (default `reference_store`, the oracle; the store op's `pool_store` runs the Triton kernel).
+
+    Per-head specs (`L<i>.h<j>=`): a mixed layer keeps one set of pages per group of KV heads (`parts[layer]`,
+    `kvlab.cache.head_parts`); attention reads it through `layer_parts`.
     """
 
     def __init__(self, scheme, n_layers: int, n_kv_heads: int, head_dim: int, n_pages: int, page_size: int = 16, *,
@@ -77,14 +80,19 @@ class KVPool(PoolViews):
         self.fp_dtype = fp_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.policy = FpPolicy.of(self.scheme, n_layers)
         self.specs = [self.scheme.for_layer(i, n_layers) for i in range(n_layers)]
-        for i, pair in enumerate(self.specs):
+        for i, pair in enumerate(self.scheme.pairs(n_layers)):
             for s in pair:
                 if s.axis == "tensor" and not (s.is_float_storage or s.fmt == "int" or s.fmt.startswith("fp8")):
-                    raise ValueError(f"layer {i}: axis tensor with {s.fmt} is not supported by the pool (no static "
+                    raise ValueError(f"spec {s}: axis tensor with {s.fmt} is not supported by the pool (no static "
                                      "codebook scale); use axis tok, head or chan")
-        self.layouts = [tuple(PageLayout(s, head_dim, page_size, n_kv_heads) for s in pair) for pair in self.specs]
-        self.k_pages = [kl.allocate(n_pages, self.device) for kl, _ in self.layouts]
-        self.v_pages = [vl.allocate(n_pages, self.device) for _, vl in self.layouts]
+        # one part per group of KV heads sharing a spec pair (`head_parts`); a mixed layer (per-head specs) has no
+        # layer-wide page dicts or layouts: k_pages / v_pages / layouts[layer] are None there, its parts hold them
+        self.parts = [build_parts(self.scheme.head_groups(i, n_layers, n_kv_heads), head_dim, page_size, n_pages,
+                                  self.device) for i in range(n_layers)]
+        whole = [len(p) == 1 for p in self.parts]
+        self.layouts = [(p[0].k_layout, p[0].v_layout) if w else None for p, w in zip(self.parts, whole)]
+        self.k_pages = [p[0].k_pages if w else None for p, w in zip(self.parts, whole)]
+        self.v_pages = [p[0].v_pages if w else None for p, w in zip(self.parts, whole)]
         W = self.policy.capacity
         shape = (max_seqs, n_kv_heads, W, head_dim)
         self.k_fp = [torch.zeros(shape, dtype=self.fp_dtype, device=self.device) for _ in range(n_layers)]
@@ -321,9 +329,10 @@ class KVPool(PoolViews):
         if slots:
             sl = torch.tensor(slots, dtype=torch.int64, device=self.device)
             st_ = self._static[layer]
-            for xs, spec, pages, key in ((xs_k, self.specs[layer][0], self.k_pages[layer], "k"),
-                                         (xs_v, self.specs[layer][1], self.v_pages[layer], "v")):
-                self._store_fn(torch.cat(xs), pages, sl, spec, P, st_[key], st_[key + "_ts"])
+            xk, xv = torch.cat(xs_k), torch.cat(xs_v)  # [Tq, Hk, D]
+            for part in self.parts[layer]:
+                for x, spec, pages, key in ((xk, part.k_spec, part.k_pages, "k"), (xv, part.v_spec, part.v_pages, "v")):
+                    self._store_fn(part.take(x, 1), pages, sl, spec, P, st_[key], st_[key + "_ts"])
         if moves:
             r, src, dst = (torch.tensor(c, dtype=torch.long, device=self.device) for c in zip(*moves))
             for buf in (kf, vf):

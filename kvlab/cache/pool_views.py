@@ -89,11 +89,13 @@ class PoolViews:
         n, nq, S = st.n[layer], self.policy.n_quantized(st.n[layer]), self.policy.sink
         held = torch.tensor(st.rows[layer], dtype=torch.long, device=self.device)
         out = []
-        for spec, pages, fp, key in ((self.specs[layer][0], self.k_pages[layer], self.k_fp[layer], "k"),
-                                     (self.specs[layer][1], self.v_pages[layer], self.v_fp[layer], "v")):
+        for fp, key in ((self.k_fp[layer], "k"), (self.v_fp[layer], "v")):
             x = torch.empty(self.n_kv_heads, n, self.head_dim, dtype=torch.float32, device=self.device)
-            x[:, S:S + nq] = read_values(pages, spec, st.pages, nq, self.head_dim, scale=self._static[layer][key],
-                                         tensor_scale=self._static[layer][key + "_ts"])
+            for part in self.parts[layer]:  # one part for a layer without per-head specs
+                spec, pages = (part.k_spec, part.k_pages) if key == "k" else (part.v_spec, part.v_pages)
+                x[part.index, S:S + nq] = read_values(pages, spec, st.pages, nq, self.head_dim,
+                                                      scale=self._static[layer][key],
+                                                      tensor_scale=self._static[layer][key + "_ts"])
             x[:, held] = fp[st.row][:, :len(held)].float()
             out.append(x)
         if self.specs[layer][0].permute:
@@ -105,10 +107,23 @@ class PoolViews:
         return out[0], out[1]
 
     def layer_cache(self, layer: int) -> LayerCache:
-        """Specs, page tensors and static scales of one layer (what attention kernels take)."""
+        """Specs, page tensors and static scales of one layer (what attention kernels take). A layer with per-head
+        specs has none: read it through `layer_parts`."""
+        if len(self.parts[self._layer(layer)]) > 1:
+            raise ValueError(f"layer {layer} holds per-head specs in {len(self.parts[layer])} page sets; read it "
+                             "through pool.layer_parts(layer) (one LayerCache per group of KV heads)")
+        return self._part_cache(layer, self.parts[layer][0])
+
+    def layer_parts(self, layer: int) -> list:
+        """[(HeadPart, LayerCache)] of one layer: one entry holding every KV head for a layer without per-head
+        specs, else one per group of heads sharing a spec pair. Attention runs once per entry on the part's heads
+        (`HeadPart.take` for the full-precision buffers, `head_parts.part_queries` for the queries)."""
+        return [(part, self._part_cache(layer, part)) for part in self.parts[self._layer(layer)]]
+
+    def _part_cache(self, layer: int, part) -> LayerCache:
         from ..quant.formats import scale_value, store_scale
-        st = self._static[self._layer(layer)]
-        kspec, vspec = self.specs[layer]
+        st = self._static[layer]
+        kspec, vspec = part.k_spec, part.v_spec
 
         def mult(spec, key):
             if spec.tensor_scale:
@@ -116,14 +131,15 @@ class PoolViews:
             if spec.static_scale and st[key] is not None:
                 return scale_value(store_scale(st[key], spec.scale_dtype, elem_fmt=spec.fmt), spec.scale_dtype)
             return None
-        return LayerCache(kspec, vspec, self.k_pages[layer], self.v_pages[layer], st["k"], st["v"],
-                          mult(kspec, "k"), mult(vspec, "v"))
+        return LayerCache(kspec, vspec, part.k_pages, part.v_pages, st["k"], st["v"], mult(kspec, "k"),
+                          mult(vspec, "v"))
 
     # ---- bytes ----------------------------------------------------------------------------
     def bytes_per_token(self) -> float:
         """Bytes one quantized token costs: all layers, K + V, codes + scales + zeros (exact:
         page bytes / P). Full-precision tokens cost `fp_bytes_per_token()` instead."""
-        return sum(layout_page_bytes(kl) + layout_page_bytes(vl) for kl, vl in self.layouts) / self.page_size
+        return sum(layout_page_bytes(p.k_layout) + layout_page_bytes(p.v_layout) for parts in self.parts
+                   for p in parts) / self.page_size
 
     def fp_bytes_per_token(self) -> int:
         """Bytes one full-precision token costs (all layers, K + V, fp_dtype)."""
@@ -133,7 +149,7 @@ class PoolViews:
     def nbytes(self) -> int:
         """Bytes the pool allocated: page tensors (with calibrated codebook tables), fp buffers, static scales (4 bytes
         each)."""
-        n = sum(t.numel() * t.element_size() for pages in (*self.k_pages, *self.v_pages) for t in pages.values()
-                if t is not None)
+        n = sum(t.numel() * t.element_size() for parts in self.parts for p in parts for pages in (p.k_pages, p.v_pages)
+                for t in pages.values() if t is not None)
         n += sum(t.numel() * t.element_size() for t in (*self.k_fp, *self.v_fp))
         return n + 4 * sum(int(s.static_scale) + int(s.tensor_scale) for pair in self.specs for s in pair)

@@ -177,16 +177,17 @@ class DecodeStep:
             st["set"] = True
         k, v = pool.stored_keys(layer, k.detach().to(pool.fp_dtype)), v.detach().to(pool.fp_dtype)
         r2 = self._rows[:, None]
-        kspec, vspec = pool.specs[layer]
-        for x, fp, spec, pages, key in ((k, pool.k_fp[layer], kspec, pool.k_pages[layer], "k"),
-                                        (v, pool.v_fp[layer], vspec, pool.v_pages[layer], "v")):
+        for x, fp, key in ((k, pool.k_fp[layer], "k"), (v, pool.v_fp[layer], "v")):
             if W:
                 src = fp[r2, :, self.q_col]  # [B, M, Hk, D]
                 src = torch.where(self.q_new[:, :, None, None] != 0, x[:, None], src)
             else:
                 src = x[:, None]
-            pool._store_fn(src.reshape(B * M, *shape[1:]), pages, self.q_slot.reshape(-1), spec, self.P, st[key],
-                           st[key + "_ts"])
+            src = src.reshape(B * M, *shape[1:])
+            for part in pool.parts[layer]:  # one part unless the layer has per-head specs
+                spec, pages = (part.k_spec, part.k_pages) if key == "k" else (part.v_spec, part.v_pages)
+                pool._store_fn(part.take(src, 1), pages, self.q_slot.reshape(-1), spec, self.P, st[key],
+                               st[key + "_ts"])
             if W:
                 if M > 1:
                     fp[r2, :, self.mv_dst] = fp[r2, :, self.mv_src]  # gathered before scattered
@@ -194,13 +195,25 @@ class DecodeStep:
                 fp[self._rows, :, self.w_col] = torch.where(self.w_has[:, None, None] != 0, x, cur)
 
     def attention_args(self, layer: int):
-        """(args, kwargs) of `decode` after the model's q: pages, this step's block table and fp buffers."""
-        lc = self.pool.layer_cache(layer)
-        args = (lc.k_pages, lc.v_pages, self.kv_indptr, self.kv_indices, self.kv_last_page_len, lc.k_spec,
-                lc.v_spec, self.P)
-        kw = dict(k_fp=self.pool.k_fp[layer][:self.B], v_fp=self.pool.v_fp[layer][:self.B], fp_len=self.fp_len,
-                  k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale,
-                  max_kv_len=self.max_pages * self.P)  # no slot holds more: caps the split count
-        if not self.W:  # a pool that never holds full-precision tokens: no fp operands (the kernels' HAS_FP
-            kw.update(k_fp=None, v_fp=None, fp_len=None)  # path costs registers: bf16 decode 1.7x slower with it)
-        return args, kw
+        """(args, kwargs) of `decode` after the model's q: pages, this step's block table and fp buffers. A layer
+        with per-head specs has one set per part: `attention_parts`."""
+        parts = self.attention_parts(layer)
+        if len(parts) > 1:
+            raise ValueError(f"layer {layer} holds per-head specs; attend per part through step.attention_parts(layer)")
+        return parts[0][1], parts[0][2]
+
+    def attention_parts(self, layer: int) -> list:
+        """[(HeadPart, args, kwargs)] of `decode` for each group of KV heads of `layer` (one for a layer without
+        per-head specs): the part's pages and its heads of the fp buffers; the caller passes the part's query heads
+        (`kvlab.cache.head_parts.part_queries`)."""
+        out = []
+        for part, lc in self.pool.layer_parts(layer):
+            args = (lc.k_pages, lc.v_pages, self.kv_indptr, self.kv_indices, self.kv_last_page_len, lc.k_spec,
+                    lc.v_spec, self.P)
+            kw = dict(k_fp=part.take(self.pool.k_fp[layer][:self.B], 1), v_fp=part.take(self.pool.v_fp[layer][:self.B], 1),
+                      fp_len=self.fp_len, k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale,
+                      max_kv_len=self.max_pages * self.P)  # no slot holds more: caps the split count
+            if not self.W:  # a pool that never holds full-precision tokens: no fp operands (the kernels' HAS_FP
+                kw.update(k_fp=None, v_fp=None, fp_len=None)  # path costs registers: bf16 decode 1.7x slower with it)
+            out.append((part, args, kw))
+        return out

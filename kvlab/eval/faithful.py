@@ -67,6 +67,26 @@ def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict |
     return out
 
 
+def head_histories(k: Tensor, v: Tensor, groups, sch: KVScheme, pk: Tensor | None = None,
+                   pv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`quantized_history` of a layer with per-head specs: k, v [B, Hk, S, D]; groups: `KVScheme.head_groups`
+    [((K spec, V spec), heads)]; pk, pv: this function's result for a prefix (reused as `prev`). float32."""
+    kq = torch.empty(k.shape, dtype=torch.float32, device=k.device)
+    vq = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for (ks, vs), heads in groups:
+        h = torch.tensor(heads, dtype=torch.long, device=k.device)
+        kq[:, h] = quantized_history(k[:, h], ks, sch, None, None if pk is None else pk[:, h])
+        vq[:, h] = quantized_history(v[:, h], vs, sch, None, None if pv is None else pv[:, h])
+    return kq, vq
+
+
+def mask_spec(specs: list[KVQuantSpec]) -> KVQuantSpec:
+    """The spec whose full-precision mask a layer of per-head `specs` uses: a quantized one if any (the pool's one
+    policy holds the same tokens full precision in every head; a bf16 head's pages read back its values rounded to
+    bf16, which its quantized history holds), else the first."""
+    return next((s for s in specs if not s.is_float_storage), specs[0])
+
+
 class DecodeFaithfulBackend:
     """`AttentionBackend` that scores a quantized cache decode-faithfully (see module doc).
 
@@ -132,8 +152,13 @@ class DecodeFaithfulBackend:
         cal = self.calib.get(layer, {})
         pk, pv = self.qhist.get(layer, (None, None))
         kc, vc = (space.codec("k"), space.codec("v")) if space is not None else (None, None)
-        kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk, kc)
-        vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv, vc)
+        groups = self.scheme.head_groups(layer, self.n_layers, k.shape[1]) if self.scheme.head_overrides else []
+        if len(groups) > 1:  # per-head specs (no calibrated state, no prerope): each group of heads as its pair
+            kq, vq = head_histories(k, v, groups, self.scheme, pk, pv)
+            k_spec, v_spec = (mask_spec([pair[i] for pair, _ in groups]) for i in (0, 1))
+        else:
+            kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk, kc)
+            vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv, vc)
         self.qhist[layer] = (kq, vq)
         if k_spec.pre_rope:
             kq = model.apply_rope(kq, k_pos, max_position=model.rope_positions - 1)  # earlier positions: covered

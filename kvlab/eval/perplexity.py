@@ -152,9 +152,11 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
     bos: start each segment with the tokenizer's BOS (None: where the tokenizer adds one, `bos_prefix`)."""
     sch = as_scheme(scheme)
     c = model.config
-    for layer in range(c.n_layers):
-        for spec in sch.for_layer(layer, c.n_layers):
+    for pair in sch.pairs(c.n_layers):
+        for spec in pair:
             spec.check_head_dim(c.head_dim)
+    for layer in range(c.n_layers):  # per-head overrides name heads the model has
+        sch.head_groups(layer, c.n_layers, c.n_kv_heads)
     if n_tokens > c.max_position_embeddings:
         raise ValueError(f"{n_tokens} tokens exceed the model's context of {c.max_position_embeddings}")
     prefix = bos_prefix(tokenizer) if bos is None or bos else []
@@ -177,7 +179,8 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
     out = {"scheme": str(sch), "name": sch.name, "text": text, "segments": n_segments, "tokens": n_tokens,
            "seed": seed, "bos": bool(prefix), "calib_text": calib_text if calib else None,
            "bits_per_element": sch.bits_per_element(c.head_dim),
-           "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=n_tokens, n_layers=c.n_layers)}
+           "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=n_tokens, n_layers=c.n_layers,
+                                                    n_kv_heads=c.n_kv_heads)}
     for key in rows[0]:
         out[key], out[key + "_sd"] = _ms([r[key] for r in rows])
     return out

@@ -26,10 +26,12 @@ COLUMNS = ["scheme", "model", "batch", "context", "new_tokens", "kv_budget_gib",
 
 
 def page_size_for(sch) -> int:
-    """16, or the channel group of a channel-axis spec when larger (pages hold whole token groups)."""
+    """16, or the lcm with the channel groups of the scheme's channel-axis specs (layer and head overrides too)
+    when larger (pages hold whole token groups)."""
     import math
     p = 16
-    for s in (sch.k, sch.v):
+    for s in (sch.k, sch.v, *(s for _, ks, vs in sch.overrides for s in (ks, vs)),
+              *(s for *_, ks, vs in sch.head_overrides for s in (ks, vs))):
         if s.axis == "chan":
             p = p * s.group // math.gcd(p, s.group)
     return p

@@ -8,8 +8,15 @@ Text form (items joined by ','):
     sink=N                the first N tokens (attention sinks) stay full precision
     L<i>=SPEC             layer i (negative counts from the end) uses SPEC for K and V
     L<i>=KSPEC|VSPEC      layer i uses KSPEC for K and VSPEC for V
+    L<i>.h<j>=SPEC        KV head j of layer i uses SPEC (or KSPEC|VSPEC) for K and V; the layer's other
+                          heads keep the layer's specs (its L<i>= override, else k= / v=)
 
-Example: `k=int4:g32:chan:asym,v=int4:g32:asym,window=128,L0=bf16,L-1=bf16`.
+Example: `k=int4:g32:chan:asym,v=int4:g32:asym,window=128,L0=bf16,L-1=bf16,L5.h2=int3:g32:chan:asym|int3:g32:asym`.
+
+A layer with per-head specs is "mixed": the pool keeps one set of pages per group of heads sharing a spec pair and
+attention runs once per group (`kvlab.cache.pool`). Its specs may not need calibrated state (static or tensor
+scales, calibrated codebooks, smoothing factors, permutations: `HEAD_STATE_RULE`), which the pool and the
+exporter keep per layer.
 
 An engine profile (`llama.cpp:q4_0`, `kvlab.spec.engines`) is a scheme too: its specs are the engine's
 blocks and `engine` carries what the engine does around them (channel order, rotation, query rounding).
@@ -25,6 +32,13 @@ from .engines import EngineProfile, parse_profile
 from .quant_spec import SPEC_VERSION, KVQuantSpec
 from .text import clean_text
 
+HEAD_STATE_RULE = ("a layer with per-head specs takes no spec with calibrated state (axis tensor or NVFP4 tensor "
+                   "scales, 'cal' codebooks, 'smooth', 'perm') and no 'prerope' keys: write such specs per layer")
+
+
+def _stateful(spec: KVQuantSpec) -> bool:
+    return spec.needs_tensor_scale or spec.calibrated or spec.smooth or spec.permute
+
 
 @dataclass(frozen=True)
 class KVScheme:
@@ -38,6 +52,7 @@ class KVScheme:
     # ((layer, spec), ...) is accepted too (one spec for K and V) and stored as (layer, spec, spec)
     name: str | None = field(default=None, compare=False)
     engine: EngineProfile | None = None  # an engine profile: what the engine does around the bytes
+    head_overrides: tuple = field(default=())  # ((layer, KV head, K spec, V spec), ...) sorted; see module doc
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -70,6 +85,31 @@ class KVScheme:
         if len(set(layers)) != len(layers):
             raise ValueError(f"layer overrides repeat a layer: {layers}")
         object.__setattr__(self, "overrides", tuple(sorted(self.overrides, key=lambda t: (t[0] < 0, t[0]))))
+        self._check_heads()
+
+    def _check_heads(self) -> None:
+        norm = []
+        for item in self.head_overrides:
+            if not isinstance(item, tuple) or len(item) not in (3, 4):
+                raise ValueError(f"a head override is (layer, head, spec) or (layer, head, K spec, V spec), got {item!r}")
+            layer, head, ks, vs = (*item[:3], item[2]) if len(item) == 3 else item
+            if not isinstance(layer, int) or not isinstance(head, int) or head < 0:
+                raise ValueError(f"head override (layer {layer!r}, head {head!r}): the layer is an int (negative counts "
+                                 "from the end) and the KV head an int >= 0")
+            where = f"layer {layer} head {head} override"
+            if ks.pre_rope or vs.pre_rope:
+                raise ValueError(f"{where}: prerope cannot be set per head")
+            if vs.smooth or vs.permute:
+                raise ValueError(f"{where}: {'smooth' if vs.smooth else 'perm'} applies to keys only")
+            if _stateful(ks) or _stateful(vs):
+                raise ValueError(f"{where} ({ks}|{vs}): {HEAD_STATE_RULE}")
+            norm.append((layer, head, ks, vs))
+        keys = [(l, h) for l, h, *_ in norm]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"head overrides repeat a (layer, head): {sorted(keys)}")
+        if norm and self.engine is not None:
+            raise ValueError("an engine profile takes no per-head overrides")
+        object.__setattr__(self, "head_overrides", tuple(sorted(norm, key=lambda t: (t[0] < 0, t[0], t[1]))))
 
     # ---- queries ------------------------------------------------------------------------
     def for_layer(self, layer: int, n_layers: int) -> tuple[KVQuantSpec, KVQuantSpec]:
@@ -79,6 +119,37 @@ class KVScheme:
                 return ks, vs
         return self.k, self.v
 
+    def head_specs(self, layer: int, n_layers: int, n_kv_heads: int) -> list[tuple[KVQuantSpec, KVQuantSpec]]:
+        """(K spec, V spec) of each of the `n_kv_heads` KV heads of `layer`. ValueError when an override names a head
+        past the model's, or a mixed layer keeps a spec with calibrated state (`HEAD_STATE_RULE`)."""
+        base = self.for_layer(layer, n_layers)
+        out = [base] * n_kv_heads
+        mine = [(h, ks, vs) for l, h, ks, vs in self.head_overrides
+                if -n_layers <= l < n_layers and l % n_layers == layer % n_layers]
+        for h, ks, vs in mine:
+            if h >= n_kv_heads:
+                raise ValueError(f"layer {layer} head override names KV head {h}; the model has heads 0..{n_kv_heads - 1}")
+            out[h] = (ks, vs)
+        if len(set(out)) > 1 and any(_stateful(s) or s.pre_rope for s in base):
+            raise ValueError(f"layer {layer} has per-head specs beside its spec pair {base[0]}|{base[1]}: "
+                             f"{HEAD_STATE_RULE}")
+        return out
+
+    def head_groups(self, layer: int, n_layers: int, n_kv_heads: int) -> list[tuple[tuple, tuple[int, ...]]]:
+        """[((K spec, V spec), KV heads ascending)] of `layer`, one entry per distinct spec pair in the order of
+        its first head: one entry holding every head for a layer without per-head overrides."""
+        groups: dict = {}
+        for h, pair in enumerate(self.head_specs(layer, n_layers, n_kv_heads)):
+            groups.setdefault(pair, []).append(h)
+        return [(pair, tuple(heads)) for pair, heads in groups.items()]
+
+    def pairs(self, n_layers: int | None = None) -> list:
+        """Every (K spec, V spec) pair the scheme uses (of every layer and head override with `n_layers`)."""
+        if n_layers is None:
+            return [(self.k, self.v)]
+        return [self.for_layer(i, n_layers) for i in range(n_layers)] + [(ks, vs) for *_, ks, vs in
+                                                                         self.head_overrides]
+
     @property
     def is_uniform(self) -> bool:
         return self.k == self.v
@@ -87,19 +158,19 @@ class KVScheme:
         """The pool's channel-group lcm Gc: lcm of the channel-axis group sizes of every K and V spec (of every layer
         when `n_layers` is given; 1 without channel axes). Every layer keeps its last up-to Gc - 1 tokens full
         precision beside the window (`kvlab.cache.window.FpPolicy`), so one block table serves all layers."""
-        pairs = [(self.k, self.v)] if n_layers is None else [self.for_layer(i, n_layers) for i in range(n_layers)]
         g = 1
-        for pair in pairs:
+        for pair in self.pairs(n_layers):
             for spec in pair:
                 if spec.axis == "chan":
                     g = math.lcm(g, spec.group)
         return g
 
     def bits_per_element(self, head_dim: int = 128, context: int | None = None, n_layers: int | None = None,
-                         chan_group: int | None = None) -> float:
+                         chan_group: int | None = None, n_kv_heads: int | None = None) -> float:
         """Mean stored bits per K/V element. With `context`, the tokens the pool holds in full precision at worst
         (bf16: sinks, the window and an unfinished channel group of Gc - 1 tokens, Gc = `chan_group()` of the whole
-        scheme, which every layer pays) are amortized over that many tokens; with `n_layers`, overrides count too.
+        scheme, which every layer pays) are amortized over that many tokens; with `n_layers`, overrides count too
+        (per-head ones need `n_kv_heads`: a layer's bits are the mean over its heads).
         `chan_group`: Gc of a larger scheme this one is a layer of (the search prices candidates with it)."""
         g = self.chan_group(n_layers) if chan_group is None else chan_group
         fp = 0 if context is None else min(context, self.sink + self.window + g - 1)
@@ -111,6 +182,11 @@ class KVScheme:
             return (fp * 16 + (context - fp) * q) / context
         if n_layers is None:
             return per_layer(self.k, self.v)
+        if self.head_overrides:
+            if n_kv_heads is None:
+                raise ValueError("a scheme with per-head overrides counts its bits per head: pass n_kv_heads")
+            return sum(per_layer(*pair) for i in range(n_layers) for pair in self.head_specs(i, n_layers, n_kv_heads)
+                       ) / (n_layers * n_kv_heads)
         return sum(per_layer(*self.for_layer(i, n_layers)) for i in range(n_layers)) / n_layers
 
     @property
@@ -127,6 +203,7 @@ class KVScheme:
         if self.sink:
             items.append(f"sink={self.sink}")
         items += [f"L{l}={ks}" if ks == vs else f"L{l}={ks}|{vs}" for l, ks, vs in self.overrides]
+        items += [f"L{l}.h{h}={ks}" if ks == vs else f"L{l}.h{h}={ks}|{vs}" for l, h, ks, vs in self.head_overrides]
         return ",".join(items)
 
     def to_dict(self) -> dict:
@@ -134,6 +211,8 @@ class KVScheme:
                 "v": self.v.to_dict(), "window": self.window, "sink": self.sink,
                 "overrides": [[l, ks.to_dict()] if ks == vs else [l, ks.to_dict(), vs.to_dict()]
                               for l, ks, vs in self.overrides],
+                **({"head_overrides": [[l, h, ks.to_dict(), vs.to_dict()] for l, h, ks, vs in self.head_overrides]}
+                   if self.head_overrides else {}),
                 **({"engine": self.engine.name} if self.engine else {})}
 
     @classmethod
@@ -146,7 +225,9 @@ class KVScheme:
             return cls(k=KVQuantSpec.from_dict(d["k"]), v=KVQuantSpec.from_dict(d["v"]), window=d.get("window", 0),
                        sink=d.get("sink", 0), name=d.get("name"),
                        overrides=tuple((int(o[0]), *(KVQuantSpec.from_dict(s) for s in o[1:]))
-                                       for o in d.get("overrides", [])))
+                                       for o in d.get("overrides", [])),
+                       head_overrides=tuple((int(o[0]), int(o[1]), *(KVQuantSpec.from_dict(s) for s in o[2:]))
+                                            for o in d.get("head_overrides", [])))
         except KeyError as e:
             raise ValueError(f"scheme dict lacks key {e}; needs at least 'k' and 'v'") from None
 
@@ -163,6 +244,7 @@ def parse_scheme(text: str) -> KVScheme:
     k = v = None
     window = sink = 0
     overrides: dict[int, tuple] = {}
+    heads: dict[tuple, tuple] = {}
     for item in text.split(","):
         item = item.strip()
         key, eq, val = item.partition("=")
@@ -183,10 +265,17 @@ def parse_scheme(text: str) -> KVScheme:
         elif re.fullmatch(r"L-?\d+", key):
             ks, bar, vs = val.partition("|")
             overrides[int(key[1:])] = (parse_spec(ks), parse_spec(vs) if bar else parse_spec(ks))
+        elif re.fullmatch(r"L-?\d+\.h\d+", key):
+            ks, bar, vs = val.partition("|")
+            layer, head = key[1:].split(".h")
+            if (int(layer), int(head)) in heads:
+                raise ValueError(f"scheme item {key} appears twice")
+            heads[(int(layer), int(head))] = (parse_spec(ks), parse_spec(vs) if bar else parse_spec(ks))
         else:
             raise ValueError(f"unknown scheme item {item!r}; allowed: SPEC, k=SPEC, v=SPEC, window=N, sink=N, "
-                             f"L<i>=SPEC, L<i>=KSPEC|VSPEC, or a preset ({', '.join(sorted(SCHEME_PRESETS))})")
+                             f"L<i>=SPEC, L<i>=KSPEC|VSPEC, L<i>.h<j>=SPEC (KV head j of layer i), or a preset "
+                             f"({', '.join(sorted(SCHEME_PRESETS))})")
     if k is None or v is None:
         raise ValueError(f"scheme {text!r} gives {'no K' if k is None else 'no V'} spec; write k=...,v=... or one spec for both")
     return KVScheme(k=k, v=v, window=window, sink=sink, overrides=tuple((l, *kv) for l, kv in overrides.items()),
-                    name=name)
+                    name=name, head_overrides=tuple((l, h, *kv) for (l, h), kv in heads.items()))

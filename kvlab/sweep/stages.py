@@ -88,13 +88,14 @@ def _attention(sch, p, device):
     c = model.config
     return {"attn_k_rel_l2": r["k"], "attn_v_rel_l2": r["v"], "attn_kv_rel_l2": r["kv"],
             "bits_per_element": sch.bits_per_element(c.head_dim),
-            "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=p["tokens"], n_layers=c.n_layers)}
+            "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=p["tokens"], n_layers=c.n_layers,
+                                                    n_kv_heads=c.n_kv_heads)}
 
 
 def _check_model_fit(sch, model):
     c = model.config
-    for layer in range(c.n_layers):
-        for spec in sch.for_layer(layer, c.n_layers):
+    for pair in sch.pairs(c.n_layers):
+        for spec in pair:
             try:
                 spec.check_head_dim(c.head_dim)
             except ValueError as e:

@@ -10,13 +10,14 @@ import kvlab
 from kvlab.cache import DecodeStep, KVPool
 
 SCHEMES = ["q4_0", "fp8_e4m3", "bf16", "int3:g32:asym,window=5,sink=2",
-           "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2", "k=int2:g16:chan:asym,v=nf4:g32"]
+           "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2", "k=int2:g16:chan:asym,v=nf4:g32",
+           "k=int4:g32:chan:asym,v=int4:g32:asym,window=3,L0.h1=q8_0|bf16,L1.h0=int2:g16:chan:asym|nf4:g32"]
 L, HK, D = 2, 2, 64
 
 
 def _page(scheme):
     sch = kvlab.scheme(scheme)
-    return max([16] + [s.group for s in (sch.k, sch.v) if s.axis == "chan"])
+    return max([16] + [s.group for pair in sch.pairs(L) for s in pair if s.axis == "chan"])
 
 
 def _pools(scheme):

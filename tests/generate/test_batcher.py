@@ -31,7 +31,8 @@ def _greedy_under_simulation(model, scheme, prompt, tokens, tol=1e-4):
 @torch.no_grad()
 @pytest.mark.parametrize("scheme,kernels", [("q4_0", "reference"), ("int3:g32:asym,window=6,sink=1", "reference"),
                                             ("k=int4:g32:chan:asym,v=int4:g32:asym,window=4", "reference"),
-                                            ("q4_0", "triton")])
+                                            ("q4_0", "triton"),
+                                            ("k=int4:g32:chan:asym,v=int4:g32:asym,window=4,L1.h0=q4_0", "reference")])
 def test_requests_join_and_leave_and_get_their_own_greedy_tokens(scheme, kernels, tiny_model):
     model = tiny_model
     sch = kvlab.scheme(scheme)

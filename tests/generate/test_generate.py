@@ -19,7 +19,11 @@ def _pool(model, scheme, pages=32):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("scheme", ["q4_0", "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2", "int3:g32:asym"])
+@pytest.mark.parametrize("scheme", ["q4_0", "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2", "int3:g32:asym",
+                                    # per-head specs: each layer's head 1 in another family (and bf16 in layer 1)
+                                    "k=int4:g32:chan:asym,v=int4:g32:asym,window=8,sink=2,L0.h1=int2:g32:asym,"
+                                    "L1.h1=bf16|int3:g32:asym",
+                                    "q4_0,L-1.h0=lm3:g64:rot=had"])
 def test_decode_steps_equal_the_decode_faithful_simulation(scheme, tiny_model):
     """Token by token (every step stores its token, then reads the cache back), the paged run is the
     simulation's arithmetic: logits agree to float32 accumulation order."""
@@ -45,12 +49,13 @@ def test_chunked_prefill_over_a_float_cache_is_dense_attention(tiny_model):
 
 
 @torch.no_grad()
-def test_triton_kernels_agree_with_the_torch_backends(tiny_model):
+@pytest.mark.parametrize("scheme", ["q4_0", "k=int4:g32:chan:asym,v=int4:g32:asym,L0.h0=q4_0,L1.h1=q8_0|lm3:g64:rot=had"])
+def test_triton_kernels_agree_with_the_torch_backends(scheme, tiny_model):
     model = tiny_model
     prompts = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(3))
     logits = {}
     for kernels in ("reference", "triton"):
-        pool = _pool(model, "q4_0")
+        pool = _pool(model, scheme)
         be = PagedBackend(pool, [pool.add_sequence(), pool.add_sequence()], kernels=kernels)
         a = model(prompts[:, :16], positions=torch.arange(16), backend=be)  # extend
         b = torch.cat([model(prompts[:, t:t + 1], positions=torch.tensor([t]), backend=be) for t in range(16, 24)], 1)
