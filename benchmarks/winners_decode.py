@@ -5,7 +5,8 @@ every layer of the model each winner was searched on, through the public `decode
                                         [--context 8192] [--budget 480] [--bound]
 
 A winner is a per-layer scheme (`L<i>=` overrides), so its decode step runs one attention call per layer, each with
-that layer's (K spec, V spec). Every distinct (K spec, V spec, context) is gated against the float32 reference
+that layer's (K spec, V spec); a layer with per-head specs (`L<i>.h<j>=`) one call per group of KV heads sharing a
+pair, timed at the group's head counts and summed (the query gather and output scatter between them not counted). Every distinct (K spec, V spec, context) is gated against the float32 reference
 (run.py's `gate`) and timed once (run.py's `decode_cell`: CUDA-graph replay median); a winner's time is the sum over
 its layers. Gemma 3's sliding layers hold only their window (512 tokens), its global layers the whole context. In
 the same process: the bf16 cache through the same `decode`, and cuDNN SDPA on dense bf16 K/V, summed the same way.
@@ -46,12 +47,17 @@ def layer_contexts(model: str, context: int) -> list[int]:
             for i in range(m["n_layers"])]
 
 
-def layer_pairs(scheme: str, model: str, context: int) -> list[tuple]:
-    """[(K spec, V spec, window, sink, context)] per layer of `scheme` on `model`."""
+def layer_pairs(scheme: str, model: str, context: int) -> list[list[tuple]]:
+    """Per layer of `scheme` on `model`: [(K spec, V spec, window, sink, context, Hq, Hk)], one entry per group of KV
+    heads sharing a spec pair (one for a layer without per-head specs; a layer with them runs one decode call per
+    group, on the group's KV heads and their query heads)."""
     import kvlab
     sch = kvlab.scheme(scheme)
-    n = MODELS[model]["n_layers"]
-    return [(*sch.for_layer(i, n), sch.window, sch.sink, ctx) for i, ctx in enumerate(layer_contexts(model, context))]
+    m = MODELS[model]
+    n, g = m["n_layers"], m["heads_q"] // m["heads_kv"]
+    return [[(*pair, sch.window, sch.sink, ctx, g * len(heads), len(heads))
+             for pair, heads in sch.head_groups(i, n, m["heads_kv"])]
+            for i, ctx in enumerate(layer_contexts(model, context))]
 
 
 def merge(result_csv: str, winners_csv: str) -> int:
@@ -79,8 +85,8 @@ def merge(result_csv: str, winners_csv: str) -> int:
     return n
 
 
-def _key(ks, vs, window, sink, ctx, m) -> tuple:
-    return (str(ks), str(vs), int(window), int(sink), int(ctx), m["heads_q"], m["heads_kv"], m["head_dim"])
+def _key(ks, vs, window, sink, ctx, m, hq=None, hk=None) -> tuple:
+    return (str(ks), str(vs), int(window), int(sink), int(ctx), hq or m["heads_q"], hk or m["heads_kv"], m["head_dim"])
 
 
 def needed_pairs(winners: list[dict], candidates: list[str], context: int,
@@ -93,7 +99,7 @@ def needed_pairs(winners: list[dict], candidates: list[str], context: int,
     first = set()
     for r in winners:
         m = MODELS[r["model"]]
-        first |= {_key(*pr, m) for pr in layer_pairs(r["scheme"], r["model"], context)}
+        first |= {_key(*pr[:5], m, *pr[5:]) for parts in layer_pairs(r["scheme"], r["model"], context) for pr in parts}
     rest = set()
     for model, m in MODELS.items():
         for ctx in set(layer_contexts(model, context)):
@@ -117,10 +123,11 @@ def summarize(winners: list[dict], times: dict, cudnn: dict, batch: int, context
     rows = []
     for r in winners:
         m = MODELS[r["model"]]
-        pairs = layer_pairs(r["scheme"], r["model"], context)
-        got = [times.get(_key(*pr, m)) for pr in pairs]
-        ref = [times.get(_key(fp.k, fp.v, 0, 0, pr[-1], m)) for pr in pairs]
-        cud = [cudnn.get((pr[-1], m["heads_q"], m["heads_kv"], m["head_dim"])) for pr in pairs]
+        layers = layer_pairs(r["scheme"], r["model"], context)
+        got = [times.get(_key(*pr[:5], m, *pr[5:])) for parts in layers for pr in parts]  # parts run one by one
+        ctxs = [parts[0][4] for parts in layers]
+        ref = [times.get(_key(fp.k, fp.v, 0, 0, c, m)) for c in ctxs]
+        cud = [cudnn.get((c, m["heads_q"], m["heads_kv"], m["head_dim"])) for c in ctxs]
         row = dict(model=r["model"], scheme=r["scheme"], batch=batch, context=context,
                    layers_timed=f"{sum(g is not None for g in got)}/{len(got)}")
         if all(g is not None for g in got):
@@ -220,7 +227,8 @@ def main(argv=None) -> int:
         print(f"{ks:>28s} | {vs:<24s} ctx {ctx:5d} D {D}: {row.get('graph_ms', float('nan')):.4f} ms "
               f"{row.get('error', '')}", flush=True)
     cudnn = {}
-    for (ctx, Hq, Hk, D) in sorted({k[4:] for k in keys}):
+    for (ctx, Hq, Hk, D) in sorted({(k[4], *(lambda m: (m["heads_q"], m["heads_kv"], m["head_dim"]))(m))
+                                    for k in keys for m in MODELS.values() if m["head_dim"] == k[7]}):
         cudnn[(ctx, Hq, Hk, D)] = peers(dict(batch=a.batch, context=ctx, heads_q=Hq, heads_kv=Hk, head_dim=D))[0]
     _write(out / "cudnn.csv", ["context", "heads_q", "heads_kv", "head_dim", "cudnn_bf16_ms"],
            [dict(context=k[0], heads_q=k[1], heads_kv=k[2], head_dim=k[3], cudnn_bf16_ms=v) for k, v in cudnn.items()])

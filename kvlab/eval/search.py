@@ -12,6 +12,8 @@
    `decode_ms_table` reads benchmarks/winners_decode.py's pairs.csv), the allocation also keeps the layers' summed
    decode time within it (a second dimension of the same dynamic program).
 4. The chosen scheme is then evaluated like any other (`evaluate_scheme`), on held-out text.
+5. Per head (`per_head=True`): the same, one unit per (layer, KV head) instead of per layer (`head_sensitivity`); the
+   scheme gets `L<i>.h<j>=` overrides where a head's choice differs from its layer's most used one.
 
 A candidate is one spec for a layer's K and V, or a pair `KSPEC|VSPEC` (the scheme DSL's `L<i>=KSPEC|VSPEC`):
 channel-axis keys with token-axis values, more bits for keys than values, and so on.
@@ -86,6 +88,33 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
             if progress is not None:
                 progress()
         out.append(row)
+    return out
+
+
+@torch.no_grad()
+def head_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], progress=None,
+                     sink: int = 0, window: int = 0) -> list[list[float]]:
+    """sens[l * Hk + h][c]: mean KL over `segs` with KV head h of layer l in candidate c (its K and V), every other
+    head and layer bf16 (`layer_sensitivity` one head at a time: Hk times the forwards). Candidates must keep no
+    calibrated state (`kvlab.spec.scheme.HEAD_STATE_RULE`): per-head specs cannot."""
+    from ..spec.scheme import HEAD_STATE_RULE, keeps_state
+    n, hk = model.config.n_layers, model.config.n_kv_heads
+    specs = [pair(c) for c in candidates]
+    bad = [c for c, (ks, vs) in zip(candidates, specs) if keeps_state(ks) or keeps_state(vs) or ks.pre_rope]
+    if bad:
+        raise ValueError(f"per-head candidates {bad}: {HEAD_STATE_RULE}")
+    fp = as_scheme("bf16")
+    out = []
+    for layer in range(n):
+        for head in range(hk):
+            row = []
+            for spec in specs:
+                sch = KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, head_overrides=((layer, head, *spec),))
+                rows = score_segments(model, segs, sch, None)
+                row.append(sum(r["kl"] for r in rows) / len(rows))
+                if progress is not None:
+                    progress()
+            out.append(row)
     return out
 
 
@@ -184,6 +213,20 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0, window: i
     return KVScheme(k=ks, v=vs, sink=sink, window=window, overrides=over)
 
 
+def scheme_of_heads(choice: list[int], candidates: list[str], n_kv_heads: int, sink: int = 0,
+                    window: int = 0) -> KVScheme:
+    """The DSL scheme of a per-(layer, KV head) choice (index l * Hk + h): each layer's most used candidate is the
+    layer's pair, the scheme's most used layer pair its base (others `L<i>=`), heads off their layer's pair
+    `L<i>.h<j>=`."""
+    n = len(choice) // n_kv_heads
+    heads = [choice[layer * n_kv_heads:(layer + 1) * n_kv_heads] for layer in range(n)]
+    layer_c = [max(set(hs), key=lambda c: (hs.count(c), -c)) for hs in heads]
+    sch = scheme_of(layer_c, candidates, sink, window)
+    over = tuple((layer, h, *pair(candidates[c])) for layer, hs in enumerate(heads) for h, c in enumerate(hs)
+                 if c != layer_c[layer])
+    return KVScheme(k=sch.k, v=sch.v, sink=sink, window=window, overrides=sch.overrides, head_overrides=over)
+
+
 def choose(res: dict, budget: float, head_dim: int) -> dict:
     """`search`'s result re-allocated under another budget from the same sensitivities (and bit accounting, and
     decode-time table and budget when it has them): the best of the `regimes`."""
@@ -206,10 +249,14 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
     if best is None:
         raise err
     choice, kl = best
-    sch, n = scheme_of(choice, cands, sink, window), len(choice)
+    hk = res.get("per_head")  # per-head sensitivities: one unit per (layer, KV head)
+    if hk:
+        sch, n = scheme_of_heads(choice, cands, hk, sink, window), len(choice) // hk
+    else:
+        sch, n = scheme_of(choice, cands, sink, window), len(choice)
     # the chosen scheme's own count (its Gc divides the regime's: never more than the priced bits)
-    mean_bits = sch.bits_per_element(head_dim, context=ctx, n_layers=n) if ctx else \
-        sum(_spec_bits(cands[c], head_dim) for c in choice) / n
+    mean_bits = sch.bits_per_element(head_dim, context=ctx, n_layers=n, n_kv_heads=hk or None) if ctx else \
+        sum(_spec_bits(cands[c], head_dim) for c in choice) / len(choice)
     out = {**res, "scheme": str(sch), "choice": [cands[c] for c in choice],
            "predicted_kl": kl, "bits_per_element": mean_bits, "chan_group": sch.chan_group(n)}
     if ms is not None:
@@ -221,7 +268,7 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
            calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0, window: int = 0,
            context: int | None = None, sens: list | None = None, ms: list | None = None,
-           decode_budget_ms: float | None = None) -> dict:
+           decode_budget_ms: float | None = None, per_head: bool = False) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` bits per element (mean over layers:
     nominal, or effective at `context` tokens; `sink` first tokens and `window` recent ones kept full precision in every
     layer, priced in the bits and present when sensitivities are measured; `sens`: a
@@ -229,7 +276,8 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
     with `decode_budget_ms`: the layers' summed decode time stays within it). Returns {"scheme": text, "choice":
     [candidate per layer], "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates",
     "calib_text", "calib_tokens", "calib_segments", "sink", "context"} plus "decode_ms" with a time table (`choose`
-    re-allocates it under another budget)."""
+    re-allocates it under another budget). `per_head`: sensitivities and the allocation per (layer, KV head)
+    (`head_sensitivity`; rows l * Hk + h; the scheme gets `L<i>.h<j>=` overrides; no decode-time budget)."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
     D = model.config.head_dim
@@ -238,13 +286,19 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
             s.check_head_dim(D)
     if (ms is None) != (decode_budget_ms is None):
         raise ValueError("a decode-time budget needs the decode-time table (ms) and the table needs the budget")
+    hk = model.config.n_kv_heads if per_head else 0
+    if per_head and ms is not None:
+        raise ValueError("a decode-time budget is priced per layer; per-head search takes none")
+    units = model.config.n_layers * (hk or 1)
     if sens is None:
         segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments, prefix=bos_prefix(tokenizer))
-        sens = layer_sensitivity(model, segs, candidates, progress, sink, window)
-    elif len(sens) != model.config.n_layers or any(len(r) != len(candidates) for r in sens):
-        raise ValueError(f"the sensitivity table is not {model.config.n_layers} layers x {len(candidates)} candidates")
+        sens = (head_sensitivity if per_head else layer_sensitivity)(model, segs, candidates, progress, sink, window)
+    elif len(sens) != units or any(len(r) != len(candidates) for r in sens):
+        raise ValueError(f"the sensitivity table is not {units} {'(layer, head)s' if per_head else 'layers'} x "
+                         f"{len(candidates)} candidates")
     base = {"sens": sens, "candidates": candidates, "calib_text": calib_text, "calib_tokens": calib_tokens,
-            "calib_segments": calib_segments, "sink": sink, "window": window, "context": context}
+            "calib_segments": calib_segments, "sink": sink, "window": window, "context": context,
+            **({"per_head": hk} if per_head else {})}
     if ms is not None:
         base.update(ms=ms, decode_budget_ms=decode_budget_ms)
     return choose(base, budget, D)

@@ -4,6 +4,7 @@
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
                                  [--segments 4] [--sink N] [--window N] [--nominal-bits] [--sensitivity CSV]
                                  [--speed-table PAIRS_CSV --decode-budget 1.0x|MS] [--speed-context 8192]
+                                 [--per-head]
                                  [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
@@ -16,6 +17,11 @@ held-out scores).
 With --speed-table (a pairs.csv of benchmarks/winners_decode.py, measured on the GPU) and --decode-budget, the
 allocation also keeps one decode step's attention time, summed over layers at --speed-context tokens, within the
 budget: in ms, or as a multiple of the bf16 cache's time from the same table ("1.0x": no slower than bf16).
+
+With --per-head, every unit of the search is one KV head of one layer: its sensitivity is measured with that head
+alone quantized, and the allocation may give the heads of one layer different candidates (`L<i>.h<j>=` overrides;
+the pool keeps one page set per group of heads). Candidates must keep no calibrated state (no smoothing,
+permutation, calibrated codebook or static scale).
 """
 from __future__ import annotations
 
@@ -51,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-budget", default=None, help="summed decode ms over layers, or NUMx: that multiple of "
                    "the bf16 cache's time in the same table")
     p.add_argument("--speed-context", type=int, default=8192, help="context of the speed table's rows")
+    p.add_argument("--per-head", action="store_true", help="sensitivities and choices per (layer, KV head): the "
+                   "scheme gets L<i>.h<j>= overrides (Hk times the forwards; candidates without calibrated state; "
+                   "sensitivity.csv rows are layer.head)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
@@ -79,28 +88,32 @@ def decode_budget(table: str, config, cands: list[str], context: int, sink: int,
 
 
 def reuse_sensitivity(path: str, cands: list[str], model, tok, calib_text: str, calib_tokens: int, sink: int,
-                      window: int, bar) -> list[list[float]]:
+                      window: int, bar, per_head: bool = False) -> list[list[float]]:
     """The sensitivity table for `cands` from an earlier run's sensitivity.csv: its columns are reused, candidates it
     lacks are measured now (the same way: KL on `calib_tokens` of `calib_text`) and added. The earlier run must have
     measured on the same calibration text, token count, sinks and window (the caller's arguments; not checked)."""
     from ..eval.perplexity import bos_prefix, segments, text_tokens
-    from ..eval.search import layer_sensitivity
+    from ..eval.search import head_sensitivity, layer_sensitivity
     with open(path) as f:
         head, *lines = f.read().split("\n")
     have = head.split(",")[1:]
     table = [[float(v) for v in ln.split(",")[1:]] for ln in lines if ln.strip()]
-    if len(table) != model.config.n_layers:
-        raise ValueError(f"{path} has {len(table)} layers; this model has {model.config.n_layers}")
+    labels = [ln.split(",")[0] for ln in lines if ln.strip()]
+    cfg = model.config
+    units = cfg.n_layers * (cfg.n_kv_heads if per_head else 1)
+    if len(table) != units or any(("." in lab) != per_head for lab in labels):
+        raise ValueError(f"{path} has {len(table)} rows ({labels[:1]} ...); this {'per-head ' * per_head}search "
+                         f"needs {units} ({'layer.head' if per_head else 'layer'} rows)")
     missing = [c for c in cands if c not in have]
-    bar.total = model.config.n_layers * len(missing)
+    bar.total = units * len(missing)
     bar.refresh()
     got = {}
     if missing:
         segs = segments(text_tokens(tok, calib_text), calib_tokens, 1, prefix=bos_prefix(tok))
-        new = layer_sensitivity(model, segs, missing, bar.update, sink, window)
+        new = (head_sensitivity if per_head else layer_sensitivity)(model, segs, missing, bar.update, sink, window)
         got = {c: [row[i] for row in new] for i, c in enumerate(missing)}
     col = {c: [row[have.index(c)] for row in table] if c in have else got[c] for c in cands}
-    return [[col[c][layer] for c in cands] for layer in range(model.config.n_layers)]
+    return [[col[c][u] for c in cands] for u in range(units)]
 
 
 def main(argv=None) -> int:
@@ -120,27 +133,28 @@ def main(argv=None) -> int:
         if (a.speed_table is None) != (a.decode_budget is None):
             raise ValueError("--speed-table and --decode-budget go together")
         model, tok = load_model(a.model, device=a.device, dtype=torch.float32)
-        bar = tqdm(total=model.config.n_layers * len(cands), desc="sensitivity", unit="fwd")
+        hk = model.config.n_kv_heads if a.per_head else 1
+        bar = tqdm(total=model.config.n_layers * hk * len(cands), desc="sensitivity", unit="fwd")
         sens = None
         if a.sensitivity:
             sens = reuse_sensitivity(a.sensitivity, cands, model, tok, a.calib_text, a.calib_tokens, a.sink, a.window,
-                                     bar)
+                                     bar, a.per_head)
         ms = ms_budget = None
         if a.speed_table:
             ms, ms_budget = decode_budget(a.speed_table, model.config, cands, a.speed_context, a.sink, a.decode_budget,
                                           a.window)
         res = search(model, tok, cands, max(budgets), calib_text=a.calib_text, calib_tokens=a.calib_tokens,
                      progress=bar.update, sink=a.sink, window=a.window, context=None if a.nominal_bits else a.tokens,
-                     sens=sens,
-                     ms=ms, decode_budget_ms=ms_budget)
+                     sens=sens, ms=ms, decode_budget_ms=ms_budget, per_head=a.per_head)
         bar.close()
         if a.out:  # the measured table first: an evaluation that fails later must not lose it
             out = Path(a.out)
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "sensitivity.csv", "w") as f:
                 f.write("layer," + ",".join(cands) + "\n")
-                for layer, row in enumerate(res["sens"]):
-                    f.write(f"{layer}," + ",".join(f"{v:.6g}" for v in row) + "\n")
+                for u, row in enumerate(res["sens"]):
+                    label = f"{u // hk}.{u % hk}" if a.per_head else str(u)
+                    f.write(f"{label}," + ",".join(f"{v:.6g}" for v in row) + "\n")
         for budget in budgets:
             try:
                 r = res if budget == max(budgets) else choose(res, budget, model.config.head_dim)

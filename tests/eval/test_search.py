@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.eval.search import allocate, layer_sensitivity, scheme_of, search
+from kvlab.spec import as_spec
+from kvlab.eval.search import allocate, choose, head_sensitivity, layer_sensitivity, scheme_of, scheme_of_heads, search
 
 
 def _brute(sens, bits, budget, ms=None, ms_budget=None):
@@ -239,7 +240,7 @@ def test_sensitivity_table_reused_and_extended(smollm2, tmp_path, monkeypatch):
     assert reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, 0, bar)[2] == [pytest.approx(0.2)]
     assert asked == [["c"]]  # nothing measured when the table has every candidate
     f.write_text("layer,a\n0,1\n")
-    with pytest.raises(ValueError, match="has 1 layers"):
+    with pytest.raises(ValueError, match="has 1 rows"):
         reuse_sensitivity(str(f), ["a"], model, tok, "license", 64, 0, 0, bar)
 
 
@@ -259,3 +260,49 @@ def test_large_reference_logits_are_computed_once(tiny_llama, monkeypatch):
     pp.reference_logits(model, b)
     assert len(calls) == 2 and len(pp._REF_CACHE) == 1
     assert torch.equal(pp.reference_logits(model, a).logits, r1.logits) and len(calls) == 3
+
+
+@torch.no_grad()
+def test_head_sensitivities_are_measured_one_head_at_a_time(tiny_llama):
+    model = tiny_llama(heads=4, kv_heads=2)
+    segs = [torch.randint(0, 64, (48,), generator=torch.Generator().manual_seed(1))]
+    sens = head_sensitivity(model, segs, ["bf16", "lm2:rot=had", "lm4:rot=had"])
+    assert len(sens) == 2 * 2 and all(len(r) == 3 for r in sens)  # (layer, head) rows
+    for row in sens:
+        assert row[0] < 1e-5  # a float head changes nothing (its pages hold bf16 values)
+        assert row[1] > row[2] > 0
+    layer = layer_sensitivity(model, segs, ["lm2:rot=had"])
+    for i in range(2):  # one head of a layer costs less than the whole layer
+        assert max(sens[2 * i][1], sens[2 * i + 1][1]) < layer[i][0]
+    with pytest.raises(ValueError, match="per-head candidates.*calibrated state"):
+        head_sensitivity(model, segs, ["nvfp4"])
+
+
+def test_scheme_of_heads_is_one_line_with_head_overrides_that_round_trips():
+    cands = ["lm2:rot=had", "lm4:rot=had", "int3:g32:chan:asym|int3:g32:asym"]
+    choice = [0, 0, 0,  1, 1, 0,  0, 2, 0,  0, 0, 0]  # 4 layers x 3 KV heads
+    sch = scheme_of_heads(choice, cands, 3)
+    text = str(sch)
+    assert kvlab.scheme(text) == sch
+    assert "L1=lm4" in text and "L1.h2=lm2:g64:rot=had" in text and "L2.h1=int3:g32:chan:asym|int3:g32:asym" in text
+    for u, c in enumerate(choice):
+        ks, _, vs = cands[c].partition("|")
+        assert sch.head_specs(u // 3, 4, 3)[u % 3] == (as_spec(ks), as_spec(vs or ks))
+    with pytest.raises(ValueError, match="pass n_kv_heads"):
+        sch.bits_per_element(64, context=2048, n_layers=4)
+    per_head = sch.bits_per_element(64, n_layers=4, n_kv_heads=3)
+    want = sum((as_spec(cands[c].split("|")[0]).bits_per_element_at(64)
+                + as_spec(cands[c].split("|")[-1]).bits_per_element_at(64)) / 2 for c in choice) / len(choice)
+    assert per_head == pytest.approx(want)
+
+
+def test_per_head_allocation_under_a_budget(monkeypatch):
+    """choose() on a per-head table: one unit per (layer, head), bits within the budget, sensitive heads get bits."""
+    cands = ["lm2:rot=had", "lm4:rot=had"]
+    sens = [[1.0, 0.0] if u in (1, 4) else [0.01, 0.0] for u in range(6)]  # 2 layers x 3 heads
+    res = {"sens": sens, "candidates": cands, "sink": 0, "window": 0, "context": None, "per_head": 3}
+    out = choose(res, budget=3.0, head_dim=64)  # lm2 2.25 and lm4 4.25 bits at D 64: room for two lm4 heads
+    sch = kvlab.scheme(out["scheme"])
+    assert out["bits_per_element"] <= 3.0 + 1e-9
+    assert [sch.head_specs(u // 3, 2, 3)[u % 3][0].fmt for u in range(6)] == ["lm2", "lm4", "lm2", "lm2", "lm4", "lm2"]
+    assert out["predicted_kl"] == pytest.approx(0.04)

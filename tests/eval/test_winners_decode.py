@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import kvlab
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,10 +51,25 @@ def test_layer_contexts_and_pairs(wd):
     assert wd.layer_contexts("SmolLM2-135M-Instruct", 4096) == [4096] * 30
     pairs = wd.layer_pairs("k=int3:g32:chan:asym,v=int3:g32:asym,L1=q8_0,L-1=lm2:g64:rot=had|lm3:g64:rot=had",
                            "SmolLM2-135M-Instruct", 8192)
-    assert len(pairs) == 30
+    assert len(pairs) == 30 and all(len(p) == 1 and p[0][5:] == (9, 3) for p in pairs)  # one part: every head
+    pairs = [p[0] for p in pairs]
     assert str(pairs[0][0]) == "int3:g32:chan:asym" and str(pairs[0][1]) == "int3:g32:asym"
     assert pairs[1][0] == pairs[1][1] and pairs[1][0].bits == 8
     assert (str(pairs[29][0]), str(pairs[29][1])) == ("lm2:g64:rot=had", "lm3:g64:rot=had")
+    heads = wd.layer_pairs("q4_0,L2.h1=q8_0", "SmolLM2-135M-Instruct", 8192)
+    assert len(heads[2]) == 2 and [(p[0].bits, p[5:]) for p in heads[2]] == [(4, (6, 2)), (8, (3, 1))]
+
+
+def test_per_head_winner_sums_its_parts(wd):
+    win = [{"model": "SmolLM2-135M-Instruct", "scheme": "q4_0,L2.h1=q8_0"}]
+    keys = wd.needed_pairs(win, [], 8192)
+    m = wd.MODELS["SmolLM2-135M-Instruct"]
+    parts = {k for k in keys if k[7] == 64 and k[5:7] != (9, 3)}
+    assert {(kvlab.parse_spec(k[0]).bits, k[5], k[6]) for k in parts} == {(4, 6, 2), (8, 3, 1)}
+    times = {k: (0.25 if k in parts else 1.0) for k in keys}
+    row = wd.summarize(win, times, {}, 32, 8192)[0]
+    assert row["decode_ms_h200"] == 29 * 1.0 + 2 * 0.25 and row["layers_timed"] == "31/31"
+    assert wd._key(*[p for p in wd.layer_pairs("q4_0", "SmolLM2-135M-Instruct", 8192)[0]][0][:5], m) in keys
 
 
 def test_merge(wd, tmp_path):
@@ -79,19 +96,21 @@ def test_needed_pairs_and_sum(wd, tmp_path):
     assert ctxs == {(8192, 64), (8192, 256), (512, 256)}
     for r in win:
         m = wd.MODELS[r["model"]]
-        assert {wd._key(*pr, m) for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)} <= set(keys)
+        assert {wd._key(*pr[:5], m) for p in wd.layer_pairs(r["scheme"], r["model"], 8192) for pr in p} <= set(keys)
     assert sum(k[0] == k[1] == "bf16" for k in keys) == 3
-    mine = {wd._key(*pr, wd.MODELS[r["model"]]) for r in win for pr in wd.layer_pairs(r["scheme"], r["model"], 8192)}
+    mine = {wd._key(*pr[:5], wd.MODELS[r["model"]]) for r in win for p in wd.layer_pairs(r["scheme"], r["model"], 8192)
+            for pr in p}
     assert set(keys[:len(mine)]) == mine  # the winners' pairs come first
     more = wd.needed_pairs(win, ["lm3:g64:rot=had"], 8192, fp=((32, 0), (32, 4)))
     assert {(k[2], k[3]) for k in more if k[0] != "bf16"} == {(0, 0), (32, 0), (32, 4)}
     assert {(k[2], k[3]) for k in more if k[0] == k[1] == "bf16"} == {(0, 0)}
     times = {k: 1.0 for k in keys}
-    times[wd._key(*wd.layer_pairs("q4_0", "SmolLM2-135M-Instruct", 8192)[0][:5], wd.MODELS["SmolLM2-135M-Instruct"])] = 0.5
+    times[wd._key(*wd.layer_pairs("q4_0", "SmolLM2-135M-Instruct", 8192)[0][0][:5],
+                  wd.MODELS["SmolLM2-135M-Instruct"])] = 0.5
     rows = wd.summarize(win, times, {}, 32, 8192)
     assert rows[0]["decode_ms_h200"] == 29 * 0.5 + 1.0 and rows[0]["ratio_vs_bf16"] == rows[0]["decode_ms_h200"] / 30
     assert rows[1]["decode_ms_h200"] == 18.0 and "cudnn_bf16_ms" not in rows[1]
-    del times[wd._key(*wd.layer_pairs("q4_0,L1=q8_0", "SmolLM2-135M-Instruct", 8192)[1][:5],
+    del times[wd._key(*wd.layer_pairs("q4_0,L1=q8_0", "SmolLM2-135M-Instruct", 8192)[1][0][:5],
                       wd.MODELS["SmolLM2-135M-Instruct"])]
     rows = wd.summarize(win, times, {}, 32, 8192)
     assert "decode_ms_h200" not in rows[0] and rows[0]["layers_timed"] == "29/30" and "decode_ms_h200" in rows[1]
