@@ -254,14 +254,15 @@ s15)  # session 15: the Gluon decode's register prefetch at head_dim 256 (on / o
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/decode/test_gluon.py \
     -k "gluon_matches_reference" 2>&1 | tee "$OUT/pytest.log" | tail -6
   ;;
-s19)  # session 19 (issue 18): per-head specs on the GPU. Carry .carry/m1 (first half of the SmolLM2 GGUF, wheels),
-  # then .carry/m2 (second half) with this mode: the first call only stages. The second: GPU tests of per-head pools
+s19)  # session 19 (issue 18): per-head specs on the GPU. Carry .carry/m1 (first third of the SmolLM2 GGUF, wheels),
+  # then .carry/m2, .carry/m3 (the other thirds), each call with this mode: the first two only stage (call them
+  # within the machine's 30 s warm window). The third: GPU tests of per-head pools
   # (paged / step backends on the real kernels), the per-head search of SmolLM2 (sink 4, window 32, the 13 candidates
   # of search-smollm2-s4w32) on the GPU in float32, the per-layer winners of that search evaluated again beside it,
   # then every winner's decode step (per-head layers: one call per group of heads, summed).
-  if [ ! -f /tmp/kvstage/gguf_part01 ]; then
+  if [ "$(cat /tmp/kvstage/gguf_part* 2>/dev/null | wc -c)" -lt 98362432 ]; then   # not every third carried yet
     python3 -c "import sys; print(sys.version)"; python3 -c "import tokenizers, numpy; print('tokenizers', tokenizers.__version__, 'numpy', numpy.__version__)"
-    echo "staged $(ls /tmp/kvstage | tr '\n' ' '); carry .carry/m2 next"; exit 0
+    echo "staged $(ls /tmp/kvstage | tr '\n' ' '); carry the next third"; exit 0
   fi
   stage_smollm2 || exit 3
   export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
