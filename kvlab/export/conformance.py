@@ -97,10 +97,13 @@ def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, d
 
 
 def spec_roles(sch: KVScheme) -> dict[str, KVQuantSpec]:
-    """{"k": K spec, "v": V spec, "L<i>": each per-layer override spec (used for K and V of that layer)}."""
+    """{"k": K spec, "v": V spec, "L<i>": each per-layer override spec (used for K and V of that layer), "L<i>.h<j>":
+    each per-head one (".k" / ".v" suffixes where K and V differ)}."""
     roles = {"k": sch.k, "v": sch.v}
     for layer, ks, vs in sch.overrides:
         roles.update({f"L{layer}": ks} if ks == vs else {f"L{layer}.k": ks, f"L{layer}.v": vs})
+    for layer, head, ks, vs in sch.head_overrides:  # per-head specs: KV head `head` of that layer
+        roles.update({f"L{layer}.h{head}": ks} if ks == vs else {f"L{layer}.h{head}.k": ks, f"L{layer}.h{head}.v": vs})
     return roles
 
 

@@ -240,6 +240,10 @@ def plan(engine: str | Engine, sch: KVScheme, n_layers: int | None = None) -> Pl
         p.reasons.append(f"K ({p.k.name}) and V ({p.v.name}) must share one --kv-cache-dtype")
     if sch.overrides:
         _plan_overrides(p, n_layers)
+    if sch.head_overrides:  # serving engines keep one cache dtype per layer at most
+        p.reasons.append(f"per-head specs ({len(sch.head_overrides)} KV heads off their layer's pair, e.g. "
+                         f"L{sch.head_overrides[0][0]}.h{sch.head_overrides[0][1]}): {eng.name} keeps one cache "
+                         "dtype for every KV head of a layer")
     return p
 
 

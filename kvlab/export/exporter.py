@@ -120,7 +120,7 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
             raise ValueError(f"--head-dim {head_dim} disagrees with the model's head_dim {m.config.head_dim}")
     D = m.config.head_dim if m else (head_dim or 128)
     n_layers = m.config.n_layers if m else None
-    for spec in (sch.k, sch.v, *(s for _, ks, vs in sch.overrides for s in (ks, vs))):
+    for spec in (sch.k, sch.v, *(s for *_, ks, vs in (*sch.overrides, *sch.head_overrides) for s in (ks, vs))):
         spec.check_head_dim(D)
     p: Plan = plan(eng, sch, n_layers)
     sub = None
