@@ -38,6 +38,7 @@ FILES = {
     "key_probes": f"{R}/quality/key_probes.json",
     "key_probes_winners": f"{R}/quality/key_probes_winners.json",
     "permutations": f"{R}/quality/permutations/perm_int.json",
+    "heads_layer_gpu": f"{R}/quality/search-smollm2-s4w32-heads/layer_winners_gpu.json",
 }
 COMMANDS = {
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
@@ -64,6 +65,8 @@ COMMANDS = {
     "key_probes_winners": "python benchmarks/key_probes.py --winners --out sweeps/results/quality/key_probes_winners (CPU)",
     "permutations": "python -m kvlab.eval --scheme S ... --greedy 0 --passkey '' --json "
                     "sweeps/results/quality/permutations/perm_int.json (CPU; the schemes of its rows)",
+    "heads_layer_gpu": "KVLAB_COMMIT=5c13721 bash benchmarks/h200_run.sh s19 (H200: the per-layer winners of "
+                       "search-smollm2-s4w32 evaluated beside the per-head search)",
 }
 
 
@@ -394,6 +397,7 @@ class Paper:
             cands = re.search(r"(\d+) candidates", r.budget_bits)
             cands = f"`{cands.group(1)}`" if cands else "-"  # read from the row's budget_bits text
             cands += " (RoPE-pair smoothing)" if "RoPE pair" in r.budget_bits else ""
+            cands += " per KV head" if "per (layer, KV head)" in r.budget_bits else ""
             ms = c(r.decode_ms_h200, ".2f", "winners", f"{key} / decode_ms_h200") if pd.notna(r.decode_ms_h200) else "-"
             ref = (c(r.bf16_decode_ms_h200, ".2f", "winners", f"{key} / bf16_decode_ms_h200")
                    if pd.notna(r.bf16_decode_ms_h200) else "-")
@@ -506,7 +510,32 @@ class Paper:
                 f"({lcp('ppl_delta_pct', '+.2f')}% at `8192` tokens, `sweeps/results/quality/long_context_8k_pair.json`): on "
                 "SmolLM2, our reading (not tested further) is that the per-channel factors' extra gain at `2048` tokens came "
                 "from low-frequency pairs that barely rotate within the calibration text. "
-                f"{self._targets(pairs=True)}", "", self._permutations(), ""]
+                f"{self._targets(pairs=True)}", "", self._permutations(), "", self._per_head(), ""]
+
+    def _per_head(self):
+        """The per-(layer, KV head) search against the per-layer one with the same 13 candidates, sinks and window."""
+        w = self.t["winners"]
+        heads = w.budget_bits.str.contains("per \\(layer, KV head\\)")
+        base = w.budget_bits.str.fullmatch("effective; window 32; sink 4; 13 candidates")
+
+        def v(mask, budget, col, fmt):
+            g = w[(w.model == "SmolLM2-135M-Instruct") & (w.budget == budget) & mask].iloc[0]
+            return self.c(g[col], fmt, "winners", f"SmolLM2-135M-Instruct / {budget} / {g.budget_bits} / {col}")
+        lg = self.t["heads_layer_gpu"]["rows"]
+
+        def g(i):
+            return self.c(lg[i]["kl"], ".4f", "heads_layer_gpu", f"rows {i} / kl")
+        txt = "; ".join(f"`{b}` bits KL {v(base, b, 'kl', '.4f')} to {v(heads, b, 'kl', '.4f')} "
+                        f"({v(base, b, 'ppl_delta_pct', '+.2f')}% to {v(heads, b, 'ppl_delta_pct', '+.2f')}%, decode "
+                        f"{v(base, b, 'decode_ms_h200', '.2f')} to {v(heads, b, 'decode_ms_h200', '.2f')} ms)"
+                        for b in (4.5, 3.5))
+        return ("Per-head specs (`L<i>.h<j>=`: the pool keeps one page set per group of KV heads sharing a pair, and "
+                "attention runs once per group) let the search choose per (layer, KV head): with the same `13` "
+                f"candidates, sinks and window as the per-layer search it moves {txt}. The per-head rows were evaluated "
+                "on the H200 in float32 and the per-layer ones on the CPU; the same per-layer winners evaluated on the "
+                f"GPU read KL {g(0)} and {g(1)} (`search-smollm2-s4w32-heads/layer_winners_gpu.json`), so the gain is "
+                "the search's, not the machine's. Each group is its own launch, so the step costs more than the "
+                "per-layer winner's, still under the bf16 cache's.")
 
     def _permutations(self):
         """Key channel permutations (`perm`) against the same per-token int keys without them."""

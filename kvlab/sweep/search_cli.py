@@ -165,7 +165,7 @@ def main(argv=None) -> int:
                     (Path(a.out) / "search.json").write_text(json.dumps(runs, indent=1))
                 continue
             print(f"chosen under {budget} bits/element ({r['bits_per_element']:.3f}): {r['scheme']}")
-            print(f"predicted KL (sum of per-layer sensitivities on {a.calib_text}): {r['predicted_kl']:.4f}")
+            print(f"predicted KL (sum of the sensitivities on {a.calib_text}): {r['predicted_kl']:.4f}")
             if "decode_ms" in r:
                 print(f"decode step (sum over layers, {a.speed_table}): {r['decode_ms']:.4f} ms, budget "
                       f"{r['decode_budget_ms']:.4f} ms")
