@@ -294,6 +294,23 @@ PYEOF
     --budget 150 --bound 2>&1 | tail -3
   tar czf "$OUT/s19.tgz" -C "$OUT" search decode layer_winners_gpu.json search.log winners_to_time.csv 2>/dev/null
   ;;
+s19b)  # session 19 (issue 18): the per-head winners at 8K (PPL and passkey at 8,000 tokens, beside the per-layer
+  # winners of the same candidates), and the generate kernel-agreement test on the GPU's compiled kernels (per-head
+  # pools included). Staged as s19: carry .carry/m1, m2, m3 in three calls with this mode.
+  if [ "$(cat /tmp/kvstage/gguf_part* 2>/dev/null | wc -c)" -lt 98362432 ]; then
+    echo "staged $(ls /tmp/kvstage | tr '\n' ' '); carry the next third"; exit 0
+  fi
+  stage_smollm2 || exit 3
+  export PYTHONPATH="$PWD:/tmp/site" KVLAB_CACHE_DIR=/tmp/kvlab_cache
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-120}" python3 -m pytest -q -p no:cacheprovider -rfE tests/generate/test_generate.py \
+    -k triton_kernels 2>&1 | tee "$OUT/pytest_heads_gpu.log" | tail -4
+  args=(); while read -r sch; do args+=(--scheme "$sch"); done < <(python3 -c "import json; print('\n'.join(
+    r['scheme'] for f in ('search-smollm2-s4w32-heads', 'search-smollm2-s4w32') for r in json.load(open(
+    f'sweeps/results/quality/{f}/search.json')) if r['budget'] > 3))")
+  timeout "${EVAL_S:-400}" python3 -m kvlab.eval "${args[@]}" --tokens 8192 --segments 1 --passkey 8000 --greedy 0 \
+    --device cuda --json "$OUT/long_context_8k_heads.json" 2>&1 | tail -6
+  ;;
 s18)  # session 18: `perm` (key channel permutations) on the GPU: its tests (oracle, pool decode / extend on Gluon /
   # Triton, the decode case), the decode step of the evaluated perm schemes and their plain twins at SmolLM2's shape
   # (the per-call query gather), the Gemma 3 slot search's winners (not timed in session 17), then the store table
