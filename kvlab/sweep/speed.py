@@ -39,6 +39,9 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
     from ..kernels.tuned import lookup, store_key
     if sch.k.pre_rope:
         raise Skip("the Triton decode kernel takes post-RoPE keys; pre-RoPE schemes run on the reference backend")
+    if sch.overrides or sch.head_overrides:
+        raise Skip("one layer's timing would be the base pair's alone: a scheme with per-layer or per-head specs is "
+                   "timed over its layers by benchmarks/winners_decode.py")
     if warm_only:  # compile (Triton's disk cache) without timing: decode candidates and the store kernel
         if "decode" in ops:
             tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1,
