@@ -6,10 +6,11 @@ every layer of the model each winner was searched on, through the public `decode
 
 A winner is a per-layer scheme (`L<i>=` overrides), so its decode step runs one attention call per layer, each with
 that layer's (K spec, V spec); a layer with per-head specs (`L<i>.h<j>=`) one call per group of KV heads sharing a
-pair, timed at the group's head counts and summed (the query gather and output scatter between them not counted). Every distinct (K spec, V spec, context) is gated against the float32 reference
-(run.py's `gate`) and timed once (run.py's `decode_cell`: CUDA-graph replay median); a winner's time is the sum over
-its layers. Gemma 3's sliding layers hold only their window (512 tokens), its global layers the whole context. In
-the same process: the bf16 cache through the same `decode`, and cuDNN SDPA on dense bf16 K/V, summed the same way.
+pair, timed at the group's head counts and summed (the query gather and output scatter between them not counted).
+Every distinct (K spec, V spec, context) is gated against the float32 reference (run.py's `gate`) and timed once
+(run.py's `decode_cell`: CUDA-graph replay median); a winner's time is the sum over its layers. Gemma 3's sliding
+layers hold only their window (512 tokens), its global layers the whole context. In the same process: the bf16
+cache through the same `decode`, and cuDNN SDPA on dense bf16 K/V, summed the same way.
 Writes DIR/winners_decode.csv (model, scheme, batch, context, decode_ms_h200, bf16_ms, cudnn_bf16_ms,
 ratio_vs_bf16, ratio_vs_cudnn, layers_timed, error) and DIR/pairs.csv (one row per timed pair), then
 `--candidates` adds every search candidate at every model shape to the pairs timed, so `--sum DIR/pairs.csv --out DIR2`

@@ -210,7 +210,8 @@ class DecodeStep:
         for part, lc in self.pool.layer_parts(layer):
             args = (lc.k_pages, lc.v_pages, self.kv_indptr, self.kv_indices, self.kv_last_page_len, lc.k_spec,
                     lc.v_spec, self.P)
-            kw = dict(k_fp=part.take(self.pool.k_fp[layer][:self.B], 1), v_fp=part.take(self.pool.v_fp[layer][:self.B], 1),
+            fk, fv = self.pool.k_fp[layer][:self.B], self.pool.v_fp[layer][:self.B]
+            kw = dict(k_fp=part.take(fk, 1), v_fp=part.take(fv, 1),
                       fp_len=self.fp_len, k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale,
                       max_kv_len=self.max_pages * self.P)  # no slot holds more: caps the split count
             if not self.W:  # a pool that never holds full-precision tokens: no fp operands (the kernels' HAS_FP

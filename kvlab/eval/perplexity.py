@@ -178,7 +178,7 @@ def evaluate_scheme(model, tokenizer, scheme, *, text: str = "pydoc", n_tokens: 
             progress()
     out = {"scheme": str(sch), "name": sch.name, "text": text, "segments": n_segments, "tokens": n_tokens,
            "seed": seed, "bos": bool(prefix), "calib_text": calib_text if calib else None,
-           "bits_per_element": sch.bits_per_element(c.head_dim),
+           "bits_per_element": sch.bits_per_element(c.head_dim, n_layers=c.n_layers, n_kv_heads=c.n_kv_heads),
            "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=n_tokens, n_layers=c.n_layers,
                                                     n_kv_heads=c.n_kv_heads)}
     for key in rows[0]:

@@ -56,7 +56,9 @@ COMMANDS = {
     "llama_verify": "python -m kvlab.export verify --engine llama.cpp (CPU, llama-cpp-python 0.3.36)",
     "published": "transcribed from the cited sources",
     "freetoken_rt": "python -m kvlab.paper --refresh-data (CPU)",
-    "winners": "python -m kvlab.sweep search ... (CPU; each row's source), then python devtools/winners_table.py",
+    "winners": "python -m kvlab.sweep search ... (each row's source), then python devtools/winners_table.py; the "
+               "per-head rows: bash benchmarks/h200_run.sh s19 on the H200 (search.json and winners_decode.csv of "
+               "sweeps/results/quality/search-smollm2-s4w32-heads/)",
     "long_context_8k_pair": "python -m kvlab.eval --scheme ROW --tokens 8192 --segments 1 --passkey 8000 --greedy 0 "
                             "--json sweeps/results/quality/long_context_8k_pair.json (CPU; the pair-tied SmolLM2 "
                             "2.5- and 3.5-bit rows of winners.csv)",
@@ -70,7 +72,15 @@ COMMANDS = {
 }
 
 
-def _device(rel: str) -> str:
+DEVICES = {  # sources whose machine the path does not say
+    "heads_layer_gpu": "NVIDIA H200",
+    "winners": "CPU (two cores); the per-(layer, KV head) rows NVIDIA H200",
+}
+
+
+def _device(rel: str, key: str | None = None) -> str:
+    if key in DEVICES:
+        return DEVICES[key]
     if "/h200/" in rel:
         return "NVIDIA H200"
     if "/published/" in rel:
@@ -592,7 +602,7 @@ class Paper:
     def appendix(self):
         rows = ["| file | last commit | device | produced by |", "|---|---|---|---|"]
         for key, rel in FILES.items():
-            rows.append(f"| `{rel}` | `{_commit(self.root, rel)}` | {_device(rel)} | `{COMMANDS[key]}` |")
+            rows.append(f"| `{rel}` | `{_commit(self.root, rel)}` | {_device(rel, key)} | `{COMMANDS[key]}` |")
         return ["## Appendix: provenance", "",
                 "Every number above is read from one of these files by `python -m kvlab.paper` (or computed by "
                 "kvlab's byte accounting where the text says so); `paper/provenance.json` maps each printed number "

@@ -92,11 +92,12 @@ class KVScheme:
         norm = []
         for item in self.head_overrides:
             if not isinstance(item, tuple) or len(item) not in (3, 4):
-                raise ValueError(f"a head override is (layer, head, spec) or (layer, head, K spec, V spec), got {item!r}")
+                raise ValueError(f"a head override is (layer, head, spec) or (layer, head, K spec, V spec), "
+                                 f"got {item!r}")
             layer, head, ks, vs = (*item[:3], item[2]) if len(item) == 3 else item
             if not isinstance(layer, int) or not isinstance(head, int) or head < 0:
-                raise ValueError(f"head override (layer {layer!r}, head {head!r}): the layer is an int (negative counts "
-                                 "from the end) and the KV head an int >= 0")
+                raise ValueError(f"head override (layer {layer!r}, head {head!r}): the layer is an int (negative "
+                                 "counts from the end) and the KV head an int >= 0")
             where = f"layer {layer} head {head} override"
             if ks.pre_rope or vs.pre_rope:
                 raise ValueError(f"{where}: prerope cannot be set per head")
@@ -129,7 +130,8 @@ class KVScheme:
                 if -n_layers <= l < n_layers and l % n_layers == layer % n_layers]
         for h, ks, vs in mine:
             if h >= n_kv_heads:
-                raise ValueError(f"layer {layer} head override names KV head {h}; the model has heads 0..{n_kv_heads - 1}")
+                raise ValueError(f"layer {layer} head override names KV head {h}; the model has heads "
+                                 f"0..{n_kv_heads - 1}")
             out[h] = (ks, vs)
         if len(set(out)) > 1 and any(keeps_state(s) or s.pre_rope for s in base):
             raise ValueError(f"layer {layer} has per-head specs beside its spec pair {base[0]}|{base[1]}: "

@@ -87,7 +87,7 @@ def _attention(sch, p, device):
     r = attention_delta(model, _captured(p["model"], device, p["text"], p["tokens"]), sch, calib)
     c = model.config
     return {"attn_k_rel_l2": r["k"], "attn_v_rel_l2": r["v"], "attn_kv_rel_l2": r["kv"],
-            "bits_per_element": sch.bits_per_element(c.head_dim),
+            "bits_per_element": sch.bits_per_element(c.head_dim, n_layers=c.n_layers, n_kv_heads=c.n_kv_heads),
             "eff_bits_per_element": sch.bits_per_element(c.head_dim, context=p["tokens"], n_layers=c.n_layers,
                                                     n_kv_heads=c.n_kv_heads)}
 
