@@ -67,7 +67,8 @@ def segments(tokens: torch.Tensor, n_tokens: int, n_segments: int, seed: int = 0
 
 @dataclass
 class _Ref:
-    logits: torch.Tensor  # [T, V] logits of the full-precision model, in the model's dtype
+    logprobs: torch.Tensor  # [T, V] float32 log-softmax of the full-precision model's logits
+    top: torch.Tensor  # [T] its argmax
     nll: float
 
 
@@ -78,7 +79,8 @@ LOGITS_BUDGET = 1 << 29  # float32 logits elements scored at once (2 GiB); Gemma
 
 @torch.no_grad()
 def reference_logits(model, seg: torch.Tensor) -> _Ref:
-    """Full-precision logits of a segment, cached per model and segment: every segment while their logits fit
+    """Full-precision log-probabilities (and argmax, NLL) of a segment, cached per model and segment (a scored forward
+    then costs one log-softmax, a gather, a fused KL and an argmax over its own logits): every segment while they fit
     LOGITS_BUDGET / 4, and above that the last large one alone (Gemma 3's [1024, 262144] calibration logits, scored
     once per layer and candidate by the search, are computed once; a new large segment replaces it)."""
     key = (id(model), seg.numel(), hash(tuple(seg[:64].tolist())), hash(tuple(seg[-64:].tolist())))
@@ -89,9 +91,10 @@ def reference_logits(model, seg: torch.Tensor) -> _Ref:
     dev = next(model.parameters()).device
     _REF_CACHE.pop(_BIG, None)  # free the last large entry before computing another
     lg = model(seg[None].to(dev))[0].float()
-    # kept in the model's dtype: the logits come out of its LM head, so this is lossless
-    ref = _Ref(lg.to(next(model.parameters()).dtype), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
-    if lg.numel() <= LOGITS_BUDGET // 4:
+    # kept as float32 log-probabilities with their argmax: every scored forward reuses them as they are
+    ref = _Ref(F.log_softmax(lg, -1), lg.argmax(-1), F.cross_entropy(lg[:-1], seg[1:].to(dev)).item())
+    del lg
+    if ref.logprobs.numel() <= LOGITS_BUDGET // 4:
         _REF_CACHE[key] = ref
     else:
         _REF_CACHE[_BIG] = (key, ref)
@@ -129,11 +132,13 @@ def _score_batch(model, segs, scheme, calib) -> list[dict]:
         nll = kl = agree = 0.0
         step = max(1, (1 << 26) // lg.shape[-1])  # rows per slice: the metrics' temporaries stay near 256 MiB
         for r in range(0, T1, step):  # sums over row slices: the same values as over the whole segment
-            a, b = lg[r:min(r + step, T1)].float(), ref.logits[r:min(r + step, T1)].float()
-            nll += F.cross_entropy(a, tgt[r:r + step], reduction="sum").item()
-            lp_ref, lp = F.log_softmax(b, -1), F.log_softmax(a, -1)
-            kl += (lp_ref.exp() * (lp_ref - lp)).sum().item()
-            agree += (b.argmax(-1) == a.argmax(-1)).sum().item()
+            e = min(r + step, T1)
+            a = lg[r:e].float()
+            lp = F.log_softmax(a, -1)
+            nll -= lp.gather(1, tgt[r:e, None]).sum().item()
+            # sum p_ref (log p_ref - log p) in one pass over the cached reference log-probabilities
+            kl += F.kl_div(lp, ref.logprobs[r:e], reduction="sum", log_target=True).item()
+            agree += (ref.top[r:e] == a.argmax(-1)).sum().item()
         nll, kl, top1 = nll / T1, kl / T1, agree / T1
         ppl, ppl_ref = float(torch.tensor(nll).exp()), float(torch.tensor(ref.nll).exp())
         rows.append({"ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta_pct": 100 * (ppl / ppl_ref - 1), "kl": kl,
