@@ -27,6 +27,9 @@ def scheme_table(results: pd.DataFrame) -> pd.DataFrame:
         rt = g[(g["stage"] == "roundtrip") & (g["shape"] == "student_t4")]
         if len(m) and "kl" in m:
             eff = _amortized(scheme, r["bits"], m["params"].iloc[0], m["eff_bits_per_element"].iloc[0])
+            mb = m["bits_per_element"].iloc[0] if "bits_per_element" in m else math.nan
+            if pd.notna(mb):  # the model stage counts every layer and head (overrides); other stages the base pair
+                r["bits"] = float(mb)
             r.update(eff_bits=float(eff), loss=float(m["kl"].iloc[0]),
                      loss_sd=float(m["kl_sd"].iloc[0]), loss_metric="kl",
                      ppl_delta_pct=float(m["ppl_delta_pct"].iloc[0]), ppl_delta_pct_sd=float(m["ppl_delta_pct_sd"].iloc[0]))
