@@ -95,7 +95,7 @@ class PagedBackend:
         qo = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device)
         bt = self._block_table(layer)  # the lengths on the host too: the dense prefix plans without a device read
         qf, kf, vf = flat(q), flat(k), flat(v)  # [B*T, H, D]
-        out = torch.empty_like(qf)
+        out = None
         for part, args, kw in self._prefix(layer):
             kw["backend"] = "auto" if self.kernels == "triton" else self.kernels  # extend's default dispatch
             qh = part_queries(part, Hq, Hk)
@@ -104,7 +104,8 @@ class PagedBackend:
                        host_lens=(list(range(0, B * T + 1, T)), *bt.host))  # [B*T, Hq(part), D]
             if part.whole:
                 out = o
-            else:
+            else:  # per-head specs: each group of KV heads writes its query heads
+                out = torch.empty_like(qf) if out is None else out
                 out[:, qh] = o
         for b, s in enumerate(self.seq_ids):
             self.pool.append(s, layer, k[b].transpose(0, 1), v[b].transpose(0, 1))  # [T, Hk, D]
