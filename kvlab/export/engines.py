@@ -241,8 +241,9 @@ def plan(engine: str | Engine, sch: KVScheme, n_layers: int | None = None) -> Pl
     if sch.overrides:
         _plan_overrides(p, n_layers)
     if sch.head_overrides:  # serving engines keep one cache dtype per layer at most
-        p.reasons.append(f"per-head specs ({len(sch.head_overrides)} KV heads off their layer's pair, e.g. "
-                         f"L{sch.head_overrides[0][0]}.h{sch.head_overrides[0][1]}): {eng.name} keeps one cache "
+        n = len(sch.head_overrides)
+        p.reasons.append(f"per-head specs ({n} KV head{'s' * (n > 1)} off {'their' if n > 1 else 'its'} layer's pair, "
+                         f"e.g. L{sch.head_overrides[0][0]}.h{sch.head_overrides[0][1]}): {eng.name} keeps one cache "
                          "dtype for every KV head of a layer")
     return p
 

@@ -258,3 +258,14 @@ def test_check_conformance_with_decoder(tmp_path):
     bad = lambda b, info: dec(b, info) * 1.001  # noqa: E731
     rep = check_conformance(str(out), kvlab_encode_fn, decode_fn=bad, roles=("v",))
     assert not rep["ok"] and {c["role"] for c in rep["cases"]} == {"v"} and rep["cases"][0]["decode_bad"] > 0
+
+
+def test_per_head_specs_export_to_json_and_are_named_as_an_engine_gap(tmp_path):
+    s = "q4_0,L2.h1=q8_0|lm3:rot=had,L-1.h0=int3:g32:asym"
+    _, out = _exp(tmp_path, s, "json", vectors=16)
+    assert kvlab.scheme(str(out / "scheme.json")) == kvlab.scheme(s)
+    t, meta = read_vectors(str(out))
+    assert {"k", "v", "L2.h1.k", "L2.h1.v", "L-1.h0"} <= set(meta["roles"])
+    assert check_conformance(str(out), kvlab_encode_fn)["ok"]
+    with pytest.raises(Unsupported, match=r"per-head specs \(2 KV heads off their layer's pair, e.g. L2.h1\)"):
+        _exp(tmp_path, s, "llama.cpp")
