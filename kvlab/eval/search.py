@@ -145,9 +145,9 @@ def allocate(sens: list[list[float]], bits: list[float], budget: float, ms: list
     T = TIME_UNITS + 1 if timed else 1
     cost = np.full((cap + 1, T), np.inf)
     cost[0, 0] = 0.0
-    if len(bits) > 127:
-        raise ValueError(f"{len(bits)} candidates; at most 127 are allowed")
-    back = np.full((n, cap + 1, T), -1, dtype=np.int8)
+    if len(bits) > 32767:
+        raise ValueError(f"{len(bits)} candidates; at most 32767 are allowed")
+    back = np.full((n, cap + 1, T), -1, dtype=np.int8 if len(bits) <= 127 else np.int16)
     for layer in range(n):
         nxt = np.full_like(cost, np.inf)
         for c, u in enumerate(units):
@@ -213,6 +213,31 @@ def scheme_of(choice: list[int], candidates: list[str], sink: int = 0, window: i
     return KVScheme(k=ks, v=vs, sink=sink, window=window, overrides=over)
 
 
+MAX_OPTIONS = 20000  # per-layer head assignments `allocate_heads` enumerates at most
+
+
+def allocate_heads(sens: list[list[float]], bits: list[float], budget: float, n_kv_heads: int,
+                   max_groups: int) -> list[int]:
+    """Candidate index per (layer, KV head) unit (rows l * Hk + h of `sens`) minimising the summed sensitivities with
+    the mean bits <= budget and at most `max_groups` distinct candidates among each layer's heads (each distinct pair
+    is one page set and one attention launch a step: fewer groups decode faster). Every assignment of candidates to a
+    layer's heads with at most `max_groups` distinct ones is one option of the exact knapsack over layers
+    (`allocate`); ValueError when the candidates over the heads give more than MAX_OPTIONS assignments."""
+    import itertools
+    if not isinstance(max_groups, int) or max_groups < 1:
+        raise ValueError(f"max_groups must be an int >= 1, got {max_groups!r}")
+    C, hk = len(bits), n_kv_heads
+    if C ** hk > MAX_OPTIONS:
+        raise ValueError(f"{C} candidates over {hk} KV heads give {C ** hk} assignments a layer (more than "
+                         f"{MAX_OPTIONS}); use fewer candidates or no max_groups")
+    opts = [a for a in itertools.product(range(C), repeat=hk) if len(set(a)) <= max_groups]
+    n = len(sens) // hk
+    osens = [[sum(sens[layer * hk + h][c] for h, c in enumerate(a)) for a in opts] for layer in range(n)]
+    obits = [sum(bits[c] for c in a) / hk for a in opts]
+    choice = allocate(osens, obits, budget)
+    return [c for layer in range(n) for c in opts[choice[layer]]]
+
+
 def scheme_of_heads(choice: list[int], candidates: list[str], n_kv_heads: int, sink: int = 0,
                     window: int = 0) -> KVScheme:
     """The DSL scheme of a per-(layer, KV head) choice (index l * Hk + h): each layer's most used candidate is the
@@ -238,7 +263,10 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
         sens = [[row[i] for i in idx] for row in res["sens"]]
         sub_ms = None if ms is None else [[row[i] for i in idx] for row in ms]
         try:
-            sub = allocate(sens, bits, budget, sub_ms, ms_budget)
+            if res.get("max_groups"):  # per head, at most that many distinct pairs a layer
+                sub = allocate_heads(sens, bits, budget, res["per_head"], res["max_groups"])
+            else:
+                sub = allocate(sens, bits, budget, sub_ms, ms_budget)
         except ValueError as e:
             err = e
             continue
@@ -268,7 +296,7 @@ def choose(res: dict, budget: float, head_dim: int) -> dict:
 def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text: str = "license",
            calib_tokens: int = 1024, calib_segments: int = 1, progress=None, sink: int = 0, window: int = 0,
            context: int | None = None, sens: list | None = None, ms: list | None = None,
-           decode_budget_ms: float | None = None, per_head: bool = False) -> dict:
+           decode_budget_ms: float | None = None, per_head: bool = False, max_groups: int | None = None) -> dict:
     """Sensitivities on `calib_text`, then the allocation under `budget` bits per element (mean over layers:
     nominal, or effective at `context` tokens; `sink` first tokens and `window` recent ones kept full precision in every
     layer, priced in the bits and present when sensitivities are measured; `sens`: a
@@ -277,7 +305,8 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
     [candidate per layer], "predicted_kl": summed sensitivities, "bits_per_element", "sens": [[KL]], "candidates",
     "calib_text", "calib_tokens", "calib_segments", "sink", "context"} plus "decode_ms" with a time table (`choose`
     re-allocates it under another budget). `per_head`: sensitivities and the allocation per (layer, KV head)
-    (`head_sensitivity`; rows l * Hk + h; the scheme gets `L<i>.h<j>=` overrides; no decode-time budget)."""
+    (`head_sensitivity`; rows l * Hk + h; the scheme gets `L<i>.h<j>=` overrides; no decode-time budget), with
+    `max_groups` at most that many distinct pairs among a layer's heads (`allocate_heads`)."""
     if not candidates:
         raise ValueError("give at least one candidate spec")
     D = model.config.head_dim
@@ -289,6 +318,8 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
     hk = model.config.n_kv_heads if per_head else 0
     if per_head and ms is not None:
         raise ValueError("a decode-time budget is priced per layer; per-head search takes none")
+    if max_groups is not None and not per_head:
+        raise ValueError("max_groups limits the pairs among a layer's heads: it needs per_head")
     units = model.config.n_layers * (hk or 1)
     if sens is None:
         segs = segments(text_tokens(tokenizer, calib_text), calib_tokens, calib_segments, prefix=bos_prefix(tokenizer))
@@ -298,7 +329,7 @@ def search(model, tokenizer, candidates: list[str], budget: float, *, calib_text
                          f"{len(candidates)} candidates")
     base = {"sens": sens, "candidates": candidates, "calib_text": calib_text, "calib_tokens": calib_tokens,
             "calib_segments": calib_segments, "sink": sink, "window": window, "context": context,
-            **({"per_head": hk} if per_head else {})}
+            **({"per_head": hk} if per_head else {}), **({"max_groups": max_groups} if max_groups else {})}
     if ms is not None:
         base.update(ms=ms, decode_budget_ms=decode_budget_ms)
     return choose(base, budget, D)

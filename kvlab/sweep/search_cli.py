@@ -4,7 +4,7 @@
                                  [--calib-text license] [--calib-tokens 1024] [--text pydoc] [--tokens 2048]
                                  [--segments 4] [--sink N] [--window N] [--nominal-bits] [--sensitivity CSV]
                                  [--speed-table PAIRS_CSV --decode-budget 1.0x|MS] [--speed-context 8192]
-                                 [--per-head]
+                                 [--per-head [--max-groups N]]
                                  [--model smollm2] [--device cpu|cuda] [--out DIR]
 
 Measures each layer's sensitivity to each candidate on the calibration text (`kvlab.eval.search`), allocates
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-head", action="store_true", help="sensitivities and choices per (layer, KV head): the "
                    "scheme gets L<i>.h<j>= overrides (Hk times the forwards; candidates without calibrated state; "
                    "sensitivity.csv rows are layer.head)")
+    p.add_argument("--max-groups", type=int, default=None, help="with --per-head: at most this many distinct "
+                   "pairs among a layer's KV heads (each is one page set and one attention launch a step)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
                                           a.window)
         res = search(model, tok, cands, max(budgets), calib_text=a.calib_text, calib_tokens=a.calib_tokens,
                      progress=bar.update, sink=a.sink, window=a.window, context=None if a.nominal_bits else a.tokens,
-                     sens=sens, ms=ms, decode_budget_ms=ms_budget, per_head=a.per_head)
+                     sens=sens, ms=ms, decode_budget_ms=ms_budget, per_head=a.per_head, max_groups=a.max_groups)
         bar.close()
         if a.out:  # the measured table first: an evaluation that fails later must not lose it
             out = Path(a.out)

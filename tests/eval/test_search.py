@@ -306,3 +306,26 @@ def test_per_head_allocation_under_a_budget(monkeypatch):
     assert out["bits_per_element"] <= 3.0 + 1e-9
     assert [sch.head_specs(u // 3, 2, 3)[u % 3][0].fmt for u in range(6)] == ["lm2", "lm4", "lm2", "lm2", "lm4", "lm2"]
     assert out["predicted_kl"] == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_head_allocation_with_few_groups_is_the_exact_optimum(seed):
+    """allocate_heads against brute force over every per-head choice with <= max_groups distinct pairs a layer."""
+    from kvlab.eval.search import allocate_heads
+    rng = random.Random(seed)
+    hk, n, bits = 3, 2, [2.25, 3.25, 4.25]
+    sens = [[rng.random() * 2 ** -c for c in range(3)] for _ in range(n * hk)]
+    for groups in (1, 2, 3):
+        got = allocate_heads(sens, bits, 3.0, hk, groups)
+        best = None
+        for ch in itertools.product(range(3), repeat=n * hk):
+            if any(len(set(ch[i * hk:(i + 1) * hk])) > groups for i in range(n)):
+                continue
+            if sum(bits[c] for c in ch) / len(ch) <= 3.0 + 1e-12:
+                cost = sum(sens[u][c] for u, c in enumerate(ch))
+                best = cost if best is None or cost < best else best
+        assert all(len(set(got[i * hk:(i + 1) * hk])) <= groups for i in range(n))
+        assert sum(bits[c] for c in got) / len(got) <= 3.0 + 1e-9
+        assert sum(sens[u][c] for u, c in enumerate(got)) == pytest.approx(best)
+    with pytest.raises(ValueError, match="max_groups"):
+        allocate_heads(sens, bits, 3.0, hk, 0)
