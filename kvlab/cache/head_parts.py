@@ -32,6 +32,10 @@ class HeadPart:
     v_pages: dict
     whole: bool
 
+    def side(self, key: str) -> tuple:
+        """(spec, page dict) of the part's keys (`key` "k") or values ("v")."""
+        return (self.k_spec, self.k_pages) if key == "k" else (self.v_spec, self.v_pages)
+
     def take(self, x: torch.Tensor | None, dim: int) -> torch.Tensor | None:
         """x restricted to this part's KV heads along `dim` (x itself for a whole part; a gathered copy else)."""
         if x is None or self.whole:

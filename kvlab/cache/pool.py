@@ -331,7 +331,8 @@ class KVPool(PoolViews):
             st_ = self._static[layer]
             xk, xv = torch.cat(xs_k), torch.cat(xs_v)  # [Tq, Hk, D]
             for part in self.parts[layer]:
-                for x, spec, pages, key in ((xk, part.k_spec, part.k_pages, "k"), (xv, part.v_spec, part.v_pages, "v")):
+                for x, key in ((xk, "k"), (xv, "v")):
+                    spec, pages = part.side(key)
                     self._store_fn(part.take(x, 1), pages, sl, spec, P, st_[key], st_[key + "_ts"])
         if moves:
             r, src, dst = (torch.tensor(c, dtype=torch.long, device=self.device) for c in zip(*moves))

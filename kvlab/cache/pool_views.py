@@ -92,7 +92,7 @@ class PoolViews:
         for fp, key in ((self.k_fp[layer], "k"), (self.v_fp[layer], "v")):
             x = torch.empty(self.n_kv_heads, n, self.head_dim, dtype=torch.float32, device=self.device)
             for part in self.parts[layer]:  # one part for a layer without per-head specs
-                spec, pages = (part.k_spec, part.k_pages) if key == "k" else (part.v_spec, part.v_pages)
+                spec, pages = part.side(key)
                 x[part.index, S:S + nq] = read_values(pages, spec, st.pages, nq, self.head_dim,
                                                       scale=self._static[layer][key],
                                                       tensor_scale=self._static[layer][key + "_ts"])

@@ -185,7 +185,7 @@ class DecodeStep:
                 src = x[:, None]
             src = src.reshape(B * M, *shape[1:])
             for part in pool.parts[layer]:  # one part unless the layer has per-head specs
-                spec, pages = (part.k_spec, part.k_pages) if key == "k" else (part.v_spec, part.v_pages)
+                spec, pages = part.side(key)
                 pool._store_fn(part.take(src, 1), pages, self.q_slot.reshape(-1), spec, self.P, st[key],
                                st[key + "_ts"])
             if W:
@@ -207,10 +207,10 @@ class DecodeStep:
         per-head specs): the part's pages and its heads of the fp buffers; the caller passes the part's query heads
         (`kvlab.cache.head_parts.part_queries`)."""
         out = []
+        fk, fv = self.pool.k_fp[layer][:self.B], self.pool.v_fp[layer][:self.B]
         for part, lc in self.pool.layer_parts(layer):
             args = (lc.k_pages, lc.v_pages, self.kv_indptr, self.kv_indices, self.kv_last_page_len, lc.k_spec,
                     lc.v_spec, self.P)
-            fk, fv = self.pool.k_fp[layer][:self.B], self.pool.v_fp[layer][:self.B]
             kw = dict(k_fp=part.take(fk, 1), v_fp=part.take(fv, 1),
                       fp_len=self.fp_len, k_tensor_scale=lc.k_tensor_scale, v_tensor_scale=lc.v_tensor_scale,
                       max_kv_len=self.max_pages * self.P)  # no slot holds more: caps the split count

@@ -11,7 +11,7 @@ import torch
 
 from ..spec import as_scheme
 from ..cache.window import FpPolicy
-from .faithful import faithful_attention, head_histories, mask_spec, quantized_history
+from .faithful import faithful_attention, head_histories, quantized_history
 from .metrics import rel_l2
 
 
@@ -36,10 +36,9 @@ def attention_delta(model, captured: dict, scheme, calib: dict | None = None) ->
         q, k_pre, k, v = (captured[name][i] for name in ("q", "k_pre", "k", "v"))
         ks, vs = sch.for_layer(i, n)
         cal = (calib or {}).get(i, {})
-        groups = sch.head_groups(i, n, k.shape[1]) if sch.head_overrides else []
+        groups = sch.head_groups(i, n, k.shape[1])
         if len(groups) > 1:  # per-head specs: each group of KV heads quantized as its pair
-            kq, vq = head_histories(k, v, groups, sch)
-            ks, vs = (mask_spec([pair[j] for pair, _ in groups]) for j in (0, 1))
+            kq, vq, ks, vs = head_histories(k, v, groups, sch)
         else:
             kq = quantized_history(k_pre if ks.pre_rope else k, ks, sch, cal.get("k"))
             if ks.pre_rope:

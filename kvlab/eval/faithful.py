@@ -68,16 +68,17 @@ def quantized_history(x: Tensor, spec: KVQuantSpec, sch: KVScheme, calib: dict |
 
 
 def head_histories(k: Tensor, v: Tensor, groups, sch: KVScheme, pk: Tensor | None = None,
-                   pv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   pv: Tensor | None = None) -> tuple[Tensor, Tensor, KVQuantSpec, KVQuantSpec]:
     """`quantized_history` of a layer with per-head specs: k, v [B, Hk, S, D]; groups: `KVScheme.head_groups`
-    [((K spec, V spec), heads)]; pk, pv: this function's result for a prefix (reused as `prev`). float32."""
+    [((K spec, V spec), heads)]; pk, pv: this function's result for a prefix (reused as `prev`). Returns the float32
+    copies and the K and V specs whose full-precision masks the layer's attention uses (`mask_spec`)."""
     kq = torch.empty(k.shape, dtype=torch.float32, device=k.device)
     vq = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for (ks, vs), heads in groups:
         h = torch.tensor(heads, dtype=torch.long, device=k.device)
         kq[:, h] = quantized_history(k[:, h], ks, sch, None, None if pk is None else pk[:, h])
         vq[:, h] = quantized_history(v[:, h], vs, sch, None, None if pv is None else pv[:, h])
-    return kq, vq
+    return kq, vq, mask_spec([ks for (ks, _), _ in groups]), mask_spec([vs for (_, vs), _ in groups])
 
 
 def mask_spec(specs: list[KVQuantSpec]) -> KVQuantSpec:
@@ -152,10 +153,9 @@ class DecodeFaithfulBackend:
         cal = self.calib.get(layer, {})
         pk, pv = self.qhist.get(layer, (None, None))
         kc, vc = (space.codec("k"), space.codec("v")) if space is not None else (None, None)
-        groups = self.scheme.head_groups(layer, self.n_layers, k.shape[1]) if self.scheme.head_overrides else []
+        groups = self.scheme.head_groups(layer, self.n_layers, k.shape[1])
         if len(groups) > 1:  # per-head specs (no calibrated state, no prerope): each group of heads as its pair
-            kq, vq = head_histories(k, v, groups, self.scheme, pk, pv)
-            k_spec, v_spec = (mask_spec([pair[i] for pair, _ in groups]) for i in (0, 1))
+            kq, vq, k_spec, v_spec = head_histories(k, v, groups, self.scheme, pk, pv)
         else:
             kq = quantized_history(k_pre if k_spec.pre_rope else k, k_spec, self.scheme, cal.get("k"), pk, kc)
             vq = quantized_history(v, v_spec, self.scheme, cal.get("v"), pv, vc)

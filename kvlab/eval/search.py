@@ -78,17 +78,17 @@ def layer_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pr
     fp = as_scheme("bf16")
     cals = [calibrate(model, segs[0][None], KVScheme(k=ks, v=vs, sink=sink, window=window))
             if needs_calibration(ks) or needs_calibration(vs) else {} for ks, vs in specs]
-    out = []
-    for layer in range(n):
-        row = []
-        for spec, cal in zip(specs, cals):
-            sch = KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, overrides=((layer, *spec),))
-            rows = score_segments(model, segs, sch, {layer: cal[layer]} if layer in cal else None)
-            row.append(sum(r["kl"] for r in rows) / len(rows))
-            if progress is not None:
-                progress()
-        out.append(row)
-    return out
+    return [[_mean_kl(model, segs, KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, overrides=((layer, *spec),)),
+                      {layer: cal[layer]} if layer in cal else None, progress)
+             for spec, cal in zip(specs, cals)] for layer in range(n)]
+
+
+def _mean_kl(model, segs, sch: KVScheme, calib, progress) -> float:
+    """Mean KL of `sch` over `segs` (one sensitivity entry), then one tick of `progress`."""
+    rows = score_segments(model, segs, sch, calib)
+    if progress is not None:
+        progress()
+    return sum(r["kl"] for r in rows) / len(rows)
 
 
 @torch.no_grad()
@@ -97,25 +97,19 @@ def head_sensitivity(model, segs: list[torch.Tensor], candidates: list[str], pro
     """sens[l * Hk + h][c]: mean KL over `segs` with KV head h of layer l in candidate c (its K and V), every other
     head and layer bf16 (`layer_sensitivity` one head at a time: Hk times the forwards). Candidates must keep no
     calibrated state (`kvlab.spec.scheme.HEAD_STATE_RULE`): per-head specs cannot."""
-    from ..spec.scheme import HEAD_STATE_RULE, keeps_state
     n, hk = model.config.n_layers, model.config.n_kv_heads
     specs = [pair(c) for c in candidates]
-    bad = [c for c, (ks, vs) in zip(candidates, specs) if keeps_state(ks) or keeps_state(vs) or ks.pre_rope]
-    if bad:
-        raise ValueError(f"per-head candidates {bad}: {HEAD_STATE_RULE}")
     fp = as_scheme("bf16")
-    out = []
-    for layer in range(n):
-        for head in range(hk):
-            row = []
-            for spec in specs:
-                sch = KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, head_overrides=((layer, head, *spec),))
-                rows = score_segments(model, segs, sch, None)
-                row.append(sum(r["kl"] for r in rows) / len(rows))
-                if progress is not None:
-                    progress()
-            out.append(row)
-    return out
+
+    def one(layer, head, spec):
+        return KVScheme(k=fp.k, v=fp.v, sink=sink, window=window, head_overrides=((layer, head, *spec),))
+    for c, spec in zip(candidates, specs):  # the scheme's own check, before any forward
+        try:
+            one(0, 0, spec)
+        except ValueError as e:
+            raise ValueError(f"per-head candidates: {c} is refused ({e})") from None
+    return [[_mean_kl(model, segs, one(layer, head, spec), None, progress) for spec in specs]
+            for layer in range(n) for head in range(hk)]
 
 
 def allocate(sens: list[list[float]], bits: list[float], budget: float, ms: list[list[float]] | None = None,

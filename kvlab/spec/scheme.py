@@ -36,7 +36,7 @@ HEAD_STATE_RULE = ("a layer with per-head specs takes no spec with calibrated st
                    "scales, 'cal' codebooks, 'smooth', 'perm') and no 'prerope' keys: write such specs per layer")
 
 
-def keeps_state(spec: KVQuantSpec) -> bool:
+def _keeps_state(spec: KVQuantSpec) -> bool:
     """True when a spec keeps calibrated state beside its pages (per layer), which per-head specs cannot."""
     return spec.needs_tensor_scale or spec.calibrated or spec.smooth or spec.permute
 
@@ -103,7 +103,7 @@ class KVScheme:
                 raise ValueError(f"{where}: prerope cannot be set per head")
             if vs.smooth or vs.permute:
                 raise ValueError(f"{where}: {'smooth' if vs.smooth else 'perm'} applies to keys only")
-            if keeps_state(ks) or keeps_state(vs):
+            if _keeps_state(ks) or _keeps_state(vs):
                 raise ValueError(f"{where} ({ks}|{vs}): {HEAD_STATE_RULE}")
             norm.append((layer, head, ks, vs))
         keys = [(l, h) for l, h, *_ in norm]
@@ -133,7 +133,7 @@ class KVScheme:
                 raise ValueError(f"layer {layer} head override names KV head {h}; the model has heads "
                                  f"0..{n_kv_heads - 1}")
             out[h] = (ks, vs)
-        if len(set(out)) > 1 and any(keeps_state(s) or s.pre_rope for s in base):
+        if len(set(out)) > 1 and any(_keeps_state(s) or s.pre_rope for s in base):
             raise ValueError(f"layer {layer} has per-head specs beside its spec pair {base[0]}|{base[1]}: "
                              f"{HEAD_STATE_RULE}")
         return out
