@@ -62,15 +62,19 @@ def fp8_kv_scales(model, tokenizer, text: str = "license", n_tokens: int = 512) 
 
 @torch.no_grad()
 def key_smoothing(model, tokenizer, sch, text: str = "license", n_tokens: int = 512) -> dict:
-    """Smoothing factors of a scheme's `smooth` K specs and channel orders of its `perm` K specs:
-    {"layers": {i: float32 [Hk, D]}, "perms": {i: int64 [Hk, D]}, "calibration": provenance}
-    (`kvlab.eval.faithful.calibrate` on the offline text: per layer, past the scheme's sinks)."""
+    """Smoothing factors of a scheme's `smooth` K specs, channel orders of its `perm` K specs and levels of its
+    calibrated (`cal`) specs: {"layers": {i: float32 [Hk, D]}, "perms": {i: int64 [Hk, D]}, "levels": {i: {"k" / "v":
+    float32 [2^bits]}}, "calibration": provenance} (`kvlab.eval.faithful.calibrate` on the offline text: per layer,
+    past the scheme's sinks; key levels fitted to the smoothed, permuted keys as the cache stores them)."""
     from ..eval.faithful import calibrate
     ids, prov = calibration_tokens(tokenizer, text, n_tokens)
     cal = calibrate(model, ids[None], sch)
     layers = {i: c["k"]["smooth"][:, 0].contiguous() for i, c in cal.items() if "smooth" in c.get("k", {})}
     perms = {i: c["k"]["perm"][:, 0].contiguous() for i, c in cal.items() if "perm" in c.get("k", {})}
-    return {"layers": layers, "perms": perms, "calibration": prov}
+    levels = {i: {r: c[r]["codebook"].float().cpu() for r in ("k", "v") if "codebook" in c.get(r, {})}
+              for i, c in cal.items()}
+    return {"layers": layers, "perms": perms, "levels": {i: lv for i, lv in levels.items() if lv},
+            "calibration": prov}
 
 
 def write_smoothing(sm: dict, out_dir: str) -> str:
@@ -85,6 +89,21 @@ def write_smoothing(sm: dict, out_dir: str) -> str:
         "calibration": json.dumps(sm["calibration"]),
         "meaning": "stored keys = (k / k_smooth)[..., k_perm] per KV head (each factor 1 / the identity where a layer "
                    "has none); attention reads queries as (q * k_smooth)[..., k_perm] (kvlab smooth, perm)"})
+    return name
+
+
+def write_codebooks(sm: dict, out_dir: str) -> str:
+    """kv_codebooks.safetensors: model.layers.{i}.self_attn.k_levels / v_levels float32 [2^bits] per calibrated
+    (`cal`) layer tensor (the provenance in the metadata). Returns the file name."""
+    from safetensors.torch import save_file
+    name = "kv_codebooks.safetensors"
+    tensors = {f"model.layers.{i}.self_attn.{r}_levels": t.float().cpu().contiguous()
+               for i, lv in sm["levels"].items() for r, t in lv.items()}
+    save_file(tensors, os.path.join(out_dir, name), metadata={
+        "calibration": json.dumps(sm["calibration"]),
+        "meaning": "a calibrated spec's (kvlab cal) levels per layer: a code u stores value scale * levels[u] (+ zero "
+                   "for asymmetric ints); the writer picks the nearest level, argmin_j |scale * levels[j] - (x - "
+                   "zero)| (kvlab.quant.fit_codebook; conformance.safetensors has the byte contract)"})
     return name
 
 

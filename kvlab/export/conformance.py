@@ -10,6 +10,7 @@
     {role}.{case}.scales    float32 [A, B]    per-group scale values (and .zeros for asym specs)
     {role}.{case}.scale     float32 []        a static per-tensor scale that lives outside the rows
     {role}.{case}.tensor_scale  float32 []    NVFP4's second-level scale
+    {role}.{case}.codebook  float32 [2^b]     a calibrated spec's (`cal`) levels, which live beside the cache
 
 role is k, v, or L<i> for a per-layer override spec; the file's metadata key "kvlab" is JSON with the specs, cases, shapes, seeds
 and a layout description. `check_conformance(dir, encode_fn)` compares an engine's encoder
@@ -70,6 +71,13 @@ def rows_for(sch: KVScheme, n: int) -> int:
     return -(-n // g) * g
 
 
+def role_levels(spec: KVQuantSpec, n: int, d: int, seed: int) -> torch.Tensor:
+    """A calibrated spec's levels for the synthetic cases: fitted (`kvlab.quant.fit_codebook`) on a student-t sample
+    of n rows of its own (not the scored rows), float32 [2^bits]."""
+    from ..quant import fit_codebook
+    return fit_codebook(representable(synthetic("student_t4", n, d, seed)), unsmoothed(spec))
+
+
 def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, dict]:
     """Tensors and metadata of one case: x [T, D] float32 (representable)."""
     from ..quant import block_bytes, decode_bytes, encode, quantize
@@ -80,7 +88,7 @@ def _case_tensors(x: torch.Tensor, spec: KVQuantSpec, kw: dict) -> tuple[dict, d
     if q.tensor_scale is not None:
         static["tensor_scale"] = float(q.tensor_scale)
     b = encode(x, spec, **kw)
-    y = decode_bytes(b, spec, tuple(x.shape), **static)
+    y = decode_bytes(b, spec, tuple(x.shape), codebook=kw.get("codebook"), **static)
     t = {"input": x.contiguous(), "bytes": torch.from_numpy(np.ascontiguousarray(b)), "decoded": y.float().contiguous()}
     if not spec.is_float_storage:
         A = q.codes.shape[-3] if q.codes.dim() >= 3 else 1
@@ -112,7 +120,11 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
     """Write conformance.safetensors for the K and V specs of `sch`; returns the metadata dict.
 
     captured: optional real rows, each {"role": "k"|"v", "name": str, "x": float [T, D],
-    "kwargs": quantize kwargs (a calibrated static scale), "source": str}.
+    "kwargs": quantize kwargs (a calibrated static scale, a calibrated spec's levels `codebook`), "source": str}.
+
+    A calibrated role (`cal`) needs levels beside the rows: its synthetic cases use levels fitted on a synthetic
+    sample of their own (`role_levels`); each case names its levels ("codebook" in its metadata, and the
+    `<role>.<case>.codebook` tensor), which an engine loads as it loads the model's (kv_codebooks.safetensors).
     """
     from safetensors.torch import save_file
 
@@ -121,18 +133,27 @@ def write_vectors(out_dir: str, sch: KVScheme, head_dim: int = 128, rows: int = 
     tensors, cases = {}, []
     todo = []
     specs = spec_roles(sch)
+    levels = {role: role_levels(spec, T, head_dim, seed + 100 * r + 99) for r, (role, spec) in enumerate(specs.items())
+              if spec.calibrated}
     for r, role in enumerate(specs):
+        kw = {"codebook": levels[role]} if role in levels else {}
         for c, case in enumerate(SYNTHETIC):
             s = seed + 100 * r + c
-            todo.append((role, case, synthetic(case, T, head_dim, s), {}, {"source": case, "seed": s}))
+            todo.append((role, case, synthetic(case, T, head_dim, s), kw, {"source": case, "seed": s}))
     for cap in captured or []:
         x = cap["x"].float()[:T]
         x = x[: x.shape[0] // rows_for(sch, 1) * rows_for(sch, 1)]  # whole channel groups
-        todo.append((cap["role"], cap["name"], x, cap.get("kwargs", {}), {"source": cap.get("source", "captured")}))
+        kw = dict(cap.get("kwargs", {}))
+        if cap["role"] in levels and "codebook" not in kw:
+            kw["codebook"] = levels[cap["role"]]
+        todo.append((cap["role"], cap["name"], x, kw, {"source": cap.get("source", "captured")}))
     for role, case, x, kw, info in todo:
         spec = specs[role]
         x = representable(x)
         t, meta = _case_tensors(x, unsmoothed(spec), kw)  # smoothed keys: the rows are the stored keys k / s
+        if "codebook" in kw:
+            t["codebook"] = torch.as_tensor(kw["codebook"], dtype=torch.float32).reshape(-1)[:2 ** spec.bits].clone()
+            meta["codebook"] = t["codebook"].tolist()
         for name, val in t.items():
             tensors[f"{role}.{case}.{name}"] = val
         cases.append({"role": role, "case": case, "spec": str(spec), **info, **meta})
@@ -163,7 +184,8 @@ def check_conformance(path: str, encode_fn, decode_fn=None, roles=None) -> dict:
     """Compare an engine's encoder (and optionally decoder) with stored conformance vectors.
 
     encode_fn(x, info) -> uint8 array of the stored bytes' size: x is float32 [T, D] numpy; info is
-    {"role", "case", "spec", "head_dim", "scale" (static per-tensor scale or None), "tensor_scale"}.
+    {"role", "case", "spec", "head_dim", "scale" (static per-tensor scale or None), "tensor_scale", "codebook" (a
+    calibrated spec's levels, a list, or None)}.
     decode_fn(bytes, info) -> float values [T, D], compared exactly (NaN == NaN).
     roles: check only these roles (default: all, k, v and L<i> overrides).
     Returns {"ok": bool, "cases": [{"role", "case", "ok", "bad_bytes", "first_bad", "decode_bad"}]}.
@@ -175,7 +197,7 @@ def check_conformance(path: str, encode_fn, decode_fn=None, roles=None) -> dict:
             continue
         key = f"{c['role']}.{c['case']}"
         info = {"role": c["role"], "case": c["case"], "spec": c["spec"], "head_dim": meta["head_dim"],
-                "scale": c.get("scale"), "tensor_scale": c.get("tensor_scale")}
+                "scale": c.get("scale"), "tensor_scale": c.get("tensor_scale"), "codebook": c.get("codebook")}
         want = tensors[key + ".bytes"]
         got = np.asarray(encode_fn(tensors[key + ".input"], info), dtype=np.uint8)
         row = {"role": c["role"], "case": c["case"], "ok": True, "bad_bytes": 0, "first_bad": None, "decode_bad": None}
@@ -201,6 +223,8 @@ def kvlab_encode_fn(x: np.ndarray, info: dict) -> np.ndarray:
     kw = {} if info.get("scale") is None else {"scale": info["scale"]}
     if info.get("tensor_scale") is not None:
         kw["tensor_scale"] = info["tensor_scale"]
+    if info.get("codebook") is not None:
+        kw["codebook"] = info["codebook"]
     from ..spec import as_spec
     # a smoothed spec's rows are stored keys (already divided by the factors): the plain format's bytes
     return encode(torch.from_numpy(np.ascontiguousarray(x)), unsmoothed(as_spec(info["spec"])), **kw)
@@ -236,7 +260,7 @@ def describe_layout(spec: KVQuantSpec, head_dim: int) -> dict:
     d["block"] = " | ".join(parts)
     d["scale_rule"] = _rule(spec)
     d["codes"] = _codes(spec)
-    if spec.fmt == "int":
+    if spec.fmt == "int" and not spec.calibrated:  # (a calibrated int takes the nearest level: see codes)
         d["rounding"] = {"even": "round half to even", "away": "round half away from zero",
                          "up": "GGML: trunc(v + offset + 0.5)"}[spec.rounding] + (
             "; v = x * (1/scale) with the fp32 reciprocal of the unrounded scale (GGML)" if spec.recip else
@@ -286,6 +310,8 @@ def _rule(spec: KVQuantSpec) -> str:
         return f"scale = x_ext / {lo} (x_ext: the group's element of largest magnitude, sign kept)"
     if spec.rule == "mse":
         return "clipping ratio searched in 1.0..0.5 (step 0.025) for the least squared error"
+    if spec.rule == "rms":
+        return "scale = sqrt(mean of x^2 over the group) (the group's RMS; the squares summed in float64, rounded once)"
     if spec.fmt == "int" and not spec.sym:
         return f"scale = (max - min) / {2 ** b - 1}, zero = min"
     if spec.fmt == "int":
@@ -299,12 +325,18 @@ def _rule(spec: KVQuantSpec) -> str:
 
 def _codes(spec: KVQuantSpec) -> str:
     b = spec.bits
-    if spec.fmt == "int" and spec.sym:
+    if spec.fmt == "int" and spec.sym and not spec.calibrated:
         if b == 8:
             return "two's complement int8 c; value = scale * c"
         return f"offset binary u = c + {2 ** (b - 1)}; value = scale * (u - {2 ** (b - 1)})"
-    if spec.fmt == "int":
+    if spec.fmt == "int" and not spec.calibrated:
         return "unsigned u; value = scale * u + zero"
     if spec.fmt.startswith("fp8"):
         return f"{spec.fmt} bits (OCP, saturating cast, round to nearest even); value = fp8 * scale"
-    return f"4-bit index into the {spec.fmt} codebook (kvlab.quant.formats); value = scale * codebook[i]"
+    if spec.calibrated:
+        zero = " + zero" if not spec.sym else ""
+        sub = " - zero" if not spec.sym else ""
+        return (f"{b}-bit index u into the layer's calibrated levels t (float32 [{2 ** b}], ascending; each case's "
+                f"`codebook`, the model's in kv_codebooks.safetensors); value = scale * t[u]{zero}; u = the nearest "
+                f"level: argmin_j |scale * t_j - (x{sub})| in float32, the first on ties")
+    return f"{b}-bit index into the {spec.fmt} codebook (kvlab.quant.formats); value = scale * codebook[i]"

@@ -89,6 +89,9 @@ def _captured(m, tok, sch: KVScheme, rows: int, text: str, scales: dict | None,
                 if not smoothing or layer not in smoothing.get("perms", {}):
                     continue
                 x, how = x[:, smoothing["perms"][layer][0]], f"({how})[..., k_perm]"
+            own = sch.for_layer(layer, L)[0 if role == "k" else 1] == spec  # (an override's levels are its own)
+            if spec.calibrated and own and smoothing and role in smoothing.get("levels", {}).get(layer, {}):
+                kw = {**kw, "codebook": smoothing["levels"][layer][role]}  # the model's levels for the layer
             out.append({"role": role, "name": f"captured_L{layer}_h0", "x": x, "kwargs": kw,
                         "source": f"model.capture layer {layer} head 0, first tokens of {prov['text']} ({how})"})
     return out
@@ -146,15 +149,21 @@ def export(scheme, engine: str, out: str, *, model: str | None = None, calib_tok
         elif p.k.kv_spec.has_scale:
             log("warning: no --model, so no calibrated k/v scales: the engine will use 1.0 (kvlab fp8_e4m3)")
     smoothing = None
-    if any(ks.smooth or ks.permute for ks in (sch.k, *(ks for _, ks, _ in sch.overrides))):
+    layer_specs = (sch.k, sch.v, *(s for _, ks, vs in sch.overrides for s in (ks, vs)))
+    if any(s.smooth or s.permute or s.calibrated for s in layer_specs):
         if m is not None:
-            log(f"calibrating key smoothing factors / channel permutations on {calib_tokens} tokens of {calib_text} ...")
+            log(f"calibrating key smoothing factors / channel permutations / calibrated levels on {calib_tokens} "
+                f"tokens of {calib_text} ...")
             smoothing = cal.key_smoothing(m, tok, sch, calib_text, calib_tokens)
-            files["smoothing"] = cal.write_smoothing(smoothing, out)
+            if smoothing["layers"] or smoothing["perms"]:
+                files["smoothing"] = cal.write_smoothing(smoothing, out)
+            if smoothing["levels"]:
+                files["codebooks"] = cal.write_codebooks(smoothing, out)
         else:
-            log("warning: no --model, so no key smoothing factors / channel permutations: calibrate them with the "
-                "model (kvlab.quant.fit_smoothing, fit_permutation) or the keys are stored unsmoothed (factors 1) and "
-                "in the model's channel order")
+            log("warning: no --model, so no key smoothing factors / channel permutations / calibrated levels: "
+                "calibrate them with the model (kvlab.quant.fit_smoothing, fit_permutation, fit_codebook) or the keys "
+                "are stored unsmoothed (factors 1) and in the model's channel order, and the conformance vectors' "
+                "levels are fitted on synthetic rows")
     fl = flags(p, files.get("scales_json") and os.path.join(out, files["scales_json"]))
     fl["notes"] += _notes(p, scales)
     captured = _captured(m, tok, sch, vectors, calib_text, scales, smoothing) if m is not None else None

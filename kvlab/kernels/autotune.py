@@ -25,7 +25,7 @@ QUICK_TILES = ((64, 4, 2), (128, 4, 2))  # the two tiles that won every scheme o
 def rowfirst_ok(spec) -> bool:
     """Specs whose rowfirst tile runs the fp16 fast path (8-bit ints and fp8 byte rows, 4-bit ints along
     D). Other specs compile under rowfirst but keep 2-byte shared-memory traffic, so the tuner skips them."""
-    return spec.axis != "chan" and not spec.is_float_storage and (
+    return spec.axis != "chan" and not spec.is_float_storage and not spec.calibrated and (
         (spec.fmt == "int" and spec.bits in (4, 8)) or spec.fmt in ("fp8_e4m3", "fp8_e5m2"))
 
 
@@ -37,7 +37,7 @@ def triton_space(B: int, Hk: int, k_spec, v_spec, device=None, quick: bool = Fal
     tiles = QUICK_TILES if quick else TILES
     base = [TritonDecodeConfig(block_n=bn, num_warps=w, num_stages=st, num_splits=S, asm=False) for bn, w, st in tiles]
     cands = list(base)
-    quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" for s in (k_spec, v_spec))
+    quant4 = any(s.fmt == "int" and s.bits == 4 and s.axis != "chan" and not s.calibrated for s in (k_spec, v_spec))
     if quant4:
         big = base[-1:] if quick else [c for c in base if c.block_n >= 64][:3]
         cands += [c.replace(asm=True) for c in big]

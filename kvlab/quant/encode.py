@@ -59,10 +59,12 @@ def block_bytes(spec, head_dim: int) -> int:
     return n
 
 
-def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, dtype=torch.float32) -> torch.Tensor:
+def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, codebook=None,
+                 dtype=torch.float32) -> torch.Tensor:
     """Values of engine bytes `b` (as `encode` wrote them) for a tensor of `shape`.
 
-    `scale` / `tensor_scale`: the out-of-row static scales, when the spec has them.
+    `scale` / `tensor_scale`: the out-of-row static scales, when the spec has them; `codebook`: a calibrated
+    spec's (`cal`) levels, float [2^bits], which live beside the cache, not in its rows.
     """
     spec = as_spec(spec)
     shape = tuple(shape)
@@ -99,5 +101,6 @@ def decode_bytes(b: np.ndarray, spec, shape, *, scale=None, tensor_scale=None, d
         if tensor_scale is None:
             raise ValueError(f"spec {spec} has a tensor scale outside the rows; pass tensor_scale=")
         ts = torch.as_tensor(tensor_scale, dtype=torch.float32)
-    q = QTensor(blocks[..., off:].contiguous(), scales, zeros, ts, spec, shape, dtype, out_idx=oi, out_val=ov)
+    cb = None if codebook is None else torch.as_tensor(codebook, dtype=torch.float32)
+    q = QTensor(blocks[..., off:].contiguous(), scales, zeros, ts, spec, shape, dtype, cb, out_idx=oi, out_val=ov)
     return dequantize(q)

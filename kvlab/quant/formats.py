@@ -38,6 +38,13 @@ def codebook(fmt: str, device=None) -> torch.Tensor:
     return torch.tensor(CODEBOOKS[fmt], dtype=torch.float32, device=device)
 
 
+def uniform_levels(spec, device=None) -> torch.Tensor:
+    """[2^bits] float32 code values of an int spec (0..2^b-1 asymmetric, -2^(b-1)..2^(b-1)-1 symmetric): the levels
+    a calibrated int (`int<b>:cal`) starts its fit from, and holds when they are its table."""
+    lo = 0 if not spec.sym else -(2 ** (spec.bits - 1))
+    return torch.arange(lo, lo + 2 ** spec.bits, dtype=torch.float32, device=device)
+
+
 def codebook16(fmt: str) -> tuple[float, ...]:
     """A codebook as the kernels' 16-entry table: smaller codebooks padded with copies of their last value
     (a nearest-value search that keeps the first index on ties never picks a pad; codes index the real part)."""

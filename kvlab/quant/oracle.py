@@ -87,7 +87,9 @@ def _static(scale, xg) -> torch.Tensor:
     return torch.as_tensor(scale, dtype=torch.float32, device=xg.device).reshape([1] * xg.dim())
 
 
-def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
+def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None, table=None):
+    """Codes, stored scales and zeros of int groups; `table` (a calibrated int's levels, in code units): each value
+    takes the nearest scaled level, |s * t_j - (x - m)| in float32, the first on ties (a NaN value: code 0)."""
     b = spec.bits
     if spec.sym:
         if scale is not None:
@@ -107,6 +109,11 @@ def _quant_int(xg, spec: KVQuantSpec, ratio: float, scale=None):
         s_raw, m_raw = _div(mx - mn, 2 ** b - 1), mn
     s_st = store_scale(s_raw, spec.scale_dtype)
     m_st = None if m_raw is None else store_scale(m_raw, spec.scale_dtype)
+    if table is not None:  # calibrated levels (no recip, offset binary): the nearest scaled level
+        s_val = scale_value(s_st, spec.scale_dtype)
+        num = xg if m_st is None else xg - scale_value(m_st, spec.scale_dtype)
+        err = (s_val.unsqueeze(-1) * table.to(xg.device) - num.unsqueeze(-1)).abs()  # [..., G, 2^b]
+        return err.argmin(-1).to(torch.uint8), s_st, m_st
     if spec.recip:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
         inv = torch.where(s_raw == 0, torch.zeros_like(s_raw), 1.0 / s_raw)
         v = xg * inv if m_raw is None else (xg - m_raw) * inv
@@ -166,7 +173,9 @@ def _quant_codebook(xg, spec: KVQuantSpec, ratio: float, ts, table=None):
 def _values(u, s_st, m_st, spec: KVQuantSpec, ts, table=None):
     """Dequantized float32 group values from unpacked codes u [..., G] and stored scales
     (s_st, m_st broadcastable to u: [..., 1] per group or one value); `table`: a calibrated codebook's levels."""
-    if spec.fmt == "int":
+    if spec.fmt == "int" and table is not None:  # a calibrated int: its levels, indexed by the code
+        c = table.to(u.device)[u.long()]
+    elif spec.fmt == "int":
         b = spec.bits
         if spec.sym:
             c = u.view(torch.int8).float() if b == 8 else (u ^ (1 << (b - 1)) if spec.twos else u).float() - 2 ** (b - 1)
@@ -296,13 +305,13 @@ def check_codebook(table, spec: KVQuantSpec) -> torch.Tensor:
     if not spec.calibrated:
         if table is not None:
             raise ValueError(f"codebook= gives calibrated levels; spec {spec} is not calibrated (add ':cal' to a "
-                             "Lloyd-Max format)")
+                             "Lloyd-Max format or an int of 2..4 bits)")
         return None
     if table is None:
         raise ValueError(f"spec {spec} is calibrated (cal): pass its levels, codebook= float [{2 ** spec.bits}] "
                          "(kvlab.quant.fit_codebook, or the pool's pages['codebook'])")
     t = torch.as_tensor(table).reshape(-1)
-    n = 2 ** spec.bits
+    n = 2 ** spec.bits  # (16 at most: lm2..lm4, int2..int4)
     if t.numel() == 16 and n < 16:
         t = t[:n]  # a kernel table: the levels, then copies of the last one
     if t.numel() != n or not t.is_floating_point() or not bool(torch.isfinite(t).all()):
@@ -340,7 +349,7 @@ def _quantize(x: torch.Tensor, spec, scale, tensor_scale, packed: bool, table=No
 
     def run(ratio):
         if spec.fmt == "int":
-            return _quant_int(xg, spec, ratio, scale)
+            return _quant_int(xg, spec, ratio, scale, table)
         if spec.fmt in FP8_MAX:
             return _quant_fp8(xg, spec, ratio, scale)
         return _quant_codebook(xg, spec, ratio, ts, table)

@@ -15,7 +15,8 @@ Grammar (tokens joined by ':'; order free except the format comes first):
     ts            two-level scaling: an fp32 tensor scale above e4m3 group scales (NVFP4)
     prerope       keys quantized before RoPE
     twos          two's-complement sub-byte codes (FreeToken) instead of offset binary
-    cal           calibrated codebook levels (lm2..lm4)
+    cal           calibrated levels per layer and tensor: lm2..lm4 (RMS units), or int2..int4 (code units, the
+                  int's scale and zero; each value takes the nearest level: a non-uniform int)
     smooth        keys only: calibrated per-channel smoothing folded into the queries (kvlab.quant.smoothing);
                   smooth=pair ties the factors within RoPE pairs (c, c + D/2): position-independent, for long contexts
     perm          keys only: a calibrated permutation of the channels before grouping, followed by the queries

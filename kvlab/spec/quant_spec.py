@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .text import format_spec
-from .vocab import (AXES, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, LLOYD_MAX, PACKINGS, ROTATIONS, ROUNDINGS,
+from .vocab import (AXES, CAL_INT_BITS, FORMAT_BITS, FORMATS, GROUP_MAX, GROUP_MIN, LLOYD_MAX, PACKINGS, ROTATIONS, ROUNDINGS,
                     OUTLIER_SLOT_BYTES, OUTLIERS_MAX, SCALE_BYTES, SCALE_DTYPES, SCALE_RULES, SPEC_VERSION, bit_planes)
 
 
@@ -56,9 +56,12 @@ class KVQuantSpec:
     pre_rope:    quantize keys before RoPE (K only; the reader applies RoPE after dequantizing)
     twos:        symmetric sub-byte codes stored two's complement (FreeToken) instead of offset binary
                  (GGML, code + 2^(b-1)); 8-bit symmetric codes are always two's complement
-    calibrated:  a Lloyd-Max format (lm2..lm4) whose 2^bits levels (RMS units) are calibrated per layer and
-                 tensor (weighted k-means, `kvlab.quant.fit_codebook`) instead of the fixed Gaussian ones; the
-                 table travels beside the pages (`pages["codebook"]`) and every reader and writer takes it
+    calibrated:  text `cal`: 2^bits levels calibrated per layer and tensor (weighted k-means,
+                 `kvlab.quant.fit_codebook`) replace the format's fixed code values: a Lloyd-Max format's (lm2..lm4,
+                 RMS units) or a 2..4-bit int's integers (in the int's code units: 0..2^b-1 asymmetric, -2^(b-1)..
+                 2^(b-1)-1 symmetric; the scale and zero point keep the int's rule, each value takes the nearest
+                 level, as KVQuant's non-uniform datatype over min-max normalised keys); the table travels beside the
+                 pages (`pages["codebook"]`) and every reader and writer takes it
     smooth:      K only: calibrated per-channel smoothing (`kvlab.quant.smoothing`): keys are stored divided by
                  factors s [Hk, D] (`pages["smooth"]`) and queries multiplied by them, so scores are unchanged and
                  the quantizer sees channels balanced against the queries (post-RoPE keys: not with pre_rope)
@@ -154,9 +157,16 @@ class KVQuantSpec:
         if self.twos and not (self.fmt == "int" and self.sym and self.bits < 8):
             raise ValueError("twos (two's-complement sub-byte codes) needs a symmetric int format of 2..7 bits "
                              "(8-bit symmetric codes are always two's complement)")
-        if self.calibrated and self.fmt not in LLOYD_MAX:
-            raise ValueError(f"cal (a calibrated codebook) applies to the Lloyd-Max formats {', '.join(LLOYD_MAX)}, "
-                             f"whose levels are in RMS units; got {self.fmt}")
+        if self.calibrated and self.fmt not in LLOYD_MAX and not (self.fmt == "int" and self.bits <= CAL_INT_BITS):
+            raise ValueError(f"cal (a calibrated codebook) applies to the Lloyd-Max formats {', '.join(LLOYD_MAX)} "
+                             f"(levels in RMS units) and to ints of 2..{CAL_INT_BITS} bits (levels in code units); "
+                             f"got {self.fmt}" + (f" with {self.bits} bits" if self.fmt == "int" else ""))
+        if self.calibrated and self.fmt == "int":
+            for bad, why in ((self.twos, "twos"), (self.recip, "recip"), (self.rounding != "even", f"rounding {self.rounding}"),
+                             (self.rule == "mse", "rule mse")):
+                if bad:
+                    raise ValueError(f"a calibrated int (cal) takes the nearest of its levels, by the stored scale; "
+                                     f"{why} describes uniform codes: drop it or cal")
         if self.smooth and self.is_float_storage:
             raise ValueError(f"smooth scales keys before quantizing them; {self.fmt} stores them as they are")
         if self.smooth_pairs and not self.smooth:

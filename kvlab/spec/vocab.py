@@ -6,6 +6,7 @@ FORMATS = ("int", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nf4", "iq4nl", "lm2", "lm
 # Lloyd-Max codebooks for N(0, 1) (levels in units of the group RMS, `rule=rms`): the data-free grid for
 # coordinates made Gaussian by a random rotation (TurboQuant without its 1-bit residual).
 LLOYD_MAX = ("lm2", "lm3", "lm4")
+CAL_INT_BITS = 4  # ints up to this width may take calibrated levels (`cal`): a 16-entry table, as the codebooks'
 AXES = ("tok", "chan", "head", "tensor")
 SCALE_DTYPES = ("f16", "bf16", "f32", "e8m0", "e4m3")
 SCALE_RULES = ("absmax", "signed", "mse", "unit", "full", "rms")

@@ -151,9 +151,9 @@ def v_half(codec: int, D: int) -> bool:
 def codec_of(spec, role: str = "k") -> int | None:
     """The codec that decodes `spec`'s pages as keys (role "k") or values ("v"), or None."""
     if spec.pre_rope or (spec.tensor_scale and spec.fmt != "fp4_e2m1") or spec.twos or \
-            spec.rotation not in ("none", "had") or spec.outliers:
+            spec.rotation not in ("none", "had") or spec.outliers or (spec.fmt == "int" and spec.calibrated):
         return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary; outlier slots:
-        # the Triton tiles write them over the dequantized rows)
+        # the Triton tiles write them over the dequantized rows; calibrated ints: the Triton tiles' level table)
     if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
             spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]

@@ -151,7 +151,7 @@ def slow_in_fused(spec) -> bool:
     output in torch (SmolLM2's 8K shape, fused at 1.9e10 flops: lm2 / lm3 / lm4 16x cuDNN, int4_had 13x, against
     2.6-6.7x for the others; sweeps/results/h200/runs/s16b-5ee5d62), while the dense path fuses the rotations."""
     return (spec.fmt.startswith("fp8") or (spec.fmt == "int" and spec.bits == 8)
-            or spec.fmt in ("nf4", "iq4nl", "lm2", "lm3", "lm4") or spec.rotation == "had")
+            or spec.fmt in ("nf4", "iq4nl", "lm2", "lm3", "lm4") or spec.calibrated or spec.rotation == "had")
 
 
 def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, min_flops, host_lens, q, ops,

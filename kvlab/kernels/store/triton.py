@@ -171,11 +171,20 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
            HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
     CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a binary search over its
-    magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels); both with the
-    search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
+    magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels; with FMT 0, a
+    calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
     exact path only."""
-    if FMT == 0:
+    if FMT == 0 and CBS >= 2:  # a calibrated int: the nearest of its CBS levels scaled by the stored scale, as the
+        num = x if SYM else x - m_val  # codebooks (the oracle's |s * t_j - (x - m)|; no offset, no two's complement)
+        if MODE == 2:
+            u = _cb_search(num, s_val, cb_ptr)
+        else:
+            u = _sorted_codes(num, s_val, cb_ptr, CBS)
+            if RARE_PATHS and MODE == 0:
+                if tl.max(_sorted_odd(num, s_val, cb_ptr, CBS).to(tl.int32)) > 0:  # rare: an odd scale or level gap
+                    u = _cb_search(num, s_val, cb_ptr)
+    elif FMT == 0:
         if RECIP:  # GGML: multiply by the fp32 reciprocal of the unrounded scale
             nz = s_raw == 0
             den = tl.where(nz, 1.0, s_raw)
@@ -249,7 +258,9 @@ def _odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: t
          OFF: tl.constexpr, CBS: tl.constexpr):
     """int32 1 where `_codes`' fast path (MODE 1) may differ from its exact one (MODE 2), 0 elsewhere; all 0 for the
     formats without a fast path (GGML's reciprocal ints, fp8, the full codebook search)."""
-    if FMT == 0 and not RECIP:  # per group: Markstein's quotient is exact unless the reciprocal is out of range
+    if FMT == 0 and CBS >= 2:  # a calibrated int: the sorted-level bracket, on x - zero
+        odd = _sorted_odd(x if SYM else x - m_val, s_val, cb_ptr, CBS)
+    elif FMT == 0 and not RECIP:  # per group: Markstein's quotient is exact unless the reciprocal is out of range
         nz = s_val == 0
         inv = tl.where(nz, 0.0, tl.math.div_rn(tl.full(s_val.shape, 1.0, tl.float32), tl.where(nz, 1.0, s_val)))
         odd = _inv_odd(inv)
@@ -775,7 +786,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              RND=RND_IDS[spec.rounding], RECIP=spec.recip, SDT=SDT_IDS[spec.scale_dtype], SDIV=float(sdiv),
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
-             CBS=_search_mode(fmt, spec.rule), ROT=0, RC=1.0)
+             CBS=2 ** b if fmt == "int" and spec.calibrated else _search_mode(fmt, spec.rule), ROT=0, RC=1.0)
     if spec.rotation == "had":  # the oracle's transform over the whole row, in registers
         p.update(ROT=D.bit_length() - 1, RC=norm_constant(D))
     for k, (w, sh, st) in enumerate(planes[:3]):

@@ -19,6 +19,7 @@ from ...quant.packing import plane_order
 
 KINDS = {"bf16": 0, "fp16": 0, "int": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "fp4_e2m1": 4, "nf4": 5, "iq4nl": 5, "lm2": 5,
          "lm3": 5, "lm4": 5}
+CAL_KIND = 5  # a calibrated int (`int<b>:cal`) reads its levels from the 16-entry table, as the codebooks
 SCALE_KINDS = {"f16": 1, "bf16": 1, "f32": 1, "e8m0": 2, "e4m3": 3}
 
 
@@ -99,7 +100,8 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False, rowfirst: bo
     # fp8 keeps the plain byte-row path in the operand layout (its fp16 tile there reads V's bytes from smem
     # one at a time: benchmarks/NOTES_decode.md); rowfirst builds the fp16 tile in the row layout, so
     # fp8's cvt.rn.f16x2.e4m3x2 fast path is allowed there
-    asm = bool(asm and spec.axis != "chan" and ((spec.fmt == "int" and ((spec.bits == 4 and word == 4) or byte_rows))
+    cal_int = spec.fmt == "int" and spec.calibrated  # a calibrated int: its code indexes the layer's levels (LUT)
+    asm = bool(asm and not cal_int and spec.axis != "chan" and ((spec.fmt == "int" and ((spec.bits == 4 and word == 4) or byte_rows))
                                                 or (rowfirst and byte_rows and spec.fmt.startswith("fp8"))))
     rows4 = asm and rowfirst and not byte_rows  # nibbles, rowfirst: a byte tile, (byte, nibble) column order
     if rows4:
@@ -114,11 +116,11 @@ def tile_config(spec, D: int, word_max: int = 4, asm: bool = False, rowfirst: bo
         gather = [_tile_order(p[0], G, word, r, p[3]) for r in range(G)] != order
         fields += [p[0], p[1], p[2] // word, int(p[3]), int(gather)]
     fields += [0] * (15 - len(fields))
-    sym_int = spec.fmt == "int" and spec.sym
+    sym_int = spec.fmt == "int" and spec.sym and not cal_int
     offset = 2 ** (spec.bits - 1) if sym_int else 0
     xor8 = int(sym_int and spec.bits == 8)
     sk = SCALE_KINDS[spec.scale_dtype] if spec.has_scale and spec.axis != "tensor" else 0
-    cfg = TileCfg(KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset,
+    cfg = TileCfg(CAL_KIND if cal_int else KINDS[spec.fmt], G, NG, word, len(planes), *fields, GB // word, int(len(planes) == 1), xor8, offset,
                   sk, int(not spec.sym), int(spec.axis == "chan"), int(asm), int(byte_rows), int(rows4),
                   spec.outliers)
     return cfg, perm

@@ -22,6 +22,8 @@ CASES = [
        ("lm3:g32:rot=had", 16))],
     (2, [32, 64], 8, 2, 64, 32, "k=lm2:g32:chan,v=lm2", [5, 31], None),
     (2, [17, 40], 8, 2, 64, 16, "k=lm3:g64:rot=had:cal,v=lm4:g32:cal", [3, 0], None),  # calibrated tables
+    (2, [32, 64], 8, 2, 64, 32, "k=int2:g32:chan:asym:cal,v=int3:g32:asym:cal", [5, 31], 2),  # calibrated ints
+    (1, [50], 4, 1, 128, 16, "k=int4:g32:cal,v=int2:g64:asym:rot=had:cal", None, 3),
     (2, [17, 40], 6, 2, 64, 16, "k=lm2:g64:s=e4m3:rot=had:smooth,v=lm2:g64:s=e4m3:rot=had", [3, 0], None),  # smoothing
     (2, [17, 40], 6, 2, 64, 16, "k=int3:g16:asym:smooth:perm,v=int3:g32:asym", [3, 0], 2),  # smoothing + channel order
     (2, [32, 64], 8, 2, 64, 32, "kivi4", [5, 31], None),

@@ -26,6 +26,7 @@ CASES = [
     ([17, 9], [3, 6], 8, 1, 128, 64, "bf16", [3, 0]),
     ([100], [33], 8, 2, 128, 16, "int3:g32:asym", None),
     ([40, 9], [6, 11], 8, 2, 64, 16, "k=lm3:g32:rot=had,v=lm4", [0, 2]),
+    ([64, 32], [7, 20], 8, 2, 64, 32, "k=int2:g32:chan:asym:cal,v=int3:g32:asym:cal", [5, 31]),  # calibrated ints
     ([40, 9], [6, 11], 8, 2, 64, 16, "k=int3:g32:asym:out=2,v=lm3:g64:rot=had:out=1", [0, 2]),  # outlier slots
     ([64, 32], [7, 20], 8, 2, 64, 32, "k=int2:g32:chan:asym:out=1,v=int2:g32:asym:out=3", [5, 31]),
 ]

@@ -96,6 +96,18 @@ LLOYD_MAX = [s.k for s in kvlab.grid("lm{2,3,4}:g{32,64}")] + [spec_of(t) for t 
     "lm3:g64:rot=had:cal", "lm2:g16:chan:cal", "lm4:g32:cal")]  # cal: levels fitted to the input, in pages["codebook"]
 
 
+CAL_INTS = [spec_of(t) for t in ("int2:g32:chan:asym:cal", "int3:g32:asym:cal", "int4:g32:cal", "int2:g64:asym:cal",
+                                 "int4:g16:sym:rule=signed:cal", "int2:g64:asym:rot=had:cal", "int4:head:asym:cal",
+                                 "int3:g16:chan:asym:cal", "int4:g32:asym:s=bf16:cal")]
+
+
+@pytest.mark.parametrize("spec", CAL_INTS, ids=[f"T33-H2-D64-{spec_id(s)}" for s in CAL_INTS])
+def test_calibrated_ints_bit_exact(spec):
+    """Calibrated ints (`int<b>:cal`): the int's scale and zero, then the nearest of the levels fitted to the input
+    (pages["codebook"]) over x - zero, as the oracle; codes, scales and zeros equal."""
+    _check(spec, T=33 if spec.axis != "chan" else 64, seed=zlib.crc32(str(spec).encode()) % 1000)
+
+
 @pytest.mark.parametrize("spec", LLOYD_MAX, ids=[f"T33-H2-D64-{spec_id(s)}" for s in LLOYD_MAX])
 def test_lloyd_max_bit_exact(spec):
     """Lloyd-Max codebooks scaled by the group RMS (summed in float64 by both sides): codes and scales equal."""
