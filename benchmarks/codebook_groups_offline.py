@@ -4,7 +4,7 @@ Issue 18 asks for codebooks calibrated per layer "and per channel group for keys
 into the pool and the kernels, this script measures what they would buy: for every layer, keys and queries are
 captured on the calibration text (license, 1,024 tokens) and on held-out text (pydoc, 2,048 tokens); levels are
 fitted on the calibration keys (weighted k-means, each value weighted by its group scale squared times the mean
-square of the query channel it meets, as `kvlab.quant.fit_codebook`) at four granularities: one table per layer
+square of the query channel it meets, an int's end levels kept, as `kvlab.quant.fit_codebook`) at four granularities: one table per layer
 (what `cal` is), per KV head, per (KV head, group of 8 or 16 channels) and per (KV head, channel); the held-out keys
 are quantized with each and scored by the mean squared error of the attention scores q . k over (query, key) pairs
 (every 8th query). Two families:
@@ -92,6 +92,8 @@ def fit_tables(u, r, w, spec, cg, iters: int = 40) -> torch.Tensor:
                 num = torch.zeros(n).index_add_(0, idx, uu * ww)
                 den = torch.zeros(n).index_add_(0, idx, ww)
                 new = torch.where(den > 0, num / den.clamp_min(1e-30), lev).sort().values
+                if spec.fmt == "int":  # an int's end levels stay, as fit_codebook keeps them
+                    new = torch.cat([start[:1], new[1:-1].clamp(float(start[0]), float(start[-1])), start[-1:]])
                 if torch.equal(new, lev):
                     break
                 lev = new

@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s20   # issue 17: the store's codebook bin table (tests, --lut 1/0 variants, store table);
+#                                     # issue 18: calibrated ints on the GPU (tests, decode of the evaluated schemes)
 #   bash benchmarks/h200_run.sh s18   # issue 18: key channel permutations (GPU tests, decode of the evaluated schemes:
 #                                     # the query gather's cost), Gemma's slot winners timed; issue 17: the store table
 #   bash benchmarks/h200_run.sh s17c  # issue 17: the store's exact quotient + wider codebook bracket: tests, variants, table
@@ -620,6 +622,28 @@ cpu)
   ;;
 sanitize)   # the three tools side by side (SANITIZE_QUICK=1: one shape per scheme)
   for t in memcheck racecheck initcheck; do sanitize "$t" & done; wait
+  ;;
+s20)  # session 20: issue 17, the store's bin table for fixed codebooks (nf4, iq4nl, lm2..lm4, e2m1 magnitudes: one
+  # lookup instead of the bisection): GPU store tests of those families and calibrated ints, variants with the table
+  # and without (--lut 1 / 0), the store table; issue 18, calibrated ints: decode / extend GPU tests of the cal cases,
+  # the decode step of the evaluated cal-int schemes and their plain twins (every layer, B 32 x 8K, gated)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_bracket.py \
+    tests/kernels/store/test_store_exact.py tests/kernels/store/test_store_edge.py tests/quant/test_calibrated.py \
+    -k "bracket or nf4 or iq4nl or lm or fp4 or e2m1 or calibrated or sorted" 2>&1 | tee "$OUT/pytest_store.log" | tail -3
+  timeout "${PYTEST2_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_decode.py \
+    tests/kernels/extend/test_extend.py -k "cal" 2>&1 | tee "$OUT/pytest_cal.log" | tail -3
+  for lut in 1 0; do
+    timeout "${SV_S:-80}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl lm2 lm3 lm4 mxfp4 nvfp4} \
+      --configs "${SV_CONFIGS:-32x4,16x4}" --two 0 --lut "$lut" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-200}" python3 benchmarks/run.py --out /tmp/store --cases store \
+    2>&1 | tail -3
+  cp /tmp/store/store.csv "$OUT/"; cp /tmp/store/header.json "$OUT/store_header.json"; cut -d, -f1,3,7 "$OUT/store.csv"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-150}" python3 benchmarks/winners_decode.py --out /tmp/winners \
+    --winners sweeps/results/quality/cal_ints/schemes_to_time.csv --budget 130 --bound 2>&1 | tail -14
+  cp /tmp/winners/winners_decode.csv /tmp/winners/pairs.csv "$OUT/" 2>/dev/null
   ;;
 *) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac

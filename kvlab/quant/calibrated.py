@@ -62,12 +62,15 @@ def fit_codebook(x: torch.Tensor, spec, weights: torch.Tensor | None = None, ite
         u, w = u[::step], w[::step]
     levels = uniform_levels(spec, x.device) if spec.fmt == "int" else codebook(spec.fmt, x.device)  # the start
     n = levels.numel()
+    ends = levels[[0, -1]].clone() if spec.fmt == "int" else None  # an int's end levels stay: its min and max
     for _ in range(iters):
         idx = (u[:, None] - levels[None]).abs().argmin(-1)          # nearest level, the first on ties
         num = torch.zeros(n, device=x.device).index_add_(0, idx, u * w)
         den = torch.zeros(n, device=x.device).index_add_(0, idx, w)
         new = torch.where(den > 0, num / den.clamp_min(1e-30), levels)  # an empty level stays where it was
         new = new.sort().values
+        if ends is not None:
+            new = torch.cat([ends[:1], new[1:-1].clamp(float(ends[0]), float(ends[1])), ends[1:]]).sort().values
         if torch.equal(new, levels):
             break
         levels = new

@@ -44,6 +44,7 @@ from ..configs import StoreConfig, fuses_rotation
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 from ..tiles.rotate import byte_tiles, fwht_rows
+from .bracket import bins_for, bracket_table, lut_codes
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -71,8 +72,12 @@ TWO_PASS = False
 # writes of fewer tokens keep the fallback inline: a decode step's store (B tokens a layer) is launch-bound, where a
 # second launch per layer and tensor would cost more than the slower kernel
 TWO_PASS_MIN_TOKENS = 512
+# fixed ascending codebooks (nf4, iq4nl, lm2..lm4, e2m1 magnitudes) find the two levels around x in a bin table
+# (`bracket.lut_codes`: one lookup) instead of the bisection (`_sorted_codes`: ~30 selects an element at 16 levels);
+# False: the bisection (for `benchmarks/store_variants.py`); calibrated tables always bisect
+BRACKET_LUT = True
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
-                "ROT", "PK", "TWO"]
+                "LUT", "ROT", "PK", "TWO"]
 
 
 @triton.jit
@@ -168,13 +173,14 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-           HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0):
+           HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0, LUT: tl.constexpr = 0):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
     CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a binary search over its
     magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels; with FMT 0, a
     calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
-    exact path only."""
+    exact path only. LUT > 0: a fixed codebook's two levels around x come from its bin table of LUT bins
+    (`bracket.lut_codes`), not the bisection (the same codes)."""
     if FMT == 0 and CBS >= 2:  # a calibrated int: the nearest of its CBS levels scaled by the stored scale, as the
         num = x if SYM else x - m_val  # codebooks (the oracle's |s * t_j - (x - m)|; no offset, no two's complement)
         if MODE == 2:
@@ -238,13 +244,19 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
         u = _cb_search(x, s_eff, cb_ptr)
     elif CBS == 1:  # fp4 e2m1 (GGML index order): the magnitude by the binary search over the 8 ascending scaled
         # magnitudes cb[0..7] (a tie keeps the smaller, as the search's first index), the sign as index + 8 (-0 is 0)
-        mag = _sorted_codes(tl.abs(x), s_eff, cb_ptr, 8)
+        if LUT > 0:
+            mag = lut_codes(tl.abs(x), s_eff, cb_ptr, 8, LUT)
+        else:
+            mag = _sorted_codes(tl.abs(x), s_eff, cb_ptr, 8)
         u = tl.where((x < 0) & (mag > 0), mag + 8, mag)
         if RARE_PATHS and MODE == 0:
             if tl.max(_e2m1_odd(x, s_eff, cb_ptr).to(tl.int32)) > 0:  # rare: an odd scale or |x| far past 6 s
                 u = _cb_search(x, s_eff, cb_ptr)
     elif CBS >= 2:  # an ascending codebook of CBS levels (nf4, iq4nl, Lloyd-Max): a binary search, as the search picks
-        u = _sorted_codes(x, s_eff, cb_ptr, CBS)
+        if LUT > 0:
+            u = lut_codes(x, s_eff, cb_ptr, CBS, LUT)
+        else:
+            u = _sorted_codes(x, s_eff, cb_ptr, CBS)
         if RARE_PATHS and MODE == 0:
             if tl.max(_sorted_odd(x, s_eff, cb_ptr, CBS).to(tl.int32)) > 0:  # rare: an odd scale, |x| far out of range
                 u = _cb_search(x, s_eff, cb_ptr)
@@ -398,7 +410,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
            D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr,
            CHAN: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr,
            OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, GB: tl.constexpr, HW: tl.constexpr,
-           CBS: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
+           CBS: tl.constexpr, LUT: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
     """Code, pack and store one bit plane (width W, code bits SH.., byte offset PO in the group).
     ROT: the plane's elements come from the rotated rows xrot [BLOCK_R, NG, G] (unpadded tiles)."""
     K: tl.constexpr = 8 // W
@@ -416,7 +428,7 @@ def _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_va
         xp, m = _x_ptrs(x_ptr, r[:, :, :, None], g[:, :, :, None], i, h, grp, T, st, sh, sd, G, NG, D, CHAN)
         x = as_f32(tl.load(xp, mask=m & (jj < NB), other=0.0))  # [BR, NGP, NBP, K]
     u = _codes(x, s_raw[:, :, :, None], s_val[:, :, :, None], m_raw[:, :, :, None], m_val[:, :, :, None],
-               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS)
+               s_eff[:, :, :, None], cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 0, LUT)
     byte = tl.sum(((u >> SH) & ((1 << W) - 1)) << (kk * W), axis=3)  # [BR, NGP, NBP]
     j3 = tl.arange(0, NBP)[None, None, :]
     tl.store(codes_ptr + unit * GB + PO + j3, byte.to(tl.uint8), mask=gok & (j3 < NB))
@@ -462,22 +474,22 @@ def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr)
 def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
                 RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                 HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr, K: tl.constexpr, W: tl.constexpr,
-                WH: tl.constexpr):
+                WH: tl.constexpr, LUT: tl.constexpr):
     """Codes of the K element tiles [R, NB] packed into the first plane's bytes (W bits a code) and, WH > 0, the
     second plane's bits of each byte position (the codes' bits from W on, WH a code; int32 [R, NB] both)."""
     M0: tl.constexpr = (1 << W) - 1
-    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
     byte = u & M0 if WH > 0 else u
     hi = u >> W
     if K >= 2:
-        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << W)
         hi = hi | ((u >> W) << WH)
     if K == 4:
-        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << 4)
         hi = hi | ((u >> W) << (2 * WH))
-        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE)
+        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << 6)
         hi = hi | ((u >> W) << (3 * WH))
     return byte, hi
@@ -491,7 +503,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr):
+                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -637,10 +649,10 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
     if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                               XORC, HW, CBS, 2, K, W, WH)
+                               XORC, HW, CBS, 2, K, W, WH, LUT)
     else:
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                               XORC, HW, CBS, 1 if HAS_ODD else 0, K, W, WH)
+                               XORC, HW, CBS, 1 if HAS_ODD else 0, K, W, WH, LUT)
     if HAS_ODD and TWO != 2:
         odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
         if K >= 2:
@@ -653,7 +665,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             tl.store(flag_ptr + prog, tl.max(odd))
         elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path
             byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                                   XORC, HW, CBS, 2, K, W, WH)
+                                   XORC, HW, CBS, 2, K, W, WH, LUT)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
     if WH > 0:  # the second plane: M = 8 / (WH * K) adjacent first-plane bytes make one byte
         M: tl.constexpr = 8 // (WH * K)
@@ -682,7 +694,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, PK: tl.constexpr,
-                  TWO: tl.constexpr, BLOCK_R: tl.constexpr):
+                  TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr = 0):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
@@ -691,7 +703,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         if TWO != 2 or tl.load(flag_ptr + prog) != 0:  # the fixup pass: flagged programs only
             _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog,
                         T, st, sh, sd, pid, h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT,
-                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R)
+                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R, LUT)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -740,15 +752,15 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                                           SDT, ELEM_INT, HAS_TS)
         _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr,
                xrot, W0, SH0, 0, ST0, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, G * BITS // 8, HW,
-               CBS, ROT, BLOCK_R)
+               CBS, LUT, ROT, BLOCK_R)
         if W1 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, xrot, W1, SH1, G * W0 // 8, ST1, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF, QMAX,
-                   XORC, G * BITS // 8, HW, CBS, ROT, BLOCK_R)
+                   XORC, G * BITS // 8, HW, CBS, LUT, ROT, BLOCK_R)
         if W2 > 0:
             _plane(x_ptr, codes_ptr, r, g, h, grp, T, st, sh, sd, unit, gok, s_raw, s_val, m_raw, m_val, s_eff,
                    cb_ptr, xrot, W2, SH2, G * (W0 + W1) // 8, ST2, D, FMT, G, NG, GP, CHAN, SYM, RULE, RND, RECIP, OFF,
-                   QMAX, XORC, G * BITS // 8, HW, CBS, ROT, BLOCK_R)
+                   QMAX, XORC, G * BITS // 8, HW, CBS, LUT, ROT, BLOCK_R)
 
 
 # ---- host side -----------------------------------------------------------------------------------
@@ -761,7 +773,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False, CBS=0, ROT=0, RC=1.0)
+                    FLAT=False, CBS=0, LUT=0, ROT=0, RC=1.0)
     if spec.rotation != "none" and not fuses_rotation(spec, D):
         raise ValueError(f"the store kernel does not rotate {spec} at head_dim {D}; pass x rotated "
                          "(kvlab.cache.paging.prerotate) with the spec's rotation none")
@@ -787,6 +799,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
              CBS=2 ** b if fmt == "int" and spec.calibrated else _search_mode(fmt, spec.rule), ROT=0, RC=1.0)
+    p["LUT"] = lut_bins(fmt) if p["FMT"] == 3 and p["CBS"] >= 1 and not spec.calibrated else 0
     if spec.rotation == "had":  # the oracle's transform over the whole row, in registers
         p.update(ROT=D.bit_length() - 1, RC=norm_constant(D))
     for k, (w, sh, st) in enumerate(planes[:3]):
@@ -857,11 +870,30 @@ def _autotuned():
     return _AUTOTUNED
 
 
+def _levels(fmt: str) -> tuple[float, ...]:
+    """The ascending levels the store brackets for a fixed codebook format (fp4 e2m1: its 8 magnitudes), as float32
+    values; () for the others."""
+    if fmt not in CODEBOOKS:
+        return ()
+    cb = torch.tensor(codebook16(fmt), dtype=torch.float32).tolist()
+    n = 8 if fmt == "fp4_e2m1" else len(CODEBOOKS[fmt])
+    return tuple(cb[:n])
+
+
+def lut_bins(fmt: str) -> int:
+    """The bin count of `fmt`'s bracket table (constexpr LUT; 0: the store bisects)."""
+    return bins_for(_levels(fmt)) if BRACKET_LUT and fmt in CODEBOOKS else 0
+
+
 def _codebook(fmt: str, device) -> torch.Tensor:
-    key = (fmt, str(device))
+    """float32 [16 (+ K)]: the format's 16 codebook entries, then its bracket table's K int32 bins (`bracket`)."""
+    key = (fmt, str(device), lut_bins(fmt))
     if key not in _CODEBOOKS:
-        _CODEBOOKS[key] = torch.tensor(codebook16(fmt) if fmt in CODEBOOKS else (0.0,) * 16, dtype=torch.float32,
-                                       device=device)
+        t = torch.tensor(codebook16(fmt) if fmt in CODEBOOKS else (0.0,) * 16, dtype=torch.float32)
+        if key[2]:
+            lut = torch.tensor(bracket_table(_levels(fmt)), dtype=torch.int32).view(torch.float32)
+            t = torch.cat([t, lut])
+        _CODEBOOKS[key] = t.to(device)
     return _CODEBOOKS[key]
 
 

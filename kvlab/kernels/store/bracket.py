@@ -1,0 +1,74 @@
+"""The store's table bracket for fixed ascending codebooks (nf4, iq4nl, lm2..lm4, fp4 e2m1's magnitudes).
+
+The nearest of N ascending levels a_j = |s| cb[j] to x is decided, as the oracle decides it, by the float32 errors
+|a_j - x| of the two levels around x (`triton._sorted_codes` proves the farther ones never win). The bisection that
+finds them costs about 30 selects and compares an element at N = 16. A table does it in one lookup: the range
+[cb[0], cb[N-1]] is cut into K equal bins (x / |s| placed by one FMA), and bin g holds c_g, the level below every
+midpoint that x in the bin (or within a thousandth of a bin of it) can fall past but one. So the nearest is c_g or
+c_g + 1, decided by the two errors as before; ties keep the lower index, NaN gives 0. Out of range, the first bin
+holds 0 and the last N - 2, so values below or above the levels clamp to them. Where x lies near a level, the
+bracket may be one off without changing the answer (that level is nearer than the other either way), so only the
+midpoints set K: the smallest power of two in 16..256 whose bins each hold at most one midpoint. Calibrated tables
+(`cal`, per layer) keep the bisection: their table is data.
+
+The table lives after the 16 codebook entries of the store's float32 codebook buffer, as int32 bits.
+"""
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+
+LUT_OFFSET = 16  # float32 entries before the table: the codebook, padded to 16 (lut_codes reads it at 16)
+BINS = (16, 32, 64, 128, 256)
+SLACK = 1e-3  # of a bin: how far outside its bin the kernel's FMA may place x / |s| (it errs by ~1e-6 of a bin)
+
+
+def bracket_table(levels: tuple[float, ...]) -> tuple[int, ...] | None:
+    """c_g for the K bins of ascending float32 `levels` (N >= 2), K the smallest in BINS that works; None when none
+    does (levels too uneven) or the levels are not strictly ascending."""
+    n = len(levels)
+    if n < 2 or any(b <= a for a, b in zip(levels, levels[1:])):
+        return None
+    mids = [(a + b) / 2 for a, b in zip(levels, levels[1:])]  # float64 from float32 levels
+    lo, hi = levels[0], levels[-1]
+    for k in BINS:
+        w = (hi - lo) / k
+        d = SLACK * w
+        table = []
+        for g in range(k):
+            a, b = lo + g * w - d, lo + (g + 1) * w + d
+            if sum(a <= m <= b for m in mids) > 1:
+                break
+            table.append(min(sum(m < a for m in mids), n - 2))
+        else:
+            if table[0] == 0 and table[-1] == n - 2:
+                return tuple(table)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def bins_for(levels: tuple[float, ...]) -> int:
+    """K for `levels` (0: no table; the store bisects)."""
+    t = bracket_table(levels)
+    return 0 if t is None else len(t)
+
+
+@triton.jit
+def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr):
+    """Index of the nearest s * cb[j] over the first N entries of an ascending codebook whose bracket table (K bins)
+    follows its 16 entries: equal to `_sorted_codes` (and so to the full search where `_sorted_odd` is 0). A
+    negative s flips x and s as there. x [..], s [.., 1]."""
+    neg = s < 0
+    sa = tl.abs(s)
+    xs = tl.where(neg, -x, x)
+    c0 = tl.load(cb_ptr)
+    kr = K / (tl.load(cb_ptr + N - 1) - c0)
+    gf = tl.fma(xs, kr / sa, -(c0 * kr))  # the bin of x / |s|, fractional
+    gf = tl.where(gf == gf, gf, 0.0)  # NaN x (or 0 / 0): bin 0, whose two errors are NaN: code 0
+    g = tl.minimum(tl.maximum(gf, 0.0), K - 1.0).to(tl.int32)
+    c = tl.load((cb_ptr + 16).to(tl.pointer_type(tl.int32)) + g)
+    lo = sa * tl.load(cb_ptr + c)
+    hi = sa * tl.load(cb_ptr + c + 1)
+    return c + (tl.abs(hi - xs) < tl.abs(lo - xs)).to(tl.int32)

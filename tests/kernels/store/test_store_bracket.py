@@ -1,0 +1,88 @@
+"""The store's bin-table bracket for fixed ascending codebooks (`kvlab.kernels.store.bracket`): the table's
+invariants, and the kernel's codes equal to the oracle's on the values where a bracket can go wrong (every level and
+midpoint, a few ulps either side, every bin edge, past both ends), with the rare fallback off on the interpreter so the
+table path alone decides."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from store_cases import DEV, assert_same_pages, run_store, spec_of
+
+from kvlab.cache.layout import PageLayout
+from kvlab.cache.paging import calibrate
+from kvlab.kernels.store.bracket import BINS, SLACK, bracket_table
+
+FIXED = ["nf4", "iq4nl", "lm2:g64", "lm3:g64", "lm4:g32", "mxfp4", "nvfp4", "iq4nl:g32:rule=signed"]
+
+
+def test_table_invariants():
+    """Each bin holds c with every midpoint left of the bin (less a slack) counted, at most one midpoint inside; the
+    first bin 0, the last N - 2; the smallest K that works; None for levels not strictly ascending."""
+    levels = (-1.0, -0.5, 0.0, 0.25, 1.0)
+    t = bracket_table(levels)
+    mids = [(a + b) / 2 for a, b in zip(levels, levels[1:])]
+    k = len(t)
+    assert k in BINS and t[0] == 0 and t[-1] == len(levels) - 2
+    w = 2.0 / k
+    for g, c in enumerate(t):
+        a, b = -1.0 + g * w - SLACK * w, -1.0 + (g + 1) * w + SLACK * w
+        assert sum(a <= m <= b for m in mids) <= 1
+        assert c == min(sum(m < a for m in mids), len(levels) - 2)
+    assert k == 16
+    # midpoints at 0.005 and 0.015 over a range of 2 share every bin wider than 1/128: K = 256
+    assert len(bracket_table((-1.0, 0.0, 0.01, 0.02, 1.0))) == 256
+    assert bracket_table((0.0, 1e-6, 2e-6, 1.0)) is None  # bins of 1e-6 would be needed: no table, bisection
+    assert bracket_table((0.0, 1.0, 1.0, 2.0)) is None
+    assert bracket_table((1.0, 0.0)) is None
+
+
+def _hard_values(fmt: str) -> torch.Tensor:
+    """Levels, midpoints and bin edges of `fmt` (in units of the largest level), each also 1..3 ulps either side."""
+    import kvlab.kernels.store.triton as st
+    lv = torch.tensor(st._levels(fmt), dtype=torch.float64)
+    k = st.lut_bins(fmt)
+    edges = lv[0] + (lv[-1] - lv[0]) * torch.arange(k + 1, dtype=torch.float64) / k
+    pts = torch.cat([lv, (lv[1:] + lv[:-1]) / 2, edges]).float()
+    pts = pts / pts.abs().max()
+    out, up, dn = [pts], pts, pts
+    for _ in range(3):
+        up, dn = torch.nextafter(up, up + 1), torch.nextafter(dn, dn - 1)
+        out += [up, dn]
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("lut", [True, False], ids=["table", "bisection"])
+@pytest.mark.parametrize("name", FIXED)
+def test_bracket_codes_exact(name, lut, monkeypatch, request):
+    """Codes, scales (and tensor scales) equal to the oracle's with the table (LUT > 0) and with the bisection; the
+    values sit on levels, midpoints and bin edges and a few ulps off them, scaled by exact and by odd scales, both
+    signs, a group past both ends; on the interpreter with the rare fallback off (the fast path alone)."""
+    import kvlab.kernels.store.triton as st
+    monkeypatch.setattr(st, "BRACKET_LUT", lut)
+    st.kernel_params.cache_clear()  # (params are cached per spec; cleared again after the test)
+    request.addfinalizer(st.kernel_params.cache_clear)
+    spec = spec_of(name)
+    fmt = spec.fmt
+    assert (st.kernel_params(spec, 64)["LUT"] > 0) == lut
+    vals = _hard_values(fmt)
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)
+    D, T = 64, 32
+    x = vals[torch.randint(0, len(vals), (T, 1, D), generator=g)]
+    x[:, 0, 0] = 1.0  # the largest level: absmax groups keep an exact power-of-two scale
+    x[: T // 2] *= 2.0 ** torch.randint(-3, 4, (T // 2, 1, 1), generator=g).float()
+    x[T // 2:] *= torch.exp(torch.randn(T // 2, 1, 1, generator=g))  # odd scales
+    x[1::2] = -x[1::2]
+    x[3, 0, 5] = 20.0  # an outlier past the end levels (within the bracket's 32 times)
+    x[3, 0, 6] = -20.0
+    lay = PageLayout(spec, D, 16, 1)
+    if DEV == "cpu":  # the interpreter reads the global at run time
+        monkeypatch.setattr(st, "RARE_PATHS", False)
+    slots = torch.arange(T, device=DEV)
+    s, ts = calibrate(x, spec)
+    kw = {k: v for k, v in (("scale", s), ("tensor_scale", ts)) if v is not None}
+    ref, _ = run_store(x.to(DEV), slots, lay, 2, spec, "reference", **kw)
+    tri, used = run_store(x.to(DEV), slots, lay, 2, spec, "triton", **kw)
+    assert used == "triton"
+    assert_same_pages(ref, tri, f"{name} lut={lut}")
