@@ -72,7 +72,7 @@ TWO_PASS = False
 # writes of fewer tokens keep the fallback inline: a decode step's store (B tokens a layer) is launch-bound, where a
 # second launch per layer and tensor would cost more than the slower kernel
 TWO_PASS_MIN_TOKENS = 512
-# fixed ascending codebooks (nf4, iq4nl, lm2..lm4, e2m1 magnitudes) find the two levels around x in a bin table
+# fixed ascending codebooks (nf4, iq4nl, lm4, e2m1 magnitudes: `lut_bins`) find the two levels around x in a bin table
 # (`bracket.lut_codes`: one lookup) instead of the bisection (`_sorted_codes`: ~30 selects an element at 16 levels);
 # False: the bisection (for `benchmarks/store_variants.py`); calibrated tables always bisect
 BRACKET_LUT = True
@@ -881,8 +881,13 @@ def _levels(fmt: str) -> tuple[float, ...]:
 
 
 def lut_bins(fmt: str) -> int:
-    """The bin count of `fmt`'s bracket table (constexpr LUT; 0: the store bisects)."""
-    return bins_for(_levels(fmt)) if BRACKET_LUT and fmt in CODEBOOKS else 0
+    """The bin count of `fmt`'s bracket table (constexpr LUT; 0: the store bisects). Only where it measured faster:
+    16-level codebooks and e2m1's magnitudes; lm2 / lm3 (a bisection of 2 or 3 steps) stay slower through three
+    gathers (H200, 32K-token write, of copy, bisection -> table at 16x4: nf4 0.195 -> 0.276 (32x4 0.303), iq4nl
+    0.200 -> 0.262 (0.332), lm4 0.069 -> 0.085, mxfp4 0.305 -> 0.360 (32x4), nvfp4 0.288 -> 0.343, lm2 0.151 ->
+    0.119, lm3 0.121 -> 0.111: sweeps/results/h200/runs/s20-5f6978e/store_variants.txt)."""
+    lv = _levels(fmt)
+    return bins_for(lv) if BRACKET_LUT and (len(lv) == 16 or fmt == "fp4_e2m1") else 0
 
 
 def _codebook(fmt: str, device) -> torch.Tensor:
