@@ -60,7 +60,8 @@ class KVQuantSpec:
                  `kvlab.quant.fit_codebook`) replace the format's fixed code values: a Lloyd-Max format's (lm2..lm4,
                  RMS units) or a 2..4-bit int's integers (in the int's code units: 0..2^b-1 asymmetric, -2^(b-1)..
                  2^(b-1)-1 symmetric; the scale and zero point keep the int's rule, each value takes the nearest
-                 level, as KVQuant's non-uniform datatype over min-max normalised keys); the table travels beside the
+                 level, as KVQuant's non-uniform datatype over min-max normalised keys; `fit_codebook` keeps the
+                 int's end levels); the table travels beside the
                  pages (`pages["codebook"]`) and every reader and writer takes it
     smooth:      K only: calibrated per-channel smoothing (`kvlab.quant.smoothing`): keys are stored divided by
                  factors s [Hk, D] (`pages["smooth"]`) and queries multiplied by them, so scores are unchanged and
