@@ -370,7 +370,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV,
                                                           GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
         if KCHAN:
-            kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D)
+            kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
         else:
             kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
@@ -546,7 +546,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     cnt = counters(q.device, B * Hk) if fused else kern_out
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
-    tab = tables(k_spec.fmt if kcodec in TABLES else None, v_spec.fmt if vcodec in TABLES else None, q.device)
+    tab = tables(k_spec.fmt if kcodec in TABLES and k_spec.fmt != "int" else None,
+                 v_spec.fmt if vcodec in TABLES and v_spec.fmt != "int" else None, q.device)
     cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
                                                                          (vcodec, v_spec, kv.v_pages)))
            if c in TABLES and spec.calibrated]

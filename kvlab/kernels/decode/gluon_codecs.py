@@ -16,6 +16,8 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane per group), groups of 32, 64 or 128.
 - CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
 - CB3 (15): 3-bit codebooks (lm3) with fp16 scales, in int3's layout: an 8-entry fp16 table in 4 registers.
+- KT2 (17): calibrated 2-bit channel-axis keys (int2:g32:chan:asym:cal): KC2's layout and loads, each code looked up
+  in the layer's 4-entry level table (one PRMT a pair of channels), then times the scale plus the zero.
 Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
 codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
@@ -109,7 +111,14 @@ CODECS[CB3] = "3-bit codebooks (lm3) with fp16 or e4m3 scales"
 WORDS_K[CB3], WORDS_V[CB3] = 2, 1
 CB3_FORMATS = ("lm3",)
 PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
-TABLES = (CB, CB2, CB3)  # codecs that read a codebook table (`cb_table_words`)
+# calibrated 2-bit channel-axis keys (`int2:...:chan:asym:cal`): KC2's units, the code's level from the pages' table
+# (`cb_table_words` words 0 and 4), then c s + m as KC2; the 3- and 4-bit calibrated ints run the Triton tiles
+KT2 = 17
+C_KT2 = ttgl.constexpr(KT2)
+CHAN = CHAN + (KT2,)
+CODECS[KT2] = "calibrated int2 asym channel-axis keys (a 4-entry level table)"
+WORDS_K[KT2] = 1
+TABLES = (CB, CB2, CB3, KT2)  # codecs that read a codebook table (`cb_table_words`)
 _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2), **dict.fromkeys(CB3_FORMATS, CB3)}
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
@@ -151,11 +160,14 @@ def v_half(codec: int, D: int) -> bool:
 def codec_of(spec, role: str = "k") -> int | None:
     """The codec that decodes `spec`'s pages as keys (role "k") or values ("v"), or None."""
     if spec.pre_rope or (spec.tensor_scale and spec.fmt != "fp4_e2m1") or spec.twos or \
-            spec.rotation not in ("none", "had") or spec.outliers or (spec.fmt == "int" and spec.calibrated):
+            spec.rotation not in ("none", "had") or spec.outliers:
         return None  # (two's-complement sub-byte codes: FreeToken; the codecs read offset binary; outlier slots:
-        # the Triton tiles write them over the dequantized rows; calibrated ints: the Triton tiles' level table)
-    if spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
-            spec.group in GROUPS and spec.scale_dtype == "f16" and spec.bits in (2, 3, 4):
+        # the Triton tiles write them over the dequantized rows)
+    kivi = spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
+        spec.group in GROUPS and spec.scale_dtype == "f16"
+    if spec.fmt == "int" and spec.calibrated:  # level tables: 2-bit channel-axis keys only (else the Triton tiles)
+        return KT2 if kivi and spec.bits == 2 else None
+    if kivi and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, spec.sym):
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
@@ -371,6 +383,23 @@ def asm_kc3() -> str:
     return "\n".join(lines) + " }"
 
 
+def asm_kt2() -> str:
+    """Calibrated 2-bit channel-axis keys: the units of channels c0 and c1 (words A and B, byte 0 = the 2-bit codes of
+    tokens 0-3) -> registers (c0, c1) per token 0-3, level t[code] s + m. One PRMT gathers both units' bytes, and per
+    token the two codes become a selector (c_A, c_A + 4, c_B, c_B + 4) that picks both levels' low and high bytes out
+    of the table's two words in one PRMT; then one HFMA2 with the scale and zero pairs: 6 instructions a pair. In:
+    $8 wA, $9 wB, $10 the scale pair, $11 the zero pair (packed f16x2), $12 / $13 the low and high bytes of levels
+    0-3 (`cb_table_words` words 0 and 4)."""
+    lines = ["{ .reg .b32 t, y, sl, x, r0, r1, r2, r3;", "prmt.b32 t, $8, $9, 0x0040;"]
+    for f in range(4):
+        lines += ([f"shr.b32 y, t, {2 * f};"] if f else ["mov.b32 y, t;"]) + [
+            "lop3.b32 sl, y, 0x0303, 0, 0xC0;", "shl.b32 x, sl, 4;", "lop3.b32 sl, sl, x, 0x4040, 0xFE;",
+            f"prmt.b32 r{f}, $12, $13, sl;", f"fma.rn.f16x2 r{f}, r{f}, $10, $11;"]
+    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
+    return "\n".join(lines) + " }"
+
+
+AKT2 = ttgl.constexpr(asm_kt2())
 AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
 AKC3 = ttgl.constexpr(asm_kc3())
@@ -748,10 +777,16 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
 
 @gluon.jit
 def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
-             D: ttgl.constexpr):
+             D: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16 (contraction in k_channel_order, tile positions through tile_tok) from
-    `kc_load`'s code units, scale and zero pairs."""
-    if CODEC == C_KC4:
+    `kc_load`'s code units, scale and zero pairs (`tab`: the level table's 8 words, for KT2)."""
+    if CODEC == C_KT2:
+        z = wa * 0  # the table words, splat in wa's layout
+        o = ttgl.inline_asm_elementwise(AKT2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r",
+                                        [wa, wb, s, m, z + tab[0], z + tab[4]], dtype=(ttgl.float16,) * 8,
+                                        is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+    elif CODEC == C_KC4:
         o = ttgl.inline_asm_elementwise(AKC40, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,
                                         is_pure=True, pack=1)
         p = ttgl.inline_asm_elementwise(AKC41, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,

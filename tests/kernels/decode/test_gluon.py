@@ -78,6 +78,13 @@ def test_codec_of():
         [gc.KC4, gc.KC2, gc.KC4, gc.KC3]
     for n in ("kivi4", "int4:g32:chan:asym"):  # channel-axis codecs serve keys only
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None
+    # calibrated ints: 2-bit channel-axis keys through the level table; the others run the Triton tiles
+    assert gc.codec_of(kvlab.scheme("int2:g32:chan:asym:cal").k) == gc.KT2
+    for n in ("int2:g32:chan:asym:cal", "int3:g32:chan:asym:cal", "int4:g32:chan:asym:cal", "int2:g32:asym:cal",
+              "int4:g32:cal"):
+        assert gc.codec_of(kvlab.scheme(n).k, "v") is None, n
+        if "int2:g32:chan" not in n:
+            assert gc.codec_of(kvlab.scheme(n).k) is None, n
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
                                                                                                    gc.F4N]
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
@@ -367,6 +374,31 @@ def test_ptx_channel_axis_keys(codec):
             np.testing.assert_array_equal(_f16(outs[2 * i + 1]), want(tok(WB, t), sr, mr))
 
 
+def test_ptx_calibrated_channel_axis_keys():
+    """Calibrated int2 channel-axis keys: token t's code = field t of byte 0 of each channel's unit, looked up in the
+    4-entry level table (fp16), times s plus m (one HFMA2), for channels c0 (word A) and c1 (word B); levels that
+    differ in both bytes and one past 2^-14 in size."""
+    from devtools.gluon_emu import run_ptx
+    levels = (0.0, 0.8173828125, 2.2421875, 3.0)
+    lv = np.array(levels, dtype=np.float32).astype(np.float16).astype(np.float32)
+    words = gc.cb_table_words(levels + (3.0,) * 12)
+    s = (S.astype(np.float32) * 8).astype(np.float16)
+    sr = s[::-1].copy()
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    sw, mw = _bits(s) | (_bits(sr) << 16), _bits(m) | (_bits(mr) << 16)
+    A, B = W & 0xFF, WB & 0xFF  # what kc_load hands the asm: a channel's byte of 4 tokens
+    code = lambda w, t: ((w >> (2 * t)) & 3).astype(np.int64)  # noqa: E731
+    # one HFMA2: the exact product and sum (float64 holds them), rounded once to fp16
+    want = lambda c, sc, z: (lv[c].astype(np.float64) * sc.astype(np.float64) + z.astype(np.float64)  # noqa: E731
+                             ).astype(np.float16).astype(np.float32)
+    outs = run_ptx(gc.asm_kt2(), "=h," * 8 + "r,r,r,r,r,r", [A, B, sw, mw, np.uint32(words[0]), np.uint32(words[4])])
+    for t in range(4):
+        np.testing.assert_array_equal(_f16(outs[2 * t]), want(code(A, t), s, m))
+        np.testing.assert_array_equal(_f16(outs[2 * t + 1]), want(code(B, t), sr, mr))
+    assert set(code(A, 0).tolist()) == set(range(4))
+
+
 def test_ptx_channel_axis_int3_keys():
     """int3 channel-axis keys: token t's code = 2-bit field t of byte 0 | bit 8 + t << 2 (the loader's plane nibble),
     times s (odd tokens: 4 c times s / 4) plus m, for channels c0 (word A) and c1 (word B)."""
@@ -621,6 +653,8 @@ EMU_CASES = [
     ("k=int3:g32:chan:asym,v=int3:g32:asym", [32, 96, 160, 320], 8, 2, 32, 3, 4, 32),  # int3 channel-axis keys
     ("k=int3:g64:chan:asym,v=lm2:rot=had", [64, 192], 16, 2, 64, 2, 4, 32, [0, 8]),
     ("k=int3:g32:chan:asym,v=lm3:rot=had", [0, 96, 224], 8, 8, 32, 1, 4, 32, [5, 40, 0]),  # GQA 1, fp tokens
+    ("k=int2:g32:chan:asym:cal,v=lm2:rot=had", [64, 160], 8, 2, 32, 2, 4, 32),  # calibrated int2 keys: level table
+    ("k=int2:g64:chan:asym:cal,v=q4_0", [0, 128, 320], 8, 4, 64, 3, 4, 32, [3, 0, 40]),  # fp tokens, GQA 2
 ]
 
 
