@@ -51,6 +51,8 @@ from .gluon_codecs import (
     HEAD_DIMS,
     KC3,
     KC4,
+    KT3,
+    KT4,
     PER_WORD,
     TABLES,
     cb_table_words,
@@ -470,7 +472,7 @@ def prefetches(kcodec: int, D: int) -> bool:
     --head-dim 256 --tw 32 --page 32 --no-fp --prefetch on|off`) 255 registers and 216 bytes of stack with it, 211
     and none without; on the H200 (B 32 x 8K, Hk 4, sweeps/results/h200/runs/s15-ca78947/) kivi4 0.327 -> 0.180 ms,
     Gemma's int4-channel-key winner pair 0.115 -> 0.088. kivi2 keeps it (0.249 ms with, 0.266 without)."""
-    return not (kcodec in (KC4, KC3) and D >= 256)
+    return not (kcodec in (KC4, KC3, KT4, KT3) and D >= 256)
 
 
 def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:

@@ -16,8 +16,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - I3 (12) / I3A (13): int3 (a 2-bit and a 1-bit plane per group), groups of 32, 64 or 128.
 - CB2 (14): 2-bit codebooks (lm2) with fp16 scales, in int2's layout: a 4-entry fp16 table in 2 registers.
 - CB3 (15): 3-bit codebooks (lm3) with fp16 scales, in int3's layout: an 8-entry fp16 table in 4 registers.
-- KT2 (17): calibrated 2-bit channel-axis keys (int2:g32:chan:asym:cal): KC2's layout and loads, each code looked up
-  in the layer's 4-entry level table (one PRMT a pair of channels), then times the scale plus the zero.
+- KT2 (17) / KT3 (18) / KT4 (19): calibrated int2 / int3 / int4 channel-axis keys (`int<b>:g32:chan:asym:cal`):
+  KC2's / KC3's / KC4's layout and loads, each code looked up in the layer's level table (4, 8 or 16 fp16 entries,
+  PRMTs as the codebooks'), then times the scale plus the zero.
 Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
 codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
@@ -111,14 +112,16 @@ CODECS[CB3] = "3-bit codebooks (lm3) with fp16 or e4m3 scales"
 WORDS_K[CB3], WORDS_V[CB3] = 2, 1
 CB3_FORMATS = ("lm3",)
 PLANE3 = (I3, I3A, CB3)  # codecs in int3's layout (a 2-bit plane and a 1-bit plane per group)
-# calibrated 2-bit channel-axis keys (`int2:...:chan:asym:cal`): KC2's units, the code's level from the pages' table
-# (`cb_table_words` words 0 and 4), then c s + m as KC2; the 3- and 4-bit calibrated ints run the Triton tiles
-KT2 = 17
-C_KT2 = ttgl.constexpr(KT2)
-CHAN = CHAN + (KT2,)
-CODECS[KT2] = "calibrated int2 asym channel-axis keys (a 4-entry level table)"
-WORDS_K[KT2] = 1
-TABLES = (CB, CB2, CB3, KT2)  # codecs that read a codebook table (`cb_table_words`)
+# calibrated channel-axis keys (`int<b>:...:chan:asym:cal`): KC2's / KC3's / KC4's units, each code's level from the
+# pages' table (`cb_table_words`), then level s + m as the KC codecs do with the code
+KT2, KT3, KT4 = 17, 18, 19
+C_KT2, C_KT3, C_KT4 = (ttgl.constexpr(c) for c in (KT2, KT3, KT4))
+CHAN = CHAN + (KT2, KT3, KT4)
+CODECS.update({KT2: "calibrated int2 asym channel-axis keys (a 4-entry level table)",
+               KT3: "calibrated int3 asym channel-axis keys (an 8-entry level table)",
+               KT4: "calibrated int4 asym channel-axis keys (a 16-entry level table)"})
+WORDS_K.update({KT2: 1, KT3: 1, KT4: 1})
+TABLES = (CB, CB2, CB3, KT2, KT3, KT4)  # codecs that read a codebook table (`cb_table_words`)
 _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2), **dict.fromkeys(CB3_FORMATS, CB3)}
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
@@ -165,8 +168,8 @@ def codec_of(spec, role: str = "k") -> int | None:
         # the Triton tiles write them over the dequantized rows)
     kivi = spec.fmt == "int" and spec.axis == "chan" and role == "k" and not spec.sym and spec.pack == "seq" and \
         spec.group in GROUPS and spec.scale_dtype == "f16"
-    if spec.fmt == "int" and spec.calibrated:  # level tables: 2-bit channel-axis keys only (else the Triton tiles)
-        return KT2 if kivi and spec.bits == 2 else None
+    if spec.fmt == "int" and spec.calibrated:  # level tables: channel-axis keys only (else the Triton tiles)
+        return {2: KT2, 3: KT3, 4: KT4}[spec.bits] if kivi else None
     if kivi and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, spec.sym):
@@ -399,7 +402,35 @@ def asm_kt2() -> str:
     return "\n".join(lines) + " }"
 
 
-AKT2 = ttgl.constexpr(asm_kt2())
+def asm_kt3() -> str:
+    """Calibrated int3 channel-axis keys: the units of channels c0 and c1 (words A and B: byte 0 = the 2-bit fields of
+    tokens 0-3, bits 8-11 their plane bits, as `kc_load` hands KC3) -> registers (c0, c1) per token 0-3, level
+    t[field | plane bit << 2] s + m. Per token: the two 3-bit codes as selector nibbles 0 and 2, one PRMT for the
+    levels' low bytes and one for their high bytes (entries 0-7: table words 0, 1 and 4, 5), one to interleave them,
+    one HFMA2. In: $8 wA, $9 wB, $10 the scale pair, $11 the zero pair, $12 / $13 the low bytes of levels 0-3 / 4-7,
+    $14 / $15 their high bytes."""
+    lines = ["{ .reg .b32 g, y, x, c, sl, lo, hi, r0, r1, r2, r3;", "prmt.b32 g, $8, $9, 0x5410;"]
+    for f in range(4):
+        lines += ([f"shr.b32 y, g, {2 * f};"] if f else ["mov.b32 y, g;"]) + [
+            f"shr.b32 x, g, {6 + f};", "lop3.b32 y, y, 0x00030003, 0, 0xC0;",
+            "lop3.b32 c, x, 0x00040004, y, 0xEA;",  # (x & plane) | field: the code in bits 0-2 of each half
+            "shr.b32 x, c, 8;", "lop3.b32 sl, c, x, 0, 0xFC;",  # c_B from bits 16-18 to 8-10 (nibble 2)
+            "prmt.b32 lo, $12, $13, sl;", "prmt.b32 hi, $14, $15, sl;", f"prmt.b32 r{f}, lo, hi, 0x6240;",
+            f"fma.rn.f16x2 r{f}, r{f}, $10, $11;"]
+    lines += [f"mov.b32 {{${2 * f}, ${2 * f + 1}}}, r{f};" for f in range(4)]
+    return "\n".join(lines) + " }"
+
+
+def asm_kt4(k: int) -> str:
+    """Calibrated int4 channel-axis keys, byte k of the units of channels c0 and c1 (words A and B, low nibble first)
+    -> (tok 2k: c0, c1, tok 2k + 1: c0, c1) as KC4, level t[nibble] s + m: the codebooks' 16-entry lookup
+    (`_cb_lookup`) of the four nibbles, one HFMA2 per token. In: $4 wA, $5 wB, $6 the scale pair, $7 the zero pair,
+    $8..$15 the table words."""
+    return "\n".join([_CB_REGS, f"prmt.b32 g, $4, $5, 0x00{4 + k}{k};"] + _cb_lookup("g", "r0", "r1", 8) +
+                      ["fma.rn.f16x2 r0, r0, $6, $7;", "fma.rn.f16x2 r1, r1, $6, $7;", "mov.b32 {$0, $1}, r0;",
+                       "mov.b32 {$2, $3}, r1; }"])
+
+
 AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
 AKC3 = ttgl.constexpr(asm_kc3())
@@ -526,6 +557,10 @@ def _asm_v_cb(k: int) -> str:
 
 
 AVC0, AVC1, AVC2, AVC3 = (ttgl.constexpr(_asm_v_cb(k)) for k in range(4))
+# calibrated channel-axis keys (asm_kt2 / asm_kt3 / asm_kt4 above; the 16-entry lookup is defined here)
+AKT2 = ttgl.constexpr(asm_kt2())
+AKT3 = ttgl.constexpr(asm_kt3())
+AKT40, AKT41 = (ttgl.constexpr(asm_kt4(k)) for k in range(2))
 
 
 def _cb2_lookup(g: str, regs: list[str], lo: str, hi: str) -> list[str]:
@@ -750,7 +785,8 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     X: ttgl.constexpr = D // 8
     # code units per channel per token group (4 tokens per unit: 2 bytes or 1; int3: the 2-bit plane's G / 4 bytes,
     # then the 1-bit plane's G / 8)
-    RU: ttgl.constexpr = 3 * G // 8 if CODEC == C_KC3 else G // 4
+    PL3: ttgl.constexpr = CODEC == C_KC3 or CODEC == C_KT3  # int3: a 1-bit plane after the 2-bit one
+    RU: ttgl.constexpr = 3 * G // 8 if PL3 else G // 4
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KCL)
     x = ttgl.arange(0, X, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
@@ -764,7 +800,7 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     off = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
     wa = ttgl.load(KC + off).to(ttgl.int32)
     wb = ttgl.load(KC + off + RU).to(ttgl.int32)
-    if CODEC == C_KC3:  # the plane bits of the unit's 4 tokens (a nibble of the 1-bit plane) into bits 8-11
+    if PL3:  # the plane bits of the unit's 4 tokens (a nibble of the 1-bit plane) into bits 8-11
         u = ((tb % G) // 4)[:, None, None, None] + g[None, None, None, :]  # [NW, 1, 1, g] the unit in its group
         poff = off - u + G // 4 + u // 2  # a channel's unit u is byte u of its run, its plane nibble byte G / 4 + u / 2
         sh = 4 * (u % 2)
@@ -780,11 +816,24 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
              D: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16 (contraction in k_channel_order, tile positions through tile_tok) from
     `kc_load`'s code units, scale and zero pairs (`tab`: the level table's 8 words, for KT2)."""
-    if CODEC == C_KT2:
+    if CODEC == C_KT4:
         z = wa * 0  # the table words, splat in wa's layout
-        o = ttgl.inline_asm_elementwise(AKT2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r",
-                                        [wa, wb, s, m, z + tab[0], z + tab[4]], dtype=(ttgl.float16,) * 8,
-                                        is_pure=True, pack=1)
+        tw = [z + tab[0], z + tab[1], z + tab[2], z + tab[3], z + tab[4], z + tab[5], z + tab[6], z + tab[7]]
+        o = ttgl.inline_asm_elementwise(AKT40, "=h,=h,=h,=h" + ",r" * 12, [wa, wb, s, m] + tw,
+                                        dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+        p = ttgl.inline_asm_elementwise(AKT41, "=h,=h,=h,=h" + ",r" * 12, [wa, wb, s, m] + tw,
+                                        dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(p[0], p[1]), _j2(p[2], p[3])))
+    elif CODEC == C_KT2 or CODEC == C_KT3:
+        z = wa * 0
+        if CODEC == C_KT2:
+            o = ttgl.inline_asm_elementwise(AKT2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r",
+                                            [wa, wb, s, m, z + tab[0], z + tab[4]], dtype=(ttgl.float16,) * 8,
+                                            is_pure=True, pack=1)
+        else:
+            o = ttgl.inline_asm_elementwise(AKT3, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r",
+                                            [wa, wb, s, m, z + tab[0], z + tab[1], z + tab[4], z + tab[5]],
+                                            dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
     elif CODEC == C_KC4:
         o = ttgl.inline_asm_elementwise(AKC40, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,

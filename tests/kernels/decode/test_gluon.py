@@ -78,13 +78,13 @@ def test_codec_of():
         [gc.KC4, gc.KC2, gc.KC4, gc.KC3]
     for n in ("kivi4", "int4:g32:chan:asym"):  # channel-axis codecs serve keys only
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None
-    # calibrated ints: 2-bit channel-axis keys through the level table; the others run the Triton tiles
-    assert gc.codec_of(kvlab.scheme("int2:g32:chan:asym:cal").k) == gc.KT2
-    for n in ("int2:g32:chan:asym:cal", "int3:g32:chan:asym:cal", "int4:g32:chan:asym:cal", "int2:g32:asym:cal",
-              "int4:g32:cal"):
+    # calibrated ints: channel-axis keys through the level table; the others run the Triton tiles
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int2:g32:chan:asym:cal", "int3:g64:chan:asym:cal",
+                                                     "int4:g32:chan:asym:cal")] == [gc.KT2, gc.KT3, gc.KT4]
+    for n in ("int2:g32:chan:asym:cal", "int3:g32:chan:asym:cal", "int4:g32:chan:asym:cal"):
         assert gc.codec_of(kvlab.scheme(n).k, "v") is None, n
-        if "int2:g32:chan" not in n:
-            assert gc.codec_of(kvlab.scheme(n).k) is None, n
+    for n in ("int2:g32:asym:cal", "int4:g32:cal", "int3:g32:chan:sym:cal"):
+        assert gc.codec_of(kvlab.scheme(n).k) is None, n
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("mxfp4", "nvfp4", "fp4_e2m1:g32:s=e4m3")] == [gc.F4M, gc.F4N,
                                                                                                    gc.F4N]
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("nf4", "iq4nl", "lm4:rot=had", "nf4:g32:pack=ggml")] == [gc.CB] * 4
@@ -399,6 +399,45 @@ def test_ptx_calibrated_channel_axis_keys():
     assert set(code(A, 0).tolist()) == set(range(4))
 
 
+@pytest.mark.parametrize("bits", [3, 4])
+def test_ptx_calibrated_channel_axis_keys_3_4(bits):
+    """Calibrated int3 / int4 channel-axis keys: each token's code (int3: field | plane bit << 2 from the loader's
+    unit; int4: nibble t of the unit's two bytes) looked up in the 8- / 16-entry level table, times s plus m, for
+    channels c0 (word A) and c1 (word B), in KC3's / KC4's register order."""
+    from devtools.gluon_emu import run_ptx
+    n = 2 ** bits
+    levels = tuple(float(v) for v in np.sort(RNG.uniform(0, n - 1, n)).astype(np.float16))
+    lv = np.array(levels, dtype=np.float32)
+    words = [np.uint32(w) for w in gc.cb_table_words(levels + (levels[-1],) * (16 - n))]
+    s = (S.astype(np.float32) * 8).astype(np.float16)
+    sr = s[::-1].copy()
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    sw, mw = _bits(s) | (_bits(sr) << 16), _bits(m) | (_bits(mr) << 16)
+    want = lambda c, sc, z: (lv[c].astype(np.float64) * sc.astype(np.float64) + z.astype(np.float64)  # noqa: E731
+                             ).astype(np.float16).astype(np.float32)
+    seen = set()
+    if bits == 3:
+        A, B = ((w & 0xFF) | (((w >> 16) & 0xF) << 8) for w in (W, WB))  # what kc_load hands the asm
+        code = lambda w, t: (((w >> (2 * t)) & 3) | (((w >> (8 + t)) & 1) << 2)).astype(np.int64)  # noqa: E731
+        outs = run_ptx(gc.asm_kt3(), "=h," * 8 + "r," * 7 + "r", [A, B, sw, mw] + [words[i] for i in (0, 1, 4, 5)])
+        for t in range(4):
+            np.testing.assert_array_equal(_f16(outs[2 * t]), want(code(A, t), s, m))
+            np.testing.assert_array_equal(_f16(outs[2 * t + 1]), want(code(B, t), sr, mr))
+            seen |= set(code(A, t).tolist())
+    else:
+        A, B = W & 0xFFFF, WB & 0xFFFF  # a channel's two bytes of 4 tokens, low nibble first
+        code = lambda w, t: ((w >> (4 * t)) & 15).astype(np.int64)  # noqa: E731
+        for k in range(2):
+            outs = run_ptx(gc.asm_kt4(k), "=h," * 4 + "r," * 11 + "r", [A, B, sw, mw] + words)
+            for i in range(2):
+                t = 2 * k + i
+                np.testing.assert_array_equal(_f16(outs[2 * i]), want(code(A, t), s, m))
+                np.testing.assert_array_equal(_f16(outs[2 * i + 1]), want(code(B, t), sr, mr))
+                seen |= set(code(A, t).tolist())
+    assert seen == set(range(n))
+
+
 def test_ptx_channel_axis_int3_keys():
     """int3 channel-axis keys: token t's code = 2-bit field t of byte 0 | bit 8 + t << 2 (the loader's plane nibble),
     times s (odd tokens: 4 c times s / 4) plus m, for channels c0 (word A) and c1 (word B)."""
@@ -655,6 +694,8 @@ EMU_CASES = [
     ("k=int3:g32:chan:asym,v=lm3:rot=had", [0, 96, 224], 8, 8, 32, 1, 4, 32, [5, 40, 0]),  # GQA 1, fp tokens
     ("k=int2:g32:chan:asym:cal,v=lm2:rot=had", [64, 160], 8, 2, 32, 2, 4, 32),  # calibrated int2 keys: level table
     ("k=int2:g64:chan:asym:cal,v=q4_0", [0, 128, 320], 8, 4, 64, 3, 4, 32, [3, 0, 40]),  # fp tokens, GQA 2
+    ("k=int3:g32:chan:asym:cal,v=lm3:rot=had", [32, 96, 160], 8, 2, 32, 2, 4, 32),  # calibrated int3 / int4 keys
+    ("k=int4:g32:chan:asym:cal,v=lm4:rot=had", [64, 160], 16, 2, 32, 2, 4, 32, [7, 0]),
 ]
 
 
