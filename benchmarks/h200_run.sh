@@ -646,22 +646,22 @@ s20)  # session 20: issue 17, the store's bin table for fixed codebooks (nf4, iq
     --winners sweeps/results/quality/cal_ints/schemes_to_time.csv --budget 130 --bound 2>&1 | tail -14
   cp /tmp/winners/winners_decode.csv /tmp/winners/pairs.csv "$OUT/" 2>/dev/null
   ;;
-s20c)  # session 20 (issue 17): the bin-table bracket's GPU tests in full, the table's store variants without the rare
-  # check (its ceiling), and Nsight Compute on the nf4 store (table, with and without the rare check) beside q4_0's;
-  # WIN_CSV: a winners csv whose decode step is timed too (issue 18)
+s20c)  # session 20: calibrated int keys on Gluon (KT2 / KT3 / KT4; issue 18): their GPU tests, the decode step of the
+  # evaluated calibrated-int schemes and of the 33-candidate search's winners; issue 17: the bin-table bracket's GPU
+  # tests, store variants without the rare check (the ceiling), Nsight Compute on the nf4 and q4_0 stores
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/kernels/store/test_store_bracket.py \
-    tests/kernels/store/test_store_edge.py -k "bracket or sorted" 2>&1 | tee "$OUT/pytest_bracket.log" | tail -3
-  for r in 1 0; do
-    timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl mxfp4 nvfp4 q4_0} --configs 32x4 \
-      --two 0 --rare "$r" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 6 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    tests/kernels/store/test_store_bracket.py tests/kernels/store/test_store_edge.py \
+    -k "chan:asym:cal or bracket or sorted" 2>&1 | tee "$OUT/pytest.log" | tail -3
+  timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl mxfp4 nvfp4 q4_0} --configs 32x4 \
+    --two 0 --rare 0 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  ncu_store nf4 1; ncu_store q4_0 1
+  for w in ${WIN_CSVS:-sweeps/results/quality/search-smollm2-s4w32-cal/winners_to_time.csv sweeps/results/quality/cal_ints/schemes_to_time.csv}; do
+    n=$(basename "$(dirname "$w")")
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-110}" python3 benchmarks/winners_decode.py --out "/tmp/w_$n" \
+      --winners "$w" --budget 90 --bound 2>&1 | tail -12
+    cp "/tmp/w_$n/winners_decode.csv" "$OUT/winners_decode_$n.csv"
   done
-  ncu_store nf4 1; ncu_store nf4 0; ncu_store q4_0 1
-  if [ -n "${WIN_CSV:-}" ]; then
-    KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-150}" python3 benchmarks/winners_decode.py --out /tmp/winners \
-      --winners "$WIN_CSV" --budget 130 --bound 2>&1 | tail -8
-    cp /tmp/winners/winners_decode.csv "$OUT/"
-  fi
   ;;
 *) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac

@@ -875,12 +875,14 @@ EMU_D_CASES = [
     ("k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had", [40, 130], 9, 3, 16, 2, 4, 16, 64, [0, 20]),  # a winner's pair
     ("lm2:g32:s=e4m3:rot=had", [33, 90], 8, 4, 16, 2, 4, 16, 256, None),  # an e4m3 key scale per code word
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # searched K | V pairs
+    ("k=int3:g32:chan:asym:cal,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, None),  # calibrated int keys
     ("k=int3:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, [0, 20]),
     ("k=int3:g32:chan:asym,v=int3:g32:asym", [96, 128], 4, 1, 32, 2, 4, 32, 256, None),
     ("k=lm4:rot=had,v=lm3:rot=had", [17, 100], 9, 3, 16, 2, 4, 16, 64, None),
     ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
+    ("k=int4:g32:chan:asym:cal,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),
     ("k=lm3:g128:cal,v=int3:g64:sym", [17, 100], 8, 4, 16, 3, 4, 16, 256, None),
     ("nvfp4", [40, 130], 8, 4, 16, 2, 4, 16, 256, None),   # fp4 groups of 16 at D 256: a value scale per code word
     ("k=q8_0,v=fp4_e2m1:g16:pack=ggml", [33, 90], 4, 1, 16, 1, 4, 32, 256, [0, 5]),   # e8m0, GGML nibbles
@@ -960,6 +962,9 @@ CASES = [
     ("k=int4:g32:chan:asym:rot=had,v=int4:g32:asym:rot=had", [96, 4000], 32, 8, 32, 2, 4, 32),
     ("kivi4", [1024, 96], 32, 8, 32, 2, 4, 32, [40, 130]),               # KIVI's residual in full precision
     ("kivi2", [4096, 0], 32, 8, 32, 3, 4, 32, [150, 7]),
+    ("k=int2:g32:chan:asym:cal,v=lm2:rot=had", [32, 96, 1024, 4096], 32, 8, 32, 3, 4, 32),  # calibrated int keys
+    ("k=int3:g32:chan:asym:cal,v=lm3:rot=had", [96, 4000], 32, 8, 32, 2, 4, 32),
+    ("k=int4:g32:chan:asym:cal,v=lm3:rot=had", [1024, 96], 32, 8, 32, 2, 4, 32, [40, 130]),
 ]
 GPU_FP_CASES = [("q4_0", [17, 3000, 0], [5, 132, 40], 3, 16), ("int4_had", [40, 1300], [70, 3], 2, 32),
                 ("q8_0", [640, 90], [1, 33], 1, 16)]
