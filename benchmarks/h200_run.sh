@@ -652,10 +652,10 @@ s20c)  # session 20: calibrated int keys on Gluon (KT2 / KT3 / KT4; issue 18): t
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 6 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
     tests/kernels/store/test_store_bracket.py tests/kernels/store/test_store_edge.py \
-    -k "chan:asym:cal or bracket or sorted" 2>&1 | tee "$OUT/pytest.log" | tail -3
+    -k "${PYTEST_K:-chan:asym:cal or bracket or sorted}" 2>&1 | tee "$OUT/pytest.log" | tail -3
   timeout "${SV_S:-60}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl mxfp4 nvfp4 q4_0} --configs 32x4 \
     --two 0 --rare 0 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
-  ncu_store nf4 1; ncu_store q4_0 1
+  [ "${NCU:-1}" = 1 ] && { ncu_store nf4 1; ncu_store q4_0 1; }
   for w in ${WIN_CSVS:-sweeps/results/quality/search-smollm2-s4w32-cal/winners_to_time.csv sweeps/results/quality/cal_ints/schemes_to_time.csv}; do
     n=$(basename "$(dirname "$w")")
     KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${WIN_S:-110}" python3 benchmarks/winners_decode.py --out "/tmp/w_$n" \

@@ -126,12 +126,20 @@ def tables(k_fmt: str | None, v_fmt: str | None, device) -> torch.Tensor:
                         device=device)
 
 
-def table_words_of(table: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=8)
+def _byte_shifts(device) -> torch.Tensor:
+    """int64 [4] (0, 8, 16, 24) on `device`, made once outside any CUDA graph capture (a host-to-device copy is
+    refused while one is captured)."""
+    return torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=device)
+
+
+def table_words_of(table: torch.Tensor, sh: torch.Tensor | None = None) -> torch.Tensor:
     """int32 [8]: `cb_table_words` of a float32 [16] table on its device (a calibrated codebook's pages["codebook"]),
-    with tensor ops only: no host sync, so a CUDA graph replays it and reads the table as it is then."""
+    with tensor ops only: no host sync, so a CUDA graph replays it and reads the table as it is then. sh:
+    `_byte_shifts(table.device)`, passed in by a caller that may run under graph capture."""
     h = table.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
     lo, hi = (h & 0xFF).view(4, 4), (h >> 8).view(4, 4)
-    sh = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=table.device)
+    sh = _byte_shifts(table.device) if sh is None else sh
     w = torch.cat([(lo << sh).sum(1), (hi << sh).sum(1)])
     return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
 
@@ -555,6 +563,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
            if c in TABLES and spec.calibrated]
     if cal:
         tab = tab.clone()
+        shifts = _byte_shifts(q.device)  # (here: `launch` may run under CUDA graph capture)
 
     pf = prefetches(kcodec, D) if config.prefetch is None else config.prefetch
     gpn = 8 if group <= 8 else 16  # heads per accumulator (O^T); with 8, the softmax keeps 8 score rows (`_scores`)
@@ -564,7 +573,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
 
     def launch():
         for i, table in cal:  # a calibrated codebook: its words from the pages' table at each call (and replay)
-            tab[8 * i:8 * i + 8] = table_words_of(table)
+            tab[8 * i:8 * i + 8] = table_words_of(table, shifts)
         qr = q
         if rot_k:  # scores are invariant: (q H) (k H)^T = q k^T, and the pages hold k H
             # 16-bit q: one tensor-core matmul by the +-1 matrix (exact products, fp32 sums, the 1 / sqrt(block) in

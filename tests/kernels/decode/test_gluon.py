@@ -1046,6 +1046,30 @@ def test_gluon_plan_relaunches_on_updated_q():
 
 
 @GPU
+@pytest.mark.parametrize("name", ["k=int2:g32:chan:asym:cal,v=lm2:rot=had:cal", "k=lm3:g64:cal,v=q4_0"])
+def test_gluon_calibrated_tables_in_a_cuda_graph(name):
+    """A calibrated table's words are made from the pages at every launch, with no host-to-device copy, so a plan
+    captures in a CUDA graph; the replay reads the table as it is then (a changed table changes the output)."""
+    sch = kvlab.scheme(name)
+    cache = make_paged([300, 40], 8, 128, 32, sch.k, sch.v, seed=1, device="cuda")
+    args, kw = call_args(cache)
+    q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    run = decode(q, *args, sch.k, sch.v, 32, **kw, config={"kernel": "gluon"}, plan=True)
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run()
+    g.replay()
+    ref = decode(q.float(), *args, sch.k, sch.v, 32, **kw, backend="reference")
+    assert (out.float() - ref).abs().max().item() / ref.abs().max().item() < TOL
+    first = out.clone()
+    cache["k_pages"]["codebook"].mul_(1.5)  # the next replay reads the new levels
+    g.replay()
+    assert not torch.equal(first, out)
+
+
+@GPU
 @pytest.mark.parametrize("name,maxnreg,tw,ot", [("q4_0", 168, 16, True), ("q4_0", 128, 32, True),
                                                  ("q8_0", 168, 32, True), ("int4_had", 128, 16, True),
                                                  ("q4_0", None, 16, False), ("q8_0", 168, 32, False),
