@@ -1054,7 +1054,7 @@ def test_gluon_calibrated_tables_in_a_cuda_graph(name):
     cache = make_paged([300, 40], 8, 128, 32, sch.k, sch.v, seed=1, device="cuda")
     args, kw = call_args(cache)
     q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
-    run = decode(q, *args, sch.k, sch.v, 32, **kw, config={"kernel": "gluon"}, plan=True)
+    run = decode(q, *args, sch.k, sch.v, 32, **kw, config={"kernel": "gluon", "tokens_per_warp": 32}, plan=True)
     run()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
