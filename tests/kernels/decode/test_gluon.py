@@ -1051,7 +1051,7 @@ def test_gluon_calibrated_tables_in_a_cuda_graph(name):
     """A calibrated table's words are made from the pages at every launch, with no host-to-device copy, so a plan
     captures in a CUDA graph; the replay reads the table as it is then (a changed table changes the output)."""
     sch = kvlab.scheme(name)
-    cache = make_paged([300, 40], 8, 128, 32, sch.k, sch.v, seed=1, device="cuda")
+    cache = make_paged([320, 64], 8, 128, 32, sch.k, sch.v, seed=1, device="cuda")
     args, kw = call_args(cache)
     q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
     run = decode(q, *args, sch.k, sch.v, 32, **kw, config={"kernel": "gluon", "tokens_per_warp": 32}, plan=True)
