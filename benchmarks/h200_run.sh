@@ -663,5 +663,16 @@ s20c)  # session 20: calibrated int keys on Gluon (KT2 / KT3 / KT4; issue 18): t
     cp "/tmp/w_$n/winners_decode.csv" "$OUT/winners_decode_$n.csv"
   done
   ;;
+s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where the scale bounds x (BOUND) against
+  # per element too (--bound 1 / 0), then the store table rows of the families it changes
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  for b in 1 0; do
+    timeout "${SV_S:-70}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-nf4 iq4nl mxfp4 lm2 lm4 lm3} \
+      --configs "${SV_CONFIGS:-32x4,16x4}" --two 0 --bound "$b" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-120}" python3 benchmarks/run.py --out /tmp/store --cases store \
+    --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
+  cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
+  ;;
 *) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac

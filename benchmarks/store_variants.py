@@ -2,7 +2,7 @@
 
     python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--packed 0|1]
 
---lut 0: fixed codebooks by the bisection instead of the bin table. --two 0: the exact fallback inline (one launch) instead of the two-pass store. --rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
+--bound 0: the sorted brackets' rare check per element too. --lut 0: fixed codebooks by the bisection instead of the bin table. --two 0: the exact fallback inline (one launch) instead of the two-pass store. --rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
 bandwidth measured in the same process.
 """
@@ -28,6 +28,8 @@ def main() -> None:
                     "(`store.triton.RARE_PATHS`; codes may then differ from the oracle's: timing only)")
     ap.add_argument("--lut", type=int, default=1, help="0: fixed codebooks bisect instead of their bin table "
                     "(`store.triton.BRACKET_LUT`)")
+    ap.add_argument("--bound", type=int, default=1, help="0: the sorted brackets' rare check per element as well, where "
+                    "the group's scale bounds x (`store.triton.BOUND_CHECK`)")
     ap.add_argument("--two", type=int, default=1, help="0: the rare exact fallback inline instead of a second launch "
                     "(`store.triton.TWO_PASS`)")
     a = ap.parse_args()
@@ -41,6 +43,7 @@ def main() -> None:
     st.PACKED_LOADS = bool(a.packed)
     st.TWO_PASS = bool(a.two)
     st.BRACKET_LUT = bool(a.lut)
+    st.BOUND_CHECK = bool(a.bound)
     if not a.rare:
         import triton.language as tl
         st.RARE_PATHS = tl.constexpr(False)
@@ -56,7 +59,7 @@ def main() -> None:
             cfg = StoreConfig(block_r=br, num_warps=nw)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
-            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

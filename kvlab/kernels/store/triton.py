@@ -76,8 +76,11 @@ TWO_PASS_MIN_TOKENS = 512
 # (`bracket.lut_codes`: one lookup) instead of the bisection (`_sorted_codes`: ~30 selects an element at 16 levels);
 # False: the bisection (for `benchmarks/store_variants.py`); calibrated tables always bisect
 BRACKET_LUT = True
+# group-row stores of sorted brackets check only the per-group rare terms where the group's scale bounds |x| / s
+# (`kernel_params` BOUND); False: the per-element check as well (for `benchmarks/store_variants.py`)
+BOUND_CHECK = True
 AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
-                "LUT", "ROT", "PK", "TWO"]
+                "LUT", "BOUND", "ROT", "PK", "TWO"]
 
 
 @triton.jit
@@ -267,9 +270,17 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
 
 @triton.jit
 def _odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RECIP: tl.constexpr,
-         OFF: tl.constexpr, CBS: tl.constexpr):
+         OFF: tl.constexpr, CBS: tl.constexpr, BOUND: tl.constexpr = False):
     """int32 1 where `_codes`' fast path (MODE 1) may differ from its exact one (MODE 2), 0 elsewhere; all 0 for the
-    formats without a fast path (GGML's reciprocal ints, fp8, the full codebook search)."""
+    formats without a fast path (GGML's reciprocal ints, fp8, the full codebook search). BOUND: the group's own scale
+    bounds every |x| / s far inside the bracket's 32 times its largest level (`kernel_params`), so only the per-group
+    terms are checked (x is not read; the result is per group, [.., 1])."""
+    if BOUND:
+        x = s_val * 0.0
+        if FMT == 0:
+            m_val = x
+        else:
+            x = s_eff * 0.0
     if FMT == 0 and CBS >= 2:  # a calibrated int: the sorted-level bracket, on x - zero
         odd = _sorted_odd(x if SYM else x - m_val, s_val, cb_ptr, CBS)
     elif FMT == 0 and not RECIP:  # per group: Markstein's quotient is exact unless the reciprocal is out of range
@@ -503,7 +514,8 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr):
+                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr,
+                BOUND: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -654,10 +666,10 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                XORC, HW, CBS, 1 if HAS_ODD else 0, K, W, WH, LUT)
     if HAS_ODD and TWO != 2:
-        odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
-        if K >= 2:
+        odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS, BOUND)
+        if K >= 2 and not BOUND:
             odd = odd | _odd(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
-        if K == 4:
+        if K == 4 and not BOUND:
             odd = odd | _odd(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
             odd = odd | _odd(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS)
         odd = tl.where(live[:, None], odd, 0)  # rows past T or skipped (their zero scales would count as odd)
@@ -694,7 +706,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, PK: tl.constexpr,
-                  TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr = 0):
+                  TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr = 0, BOUND: tl.constexpr = False):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
@@ -703,7 +715,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         if TWO != 2 or tl.load(flag_ptr + prog) != 0:  # the fixup pass: flagged programs only
             _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog,
                         T, st, sh, sd, pid, h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT,
-                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R, LUT)
+                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R, LUT, BOUND)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -773,7 +785,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False, CBS=0, LUT=0, ROT=0, RC=1.0)
+                    FLAT=False, CBS=0, LUT=0, BOUND=False, ROT=0, RC=1.0)
     if spec.rotation != "none" and not fuses_rotation(spec, D):
         raise ValueError(f"the store kernel does not rotate {spec} at head_dim {D}; pass x rotated "
                          "(kvlab.cache.paging.prerotate) with the spec's rotation none")
@@ -800,6 +812,15 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
              CBS=2 ** b if fmt == "int" and spec.calibrated else _search_mode(fmt, spec.rule), ROT=0, RC=1.0)
     p["LUT"] = lut_bins(fmt) if p["FMT"] == 3 and p["CBS"] >= 1 and not spec.calibrated else 0
+    # the sorted brackets' rare check per group only: with a scale from the group's own statistics, |x| / |s| is at
+    # most the largest level (absmax, signed: up to the scale's rounding to f16 / bf16), 2^(emax + 1) for e8m0
+    # (e2m1: 8 < 12), sqrt(G) for rms (|x_i|^2 <= sum x^2 = G rms^2: 11.3 at G 128, against 32 x lm2's 1.51), the
+    # int's range for a calibrated int (|x - zero| <= 2^b - 1 steps, its end levels kept); an f16 scale that
+    # overflows is inf, a flushed e8m0 one below 2^-100: both the per-group check's. Not for a static or unit scale
+    # (x may lie anywhere), nor e4m3 scales or a tensor scale (e4m3 saturates at 448 below a group's range)
+    p["BOUND"] = bool(BOUND_CHECK and p["CBS"] >= 1 and p["FMT"] in (0, 3) and not spec.static_scale
+                      and spec.rule != "unit" and (p["FMT"] == 3 or spec.calibrated) and not spec.tensor_scale
+                      and spec.scale_dtype in ("f16", "bf16", "f32", "e8m0"))
     if spec.rotation == "had":  # the oracle's transform over the whole row, in registers
         p.update(ROT=D.bit_length() - 1, RC=norm_constant(D))
     for k, (w, sh, st) in enumerate(planes[:3]):

@@ -87,3 +87,15 @@ def test_bracket_codes_exact(name, lut, monkeypatch, request):
     tri, used = run_store(x.to(DEV), slots, lay, 2, spec, "triton", **kw)
     assert used == "triton"
     assert_same_pages(ref, tri, f"{name} lut={lut}")
+
+
+def test_group_level_rare_check_only_where_the_scale_bounds_x():
+    """BOUND (the sorted brackets' rare check per group, not per element) only where the group's own scale bounds
+    |x| / s: absmax / signed / rms / e8m0 scales of codebooks and calibrated ints; never for static (axis tensor) or
+    unit scales, e4m3 group scales or a tensor scale (e4m3 saturates), nor for the formats without a bracket."""
+    from kvlab.kernels.store.triton import kernel_params
+    bound = {n: kernel_params(spec_of(n), 64)["BOUND"] for n in (
+        "nf4", "iq4nl:g32:rule=signed", "mxfp4", "lm2:g64", "lm4:g64:rot=had", "int2:g32:chan:asym:cal",
+        "nvfp4", "nf4:s=e4m3", "lm2:g64:s=e4m3", "nf4:tensor", "q4_0", "int4:g32:asym", "fp8_e4m3")}
+    assert [n for n, b in bound.items() if b] == ["nf4", "iq4nl:g32:rule=signed", "mxfp4", "lm2:g64",
+                                                  "lm4:g64:rot=had", "int2:g32:chan:asym:cal"], bound
