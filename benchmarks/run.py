@@ -10,7 +10,7 @@ with --tuned), `dispatch=default` (no tuned file and no environment variable: a 
 shipped in kvlab/kernels/data and, for shapes they lack, the closest batch bucket or the dispatch heuristic)
 and `dispatch=heuristic` (the shipped configs turned off: the heuristic alone). Before a scheme is timed, its default-dispatch
 output is checked against the float32 reference on a small odd-shaped cache (`gate` columns); a scheme that
-fails is reported, not timed. Writes header.json (GPU, versions, commit, date, copy bandwidth), one CSV per
+fails is reported, not timed; a store is checked byte for byte against the CPU oracle first (`store_gate`). Writes header.json (GPU, versions, commit, date, copy bandwidth), one CSV per
 case, and the tuned configs the run used or found.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ EXTEND_COLUMNS = ["scheme", "backend", "batch", "prefix", "chunk", "heads_q", "h
                   "median_ms", "cudnn_bf16_ms", "flash_bf16_ms", "ratio_vs_cudnn", "tflops", "gate_rel_err", "config",
                   "error"]
 STORE_COLUMNS = ["scheme", "tokens", "graph_ms", "eager_ms", "bytes", "graph_gbps", "fraction_of_copy", "backend",
-                 "config", "error"]
+                 "config", "gate_bytes", "error"]
 GATE_TOL = 2e-2  # bf16 / fp16 tensor-core dots against the float32 reference
 
 
@@ -116,6 +116,20 @@ def gate(sch, D: int, Hq: int, Hk: int) -> float:
     if not torch.isfinite(got).all():
         return float("inf")
     return ((got - ref).abs().max() / ref.abs().max()).item()
+
+
+def store_gate(sch, D: int = 128, Hk: int = 8, T: int = 517, backend: str = "auto") -> int:
+    """Bytes of the store's pages (codes, scales, zeros, ...; `backend`: the default dispatch, or "triton" to force
+    the kernel, as the CPU tests do under the interpreter) that differ from the CPU oracle's (the reference store) on
+    an odd write: T bf16 tokens (whole channel groups for channel-axis specs) into shuffled slots of poisoned pages,
+    the scheme's keys. 0: bit-exact (the store's contract)."""
+    sys.path.insert(0, str(ROOT / "tests" / "kernels" / "store"))
+    from store_cases import as_bytes, make_input, run_store
+    x, slots, lay, n_pages, kw = make_input(sch.k, T=T, Hk=Hk, D=D, P=page_size(sch), seed=5, dtype=torch.bfloat16)
+    ref, _ = run_store(x, slots, lay, n_pages, sch.k, "reference", **kw)
+    got, _ = run_store(x, slots, lay, n_pages, sch.k, backend, **kw)
+    a, b = as_bytes(ref), as_bytes(got)
+    return sum(int((a[k] != b[k]).sum()) for k in a if a[k] is not None)
 
 
 def _sdpa_peers(q, k, v, bench) -> tuple[float | None, float | None, str]:
@@ -252,6 +266,9 @@ def case_store(out: Path, h: dict, names, args) -> None:
         # pre: the api rotates in torch first (its picks land under the unrotated spec's key, as the old path's did)
         store_api.fuses_rotation = (lambda spec, D: False) if pre else fuses
         try:
+            row["gate_bytes"] = bad = store_gate(sch)
+            if bad:  # reported (the except below), not timed
+                raise RuntimeError(f"gate failed: {bad} bytes differ from the oracle's; not timed")
             w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
             backend = w()  # the first launch autotunes (Triton) outside the timing
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
