@@ -35,6 +35,8 @@ FILES = {
     "winners": f"{R}/quality/winners.csv",
     "long_context_8k_pair": f"{R}/quality/long_context_8k_pair.json",
     "calibrated": f"{R}/quality/calibrated_eval.json",
+    "cal_ints_free": f"{R}/quality/cal_ints/eval_free_ends.json",
+    "cal_ints": f"{R}/quality/cal_ints/eval_pinned_ends.json",
     "key_probes": f"{R}/quality/key_probes.json",
     "key_probes_winners": f"{R}/quality/key_probes_winners.json",
     "permutations": f"{R}/quality/permutations/perm_int.json",
@@ -63,6 +65,11 @@ COMMANDS = {
                             "--json sweeps/results/quality/long_context_8k_pair.json (CPU; the pair-tied SmolLM2 "
                             "2.5- and 3.5-bit rows of winners.csv)",
     "calibrated": "python -m kvlab.eval --scheme lm3:rot=had --scheme lm3:rot=had:cal ... --json FILE (CPU)",
+    "cal_ints_free": "python -m kvlab.eval --scheme k=int2:g32:chan:asym,v=int2:g32:asym --scheme "
+                     "k=int2:g32:chan:asym:cal,v=int2:g32:asym:cal ... --greedy 0 --passkey '' --json FILE (CPU, commit "
+                     "3079823: calibrated int levels with free ends)",
+    "cal_ints": "python -m kvlab.eval --scheme k=int2:g32:chan:asym:cal,v=int2:g32:asym:cal ... --greedy 0 --passkey '' "
+                "--json FILE (CPU; the end levels kept)",
     "key_probes": "python benchmarks/key_probes.py --out sweeps/results/quality/key_probes (CPU)",
     "key_probes_winners": "python benchmarks/key_probes.py --winners --out sweeps/results/quality/key_probes_winners (CPU)",
     "permutations": "python -m kvlab.eval --scheme S ... --greedy 0 --passkey '' --json "
@@ -420,6 +427,12 @@ class Paper:
 
         def ppl(s):
             return c(cal[s]["ppl_delta_pct"], "+.2f", "calibrated", f"{s} / ppl_delta_pct")
+        ints = {k: {r["scheme"]: r for r in self.t[k]["rows"]} for k in ("cal_ints_free", "cal_ints")}
+
+        def ikl(k, s):
+            return c(ints[k][s]["kl"], ".4f", k, f"{s} / kl")
+        i2, i2c = "k=int2:g32:chan:asym,v=int2:g32:asym", "k=int2:g32:chan:asym:cal,v=int2:g32:asym:cal"
+        i3, i3c = "k=int3:g32:chan:asym,v=int3:g32:asym", "k=int3:g32:chan:asym:cal,v=int3:g32:asym:cal"
         return ["## 6. Best accuracy per stored bit: searched schemes", "",
                 "`python -m kvlab.sweep search` measures each layer's KL when that layer alone holds a candidate "
                 "(K spec, V spec), on the license text, then picks one candidate per layer under a budget of "
@@ -449,7 +462,13 @@ class Paper:
                 f"buy nothing after the rotation, whose coordinates are already Gaussian: `lm3:rot=had` "
                 f"{ppl('lm3:g64:rot=had')}% against {ppl('lm3:g64:rot=had:cal')}% calibrated. Without the rotation they "
                 f"recover much of the loss of the fixed grid ({ppl('lm3:g64')}% against {ppl('lm3:g64:cal')}%) but stay "
-                "behind the rotation.", "", *self._key_probes()]
+                "behind the rotation. Calibrated ints (`int2..int4:cal`: the int's scale and zero kept, its levels "
+                "fitted per layer in code units) help only at two bits, and only with their end levels kept: KIVI "
+                f"keys and values at two bits reach KL {ikl('cal_ints', i2c)} against {ikl('cal_ints_free', i2)} "
+                f"uniform, at three bits {ikl('cal_ints', i3c)} against {ikl('cal_ints_free', i3)}; a first fit that "
+                f"let the end levels move lowered the key score error most and raised KL ({ikl('cal_ints_free', i2c)} "
+                "at two bits), since the extremes it clipped are the keys attention picks.", "",
+                *self._key_probes()]
 
     def _key_probes(self):
         c = self.c
