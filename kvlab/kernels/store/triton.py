@@ -44,7 +44,7 @@ from ..configs import StoreConfig, fuses_rotation
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 from ..tiles.rotate import byte_tiles, fwht_rows
-from .bracket import bins_for, bracket_table, lut_codes
+from ..tiles.bracket import bins_for, bracket_table, lut_codes
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -73,7 +73,7 @@ TWO_PASS = False
 # second launch per layer and tensor would cost more than the slower kernel
 TWO_PASS_MIN_TOKENS = 512
 # fixed ascending codebooks (nf4, iq4nl, lm4, e2m1 magnitudes: `lut_bins`) find the two levels around x in a bin table
-# (`bracket.lut_codes`: one lookup) instead of the bisection (`_sorted_codes`: ~30 selects an element at 16 levels);
+# (`tiles.bracket.lut_codes`: one lookup) instead of the bisection (`_sorted_codes`: ~30 selects an element at 16 levels);
 # False: the bisection (for `benchmarks/store_variants.py`); calibrated tables always bisect
 BRACKET_LUT = True
 # group-row stores of sorted brackets check only the per-group rare terms where the group's scale bounds |x| / s
@@ -183,7 +183,7 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
     calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
     exact path only. LUT > 0: a fixed codebook's two levels around x come from its bin table of LUT bins
-    (`bracket.lut_codes`), not the bisection (the same codes)."""
+    (`tiles.bracket.lut_codes`), not the bisection (the same codes)."""
     if FMT == 0 and CBS >= 2:  # a calibrated int: the nearest of its CBS levels scaled by the stored scale, as the
         num = x if SYM else x - m_val  # codebooks (the oracle's |s * t_j - (x - m)|; no offset, no two's complement)
         if MODE == 2:
@@ -912,7 +912,7 @@ def lut_bins(fmt: str) -> int:
 
 
 def _codebook(fmt: str, device) -> torch.Tensor:
-    """float32 [16 (+ K)]: the format's 16 codebook entries, then its bracket table's K int32 bins (`bracket`)."""
+    """float32 [16 (+ K)]: the format's 16 codebook entries, then its bracket table's K int32 bins (`tiles.bracket`)."""
     key = (fmt, str(device), lut_bins(fmt))
     if key not in _CODEBOOKS:
         t = torch.tensor(codebook16(fmt) if fmt in CODEBOOKS else (0.0,) * 16, dtype=torch.float32)

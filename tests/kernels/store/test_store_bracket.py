@@ -1,4 +1,4 @@
-"""The store's bin-table bracket for fixed ascending codebooks (`kvlab.kernels.store.bracket`): the table's
+"""The store's bin-table bracket for fixed ascending codebooks (`kvlab.kernels.tiles.bracket`): the table's
 invariants, and the kernel's codes equal to the oracle's on the values where a bracket can go wrong (every level and
 midpoint, a few ulps either side, every bin edge, past both ends), with the rare fallback off on the interpreter so the
 table path alone decides."""
@@ -12,7 +12,7 @@ from store_cases import DEV, assert_same_pages, run_store, spec_of
 
 from kvlab.cache.layout import PageLayout
 from kvlab.cache.paging import calibrate
-from kvlab.kernels.store.bracket import BINS, SLACK, bracket_table
+from kvlab.kernels.tiles.bracket import BINS, SLACK, bracket_table
 
 FIXED = ["nf4", "iq4nl", "lm4:g32", "mxfp4", "nvfp4", "iq4nl:g32:rule=signed", "lm4:g64:rot=had"]
 

@@ -1,8 +1,8 @@
 """The store's table bracket for fixed ascending codebooks (nf4, iq4nl, lm4, fp4 e2m1's magnitudes).
 
 The nearest of N ascending levels a_j = |s| cb[j] to x is decided, as the oracle decides it, by the float32 errors
-|a_j - x| of the two levels around x (`triton._sorted_codes` proves the farther ones never win). The bisection that
-finds them costs about 30 selects and compares an element at N = 16. A table does it in one lookup: the range
+|a_j - x| of the two levels around x (`kvlab.kernels.store.triton._sorted_codes` proves the farther ones never win).
+The bisection that finds them costs about 30 selects and compares an element at N = 16. A table does it in one lookup: the range
 [cb[0], cb[N-1]] is cut into K equal bins (x / |s| placed by one FMA), and bin g holds c_g, the level below every
 midpoint that x in the bin (or within a thousandth of a bin of it) can fall past but one. So the nearest is c_g or
 c_g + 1, decided by the two errors as before; ties keep the lower index, NaN gives 0. Out of range, the first bin
@@ -10,10 +10,11 @@ holds 0 and the last N - 2, so values below or above the levels clamp to them. W
 bracket may be one off without changing the answer (that level is nearer than the other either way), so only the
 midpoints set K: the smallest power of two in 16..256 whose bins each hold at most one midpoint. Calibrated tables
 (`cal`, per layer) keep the bisection: their table is data; so do lm2 / lm3, whose bisection of 2 or 3 steps beat
-the table's three gathers on the H200 (`triton.lut_bins` has the numbers: nf4 0.195 -> 0.303 of copy, iq4nl 0.200
+the table's three gathers on the H200 (`store.triton.lut_bins` has the numbers: nf4 0.195 -> 0.303 of copy, iq4nl 0.200
 -> 0.332, mxfp4 0.305 -> 0.360, nvfp4 0.288 -> 0.343 at a 32K-token write).
 
-The table lives after the 16 codebook entries of the store's float32 codebook buffer, as int32 bits.
+The table lives after the 16 codebook entries of the store's float32 codebook buffer, as int32 bits. This module
+imports Triton; only Triton backends and other tiles import it.
 """
 from __future__ import annotations
 
