@@ -32,6 +32,7 @@ from kvlab.eval.faithful import _query_weights
 from kvlab.eval.perplexity import bos_prefix, segments, text_tokens
 from kvlab.model import load_model
 from kvlab.quant import fake_quantize, fit_codebook, rotate
+from kvlab.quant.calibrated import lloyd_levels
 from kvlab.quant.formats import codebook, scale_value, store_scale, uniform_levels
 from kvlab.quant.oracle import _quant_int, _reduce, group
 from kvlab.spec import as_spec
@@ -86,17 +87,7 @@ def fit_tables(u, r, w, spec, cg, iters: int = 40) -> torch.Tensor:
         for j in range(D // cg):
             uu = u[:, h, :, j * cg:(j + 1) * cg].reshape(-1)
             ww = wt[:, h, :, j * cg:(j + 1) * cg].reshape(-1)
-            lev = start.clone()
-            for _ in range(iters):
-                idx = (uu[:, None] - lev[None]).abs().argmin(-1)
-                num = torch.zeros(n).index_add_(0, idx, uu * ww)
-                den = torch.zeros(n).index_add_(0, idx, ww)
-                new = torch.where(den > 0, num / den.clamp_min(1e-30), lev).sort().values
-                if spec.fmt == "int":  # an int's end levels stay, as fit_codebook keeps them
-                    new = torch.cat([start[:1], new[1:-1].clamp(float(start[0]), float(start[-1])), start[-1:]])
-                if torch.equal(new, lev):
-                    break
-                lev = new
+            lev = lloyd_levels(uu, ww, start, iters, keep_ends=spec.fmt == "int")  # as fit_codebook fits
             tabs[h, j] = lev
     return tabs
 

@@ -32,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "kernels" / "decode"))
+sys.path.insert(0, str(ROOT / "tests" / "kernels" / "store"))
 
 SCHEMES = {"bf16": "bf16", "fp8_e4m3": "fp8_e4m3", "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1",
            "int4_had": "int4:g32:asym:rot=had", "kivi4": "kivi4", "kivi2": "kivi2", "int3": "int3:g32:asym",
@@ -123,7 +124,6 @@ def store_gate(sch, D: int = 128, Hk: int = 8, T: int = 517, backend: str = "aut
     the kernel, as the CPU tests do under the interpreter) that differ from the CPU oracle's (the reference store) on
     an odd write: T bf16 tokens (whole channel groups for channel-axis specs) into shuffled slots of poisoned pages,
     the scheme's keys. 0: bit-exact (the store's contract)."""
-    sys.path.insert(0, str(ROOT / "tests" / "kernels" / "store"))
     from store_cases import as_bytes, make_input, run_store
     x, slots, lay, n_pages, kw = make_input(sch.k, T=T, Hk=Hk, D=D, P=page_size(sch), seed=5, dtype=torch.bfloat16)
     ref, _ = run_store(x, slots, lay, n_pages, sch.k, "reference", **kw)

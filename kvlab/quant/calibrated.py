@@ -26,6 +26,28 @@ from .rotation import rotate
 MAX_SAMPLES = 1 << 20  # values a fit uses (an even stride over larger samples)
 
 
+def lloyd_levels(u: torch.Tensor, w: torch.Tensor, start: torch.Tensor, iters: int = 40,
+                 keep_ends: bool = False) -> torch.Tensor:
+    """Lloyd's algorithm for ascending levels [n] over values u [N] with weights w [N] (a weighted 1-D k-means):
+    each value to its nearest level (the first on ties), each level to its values' weighted mean (an empty level
+    stays), until nothing moves or `iters` steps; keep_ends holds the first and last level of `start` in place (the
+    others stay between them). Never raises the weighted squared error of `start`. The step `fit_codebook` runs
+    after turning a sample into units and weights."""
+    levels, n = start, start.numel()
+    ends = start[[0, -1]].clone() if keep_ends else None
+    for _ in range(iters):
+        idx = (u[:, None] - levels[None]).abs().argmin(-1)
+        num = torch.zeros(n, device=u.device).index_add_(0, idx, u * w)
+        den = torch.zeros(n, device=u.device).index_add_(0, idx, w)
+        new = torch.where(den > 0, num / den.clamp_min(1e-30), levels).sort().values
+        if ends is not None:
+            new = torch.cat([ends[:1], new[1:-1].clamp(float(ends[0]), float(ends[1])), ends[1:]])
+        if torch.equal(new, levels):
+            break
+        levels = new
+    return levels
+
+
 def fit_codebook(x: torch.Tensor, spec, weights: torch.Tensor | None = None, iters: int = 40) -> torch.Tensor:
     """Levels float32 [2^bits], strictly ascending, for a calibrated spec from sample tokens x [..., T, D].
 
@@ -61,20 +83,9 @@ def fit_codebook(x: torch.Tensor, spec, weights: torch.Tensor | None = None, ite
     if u.numel() > MAX_SAMPLES:
         step = -(-u.numel() // MAX_SAMPLES)
         u, w = u[::step], w[::step]
-    levels = uniform_levels(spec, x.device) if spec.fmt == "int" else codebook(spec.fmt, x.device)  # the start
+    start = uniform_levels(spec, x.device) if spec.fmt == "int" else codebook(spec.fmt, x.device)
+    levels = lloyd_levels(u, w, start, iters, keep_ends=spec.fmt == "int")  # an int's ends: its min and max
     n = levels.numel()
-    ends = levels[[0, -1]].clone() if spec.fmt == "int" else None  # an int's end levels stay: its min and max
-    for _ in range(iters):
-        idx = (u[:, None] - levels[None]).abs().argmin(-1)          # nearest level, the first on ties
-        num = torch.zeros(n, device=x.device).index_add_(0, idx, u * w)
-        den = torch.zeros(n, device=x.device).index_add_(0, idx, w)
-        new = torch.where(den > 0, num / den.clamp_min(1e-30), levels)  # an empty level stays where it was
-        new = new.sort().values
-        if ends is not None:
-            new = torch.cat([ends[:1], new[1:-1].clamp(float(ends[0]), float(ends[1])), ends[1:]]).sort().values
-        if torch.equal(new, levels):
-            break
-        levels = new
     gap = torch.diff(levels)
     if n > 1 and not bool((gap > 0).all()):  # collapsed levels (a degenerate sample): keep them distinct
         eps = 1e-4 * float(levels.abs().max().clamp_min(1.0))

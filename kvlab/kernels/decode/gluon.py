@@ -556,8 +556,9 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     cnt = counters(q.device, B * Hk) if fused else kern_out
     launch_opts = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     perms = channel_orders(kcodec, k_spec.pack, _group(k_spec), vcodec, v_spec.pack, _group(v_spec), q.device, D)
-    tab = tables(k_spec.fmt if kcodec in TABLES and k_spec.fmt != "int" else None,
-                 v_spec.fmt if vcodec in TABLES and v_spec.fmt != "int" else None, q.device)
+    # fixed codebooks' words once; a calibrated table's (below) from its pages at each launch
+    tab = tables(k_spec.fmt if kcodec in TABLES and not k_spec.calibrated else None,
+                 v_spec.fmt if vcodec in TABLES and not v_spec.calibrated else None, q.device)
     cal = [(i, pages["codebook"]) for i, (c, spec, pages) in enumerate(((kcodec, k_spec, kv.k_pages),
                                                                          (vcodec, v_spec, kv.v_pages)))
            if c in TABLES and spec.calibrated]

@@ -815,7 +815,7 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
 def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
              D: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16 (contraction in k_channel_order, tile positions through tile_tok) from
-    `kc_load`'s code units, scale and zero pairs (`tab`: the level table's 8 words, for KT2)."""
+    `kc_load`'s code units, scale and zero pairs (`tab`: the level table's 8 words, for KT2 / KT3 / KT4)."""
     if CODEC == C_KT4:
         z = wa * 0  # the table words, splat in wa's layout
         tw = [z + tab[0], z + tab[1], z + tab[2], z + tab[3], z + tab[4], z + tab[5], z + tab[6], z + tab[7]]

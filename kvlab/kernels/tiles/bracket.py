@@ -23,7 +23,7 @@ import functools
 import triton
 import triton.language as tl
 
-LUT_OFFSET = 16  # float32 entries before the table: the codebook, padded to 16 (lut_codes reads it at 16)
+LUT_OFFSET = tl.constexpr(16)  # float32 entries before the table: the codebook, padded to 16
 BINS = (16, 32, 64, 128, 256)
 SLACK = 1e-3  # of a bin: how far outside its bin the kernel's FMA may place x / |s| (it errs by ~1e-6 of a bin)
 
@@ -71,7 +71,7 @@ def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr):
     gf = tl.fma(xs, kr / sa, -(c0 * kr))  # the bin of x / |s|, fractional
     gf = tl.where(gf == gf, gf, 0.0)  # NaN x (or 0 / 0): bin 0, whose two errors are NaN: code 0
     g = tl.minimum(tl.maximum(gf, 0.0), K - 1.0).to(tl.int32)
-    c = tl.load((cb_ptr + 16).to(tl.pointer_type(tl.int32)) + g)
+    c = tl.load((cb_ptr + LUT_OFFSET).to(tl.pointer_type(tl.int32)) + g)
     lo = sa * tl.load(cb_ptr + c)
     hi = sa * tl.load(cb_ptr + c + 1)
     return c + (tl.abs(hi - xs) < tl.abs(lo - xs)).to(tl.int32)
