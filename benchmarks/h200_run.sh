@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s21   # issue 17: batch-1 extend through CUDA graphs: GPU extend tests, host profile,
+#                                     # the batch-1 extend table (auto_host replayed, auto_host_eager, fresh lengths)
 #   bash benchmarks/h200_run.sh s20   # issue 17: the store's codebook bin table (tests, --lut 1/0 variants, store table);
 #                                     # issue 18: calibrated ints on the GPU (tests, decode of the evaluated schemes)
 #   bash benchmarks/h200_run.sh s20c  # issue 17: bin-table GPU tests, store variants without the rare check, ncu of nf4
@@ -673,6 +675,19 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-120}" python3 benchmarks/run.py --out /tmp/store --cases store \
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
+  ;;
+s21)  # session 21 (issue 17): batch-1 extend replayed through CUDA graphs (extend/graphs.py): GPU extend tests, the
+  # host profile of replayed calls, the batch-1 extend table with graphs (auto_host) and without (auto_host_eager),
+  # and fresh prefix lengths of one bucket over one pool's pages (auto_host_fresh)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend \
+    2>&1 | tee "$OUT/pytest_extend.log" | tail -4
+  timeout "${HPROF_S:-60}" python3 benchmarks/host_profile_extend.py --out "$OUT" --calls 50 \
+    --cases "${HPROF_CASES:-p8k_b1:q4_0:auto_host,smollm2_p8k:bf16:auto_host,p8k_b1:q4_0:auto_host_eager}" 2>&1 | grep "^=="
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-300}" --extend-backends "${EXT_BACKENDS:-auto_host,auto_host_eager}" \
+    --extend-sweep none --fresh "${FRESH:-bf16,q4_0}" \
+    --extend-shapes "${EXT_SHAPES:-p8k_b1,p32k_b1,smollm2_p8k,d256_p8k}" 2>&1 | tail -3
   ;;
 *) echo "unknown mode $mode (tests | bench | cpu | sanitize | tune-smollm2 | d64 | generate)"; exit 2 ;;
 esac

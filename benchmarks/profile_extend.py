@@ -37,6 +37,8 @@ def extend_case(sname: str, name: str, backend: str, out=None):
     q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
     kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    eager = backend.endswith("_eager")  # graphs=False (batch 1 with host lengths otherwise replays a graph)
+    backend = backend[:-len("_eager")] if eager else backend
     host = backend.endswith("_host")
     hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
     bk = backend[:-len("_host")] if host else backend
@@ -44,7 +46,7 @@ def extend_case(sname: str, name: str, backend: str, out=None):
     def fn():
         return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
                       c["kv_last_page_len"], sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"],
-                      max_qo_len=C, backend=bk, host_lens=hl, out=out)
+                      max_qo_len=C, backend=bk, host_lens=hl, out=out, graphs=not eager)
     return fn
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                    help="shape:scheme:backend triples (backend auto, auto_host, triton, dense, dense_host)")
+                    help="shape:scheme:backend triples (backend auto, auto_host, auto_host_eager, triton, dense, dense_host)")
     a = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
     lines = []

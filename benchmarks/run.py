@@ -322,9 +322,10 @@ def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()
 
 
-def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False) -> float:
-    """Median ms of one extend call through the public API (eager: prefill is not graph-captured). host: the lengths
-    passed on the host (`host_lens`, as the pool's prefill passes them), so the call never synchronizes."""
+def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False, graphs: bool = True) -> float:
+    """Median ms of one extend call through the public API, repeated on one shape. host: the lengths passed on the
+    host (`host_lens`, as the pool's prefill passes them), so the call never synchronizes; at batch 1 the default then
+    replays the call's CUDA graph after two eager calls (`extend/graphs.py`); graphs=False keeps it eager."""
     import triton
 
     from kvlab.eval.speed import fp_tokens_of
@@ -348,7 +349,8 @@ def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False)
     def fn():
         return extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"],
                       c["kv_last_page_len"], sch.k, sch.v, P, **fp, k_tensor_scale=c["k_ts"],
-                      v_tensor_scale=c["v_ts"], max_qo_len=C, backend=backend, config=config, out=out, host_lens=hl)
+                      v_tensor_scale=c["v_ts"], max_qo_len=C, backend=backend, config=config, out=out, host_lens=hl,
+                      graphs=graphs)
     fn()
     torch.cuda.synchronize()
     first = triton.testing.do_bench(fn, warmup=1, rep=20, return_mode="median")
@@ -380,6 +382,40 @@ def extend_fresh(sch, shape: dict, n: int = 6) -> tuple[float, float]:
         else:
             tot += time.perf_counter() - t
     return first, tot / n * 1e3
+
+
+def extend_fresh_host(sch, shape: dict, n: int = 12) -> tuple[float, float, dict]:
+    """(first-call ms, mean wall ms of the next `n`, graph counts) of default-dispatch extend calls with host lengths
+    over one pool's pages, each call on a prefix length not seen before within one bucket (L - 32 (i + 1) - 7, the
+    block table cut to it), as a server's batch-1 prefills of similar lengths are: two eager calls, a capture, then
+    replays."""
+    from kvlab.kernels.autotune import synthetic_cache
+    from kvlab.kernels.extend import extend, graphs
+    B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
+    P = page_size(sch)
+    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda", seed=1)
+    graphs.clear()
+    graphs.STATS.clear()
+    tot, first = 0.0, None
+    for i in range(0, n + 1):
+        Li = L - 32 * (i + 1) - 7 * (sch.k.axis != "chan")
+        npg = -(-Li // P)
+        ind = torch.tensor([0, npg], dtype=torch.int32, device="cuda")
+        last = torch.tensor([Li - (npg - 1) * P], dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], ind, c["kv_indices"][:npg], last, sch.k, sch.v, P,
+               k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], max_qo_len=C,
+               host_lens=(qo.tolist(), [0, npg], [Li - (npg - 1) * P]))
+        torch.cuda.synchronize()
+        if first is None:
+            first = (time.perf_counter() - t) * 1e3
+        else:
+            tot += time.perf_counter() - t
+    return first, tot / n * 1e3, dict(graphs.STATS)
 
 
 FUSED_SWEEP = [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
@@ -416,6 +452,8 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                 if backend == "auto_flash":  # the dense prefix through flash instead of cuDNN
                     os.environ["KVLAB_DENSE_ATTN"] = "flash"
                     backend = "auto"
+                eager = backend.endswith("_eager")  # graphs=False: every call eager
+                backend = backend[:-len("_eager")] if eager else backend
                 host = backend.endswith("_host")  # the lengths on the host (no synchronization), as a pool passes them
                 backend = backend[:-len("_host")] if host else backend
                 try:
@@ -424,6 +462,11 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                         first, fresh = extend_fresh(sch, shape)
                         emit(dict(row, backend="auto_fresh", median_ms=fresh,
                                   config=f"mean of 6 new prefix lengths in one bucket; the first call {first:.1f} ms"))
+                    if row["backend"] == "auto_host" and shape["batch"] == 1 and name in args.fresh.split(","):
+                        first, fresh, st = extend_fresh_host(sch, shape)
+                        emit(dict(row, backend="auto_host_fresh", median_ms=fresh, ratio_vs_cudnn=fresh / cudnn,
+                                  config=f"mean of 12 new prefix lengths in one bucket of one pool's pages; the first "
+                                  f"call {first:.1f} ms; graphs {st}"))
                     if cfg is None and first_shape:
                         row["gate_rel_err"] = extend_gate(sch, Hq, Hk, D, backend)
                         if backend == "auto":  # the gate's shapes are below auto's dense thresholds: check dense too
@@ -431,7 +474,7 @@ def case_extend(out: Path, h: dict, names, args) -> None:
                         if not row["gate_rel_err"] <= GATE_TOL:
                             emit({**row, "error": perr + f"gate failed: rel err {row['gate_rel_err']:.3g}; not timed"})
                             continue
-                    ms = extend_cell(sch, shape, backend, cfg, host=host)
+                    ms = extend_cell(sch, shape, backend, cfg, host=host, graphs=not eager)
                     row.update(median_ms=ms, ratio_vs_cudnn=ms / cudnn if cudnn else None, tflops=flops / ms / 1e9)
                 except Exception as e:  # noqa: BLE001 - one failing cell must not end the run
                     row["error"] = perr + f"{type(e).__name__}: {str(e)[:300]}"

@@ -46,7 +46,7 @@ DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8, codebooks and rotati
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
            k_spec, v_spec, page_size: int, *, k_fp=None, v_fp=None, fp_len=None, k_tensor_scale=None,
            v_tensor_scale=None, sm_scale=None, backend: str = "auto", max_qo_len: int | None = None,
-           config=None, out=None, dense_bucket: int = 2048, host_lens=None):
+           config=None, out=None, dense_bucket: int = 2048, host_lens=None, graphs: bool = True):
     """Chunked-prefill attention.
 
     q:            [C, Hq, D] float32/float16/bfloat16, the chunk queries of all sequences (CSR by qo_indptr)
@@ -64,9 +64,13 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                   the device tensors, as FlashInfer's `plan` takes them: the dense path then plans without reading
                   the lengths back from the device (no synchronization, so the host runs ahead of the GPU); a pool
                   knows them on the host. Also gives max_qo_len when that is None.
+    graphs:       a batch-1 call with host_lens on a GPU (auto / dense backend) whose key was seen twice is captured
+                  into a CUDA graph and replayed from then on (`graphs.py`: the key, what a replay copies, memory);
+                  False keeps every call eager (so does KVLAB_EXTEND_GRAPHS=0)
     Returns [C, Hq, D] in q.dtype. Query i of a chunk sees the whole prefix and chunk keys 0..i.
     """
     need(backend in BACKENDS, lambda: f"backend={backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
+    need(isinstance(graphs, bool), lambda: f"graphs={graphs!r}; allowed: True or False")
     need(isinstance(qo_indptr, torch.Tensor) and qo_indptr.dim() == 1 and qo_indptr.shape[0] >= 1 and
          qo_indptr.dtype in INDEX_DTYPES, "qo_indptr must be a 1-d int32/int64 tensor [B+1]")
     B = qo_indptr.shape[0] - 1
@@ -92,6 +96,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         from . import reference
         return reference.run(q, k_new, v_new, qo_indptr, kv, sm_scale)
     from . import dense, triton
+    from . import graphs as graph_mod
     if config is not None:
         cfg = config_from_dict("extend", config)
     else:
@@ -99,23 +104,36 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
                or heuristic_config(D, Hq // Hk, max_qo_len))
     why = triton.why_not(q, kv, cfg)
     need(why is None, why)
-    prefix = chunk = None
-    host_qo = host_lens[0] if host_lens is not None else None
     if backend == "dense":
-        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo)
         G = max([s.group for s in (kv.k_spec, kv.v_spec) if s.axis == "chan"] + [1])
         need(isinstance(dense_bucket, int) and dense_bucket >= 1 and dense_bucket % G == 0,
              lambda: f"dense_bucket={dense_bucket!r}; allowed: a positive int, a multiple of the channel-axis group "
              f"{G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
+    static = (sm_scale, backend, cfg, max_qo_len, dense_bucket)
+    if graph_mod.wanted(graphs, q, B, host_lens, backend):
+        return graph_mod.call(_dispatch, q, k_new, v_new, qo_indptr, kv, host_lens, out, static)
+    return _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, *static)
+
+
+def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend, cfg, max_qo_len, dense_bucket):
+    """The call after its checks: which parts go dense (cuDNN / flash) and the fused or merge launch."""
+    from . import dense, triton
+    from . import graphs as graph_mod
+    Hq, Hk = q.shape[1], kv.n_kv_heads
+    blocked = _capturing(q) and not graph_mod.building()  # another capture: the dense path would read lengths back
+    prefix = chunk = None
+    host_qo = host_lens[0] if host_lens is not None else None
+    if backend == "dense":
+        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo)
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0, host_lens)
-    elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not _capturing(q)
+    elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not blocked
           and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)):
         min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
                                    dense.BUCKET, min_flops, host_lens)
-    if (backend == "auto" and on_gpu() and q.is_cuda and cfg.dot in (None, "bf16", "fp16") and not _capturing(q)):
+    if backend == "auto" and on_gpu() and q.is_cuda and cfg.dot in (None, "bf16", "fp16") and not blocked:
         chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, dense.CHUNK_MIN_ROWS, host_qo)
     return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix,
                       chunk=chunk)

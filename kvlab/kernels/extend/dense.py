@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ..env import interpreting
+from .graphs import device_table
 from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands, slot_args
@@ -406,7 +407,7 @@ def attend_prefixes(q, qo_indptr, kv: PagedKV, sm_scale: float, min_rows: int = 
             rows[b] = i * Hk * rp if len(groups) == 1 else G * qo[b]
     n0 = len(tab)
     tab += covered + rows
-    dev = torch.tensor(tab, dtype=torch.int32, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
+    dev = device_table(tab, q.device)  # one copy, no synchronization (kept by a graph being built)
     o0 = lse0 = None
     if len(groups) > 1:
         o0 = torch.empty(Hk, G * C, D, dtype=adt, device=q.device)
