@@ -40,7 +40,9 @@ BACKENDS = ("auto", "triton", "dense", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
 DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
 DENSE_MIN_FLOPS = 5e10       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
-DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8, codebooks and rotations (`slow_in_fused`)
+DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8, codebooks and rotations (`slow_in_fused`), and for every
+# family inside a graph (`graphs.py`): with the host work replayed away the dense path's GPU time decides; SmolLM2's
+# 8K shape (1.9e10) replayed 0.150 ms for fp8 (dense) against 0.253 bf16 / 0.333 q4_0 (fused) (runs/s21-0dc8c93)
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
@@ -130,7 +132,8 @@ def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend,
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0, host_lens)
     elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not blocked
           and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)):
-        min_flops = DENSE_MIN_FLOPS_SLOW if slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec) else DENSE_MIN_FLOPS
+        slow = slow_in_fused(kv.k_spec) or slow_in_fused(kv.v_spec)
+        min_flops = DENSE_MIN_FLOPS_SLOW if slow or graph_mod.building() else DENSE_MIN_FLOPS
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
                                    dense.BUCKET, min_flops, host_lens)
     if backend == "auto" and on_gpu() and q.is_cuda and cfg.dot in (None, "bf16", "fp16") and not blocked:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..env import interpreting
-from .graphs import device_table
+from .graphs import building, device_table
 from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands, slot_args
@@ -259,7 +259,7 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
         nb = len(host_qo) - 1
         cb = host_qo[1] - host_qo[0] if nb else 0
         if nb and cb and host_qo[-1] == nb * cb == C and all(e - a == cb for a, e in zip(host_qo, host_qo[1:])) \
-                and 2 * nb * cb * cb * Hq * D >= CUDNN_CHUNK_MIN_FLOPS:
+                and (2 * nb * cb * cb * Hq * D >= CUDNN_CHUNK_MIN_FLOPS or building()):
             res = _cudnn_chunks(q, k_new, v_new, nb, cb, sm_scale, dt)
             if res is not None:
                 return res
@@ -280,7 +280,8 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
 
 # chunks of equal length (known on the host) whose causal part costs at least this (2 x B x C^2 x Hq x D) go through
 # one batched cuDNN call instead of flash varlen: flash ran B 8 x 1,024 x Hq 32 in 0.336 ms (205 TFLOP/s,
-# runs/s16b-5ee5d62), a fifth of the call; at batch 1 (8.6e9) the extra host time of cuDNN's op outweighs its gain
+# runs/s16b-5ee5d62), a fifth of the call; at batch 1 (8.6e9) the extra host time of cuDNN's op outweighs its gain,
+# except inside a CUDA graph (`graphs.py`), where host time is replayed away: there every equal chunk goes to cuDNN
 CUDNN_CHUNK_MIN_FLOPS = 2e10
 _NO_CUDNN_CHUNK: set = set()  # (D, dtype) where the cuDNN chunk call raised: flash keeps the chunk
 

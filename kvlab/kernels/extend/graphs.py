@@ -22,8 +22,11 @@ largest page count. A replay computes what an eager call of the same plan comput
 one of the captured length (the covered part is the same; the fused kernel reads the rest from the device lengths).
 
 Memory: each graph keeps its private pool (the dequant workspace: 134 MB at a 32K-token prefix, Hk 8, D 128, plus the
-stacked queries and states); at most MAX_GRAPHS graphs are kept (least recently used dropped). `extend(..., graphs=False)`
-or KVLAB_EXTEND_GRAPHS=0 turn it off; `clear()` drops them. Replays run on the caller's current stream.
+stacked queries and states); at most MAX_GRAPHS graphs are kept (least recently used dropped), and when keys cycle
+through more graphs than that (a model's layers: each its own pages) new keys stay eager (`_thrashing`). A capture
+costs a warm-up call and the capture itself (about 16 ms at B 1 x 8K on the H200). `extend(..., graphs=False)` or
+KVLAB_EXTEND_GRAPHS=0 turn it off; `clear()` drops them. Replays run on the caller's current stream; calls from several
+streams at once must not share a key (pass graphs=False there).
 
 Tests run the same static-tensor plumbing on the CPU (`EMULATE`: a replay re-runs the frozen plan eagerly on the static
 tensors, under the Triton interpreter), and real capture on the GPU.
@@ -44,12 +47,14 @@ GRAPH_AFTER = 2     # eager calls of a key before it is captured (a long prompt'
 MAX_GRAPHS = 4      # graphs kept (each holds its workspace)
 BUCKET = 2048       # the prefix-length bucket (dense.BUCKET: the dense part covers whole buckets)
 MAX_SEEN = 4096     # keys counted before the counts are reset
+LIFE_WINDOW = 4096  # calls after which the thrash guard's counts start again
 EMULATE = False     # tests: run the plumbing on the CPU, a replay re-running the frozen plan eagerly
 
 _GRAPHS: collections.OrderedDict = collections.OrderedDict()  # key -> _Entry
 _SEEN: dict = {}    # key -> eager calls so far
 _FAILED: set = set()  # keys whose capture raised: they stay eager
 _BUILD: list = []   # the device tables of the graph being built (`device_table`), innermost last
+_LIFE = collections.Counter()  # "calls", "evicted", "replayed" in the last LIFE_WINDOW calls (the thrash guard)
 STATS = collections.Counter()  # "eager", "captured", "replayed", "failed" (benchmarks report them)
 
 
@@ -68,6 +73,7 @@ def clear() -> None:
     _GRAPHS.clear()
     _SEEN.clear()
     _FAILED.clear()
+    _LIFE.clear()
 
 
 def device_table(values: list, device) -> torch.Tensor:
@@ -126,10 +132,13 @@ def call(fn, q, k_new, v_new, qo_indptr, kv, host_lens, out, static_args: tuple)
            None if kv.fp_len is None else (tuple(kv.fp_len.shape), kv.fp_len.dtype),
            _tensor_key(kv.k_tensor_scale), _tensor_key(kv.v_tensor_scale), qo[1] - qo[0], L // bucket,
            L % bucket == 0, static_args)
+    _LIFE["calls"] += 1
+    if _LIFE["calls"] > LIFE_WINDOW:  # the thrash guard looks at recent calls only
+        _LIFE.clear()
     entry = _GRAPHS.get(key)
     if entry is None:
         seen = _SEEN.get(key, 0)
-        if key in _FAILED or seen < GRAPH_AFTER:
+        if key in _FAILED or seen < GRAPH_AFTER or _thrashing():
             if len(_SEEN) >= MAX_SEEN:
                 _SEEN.clear()
             _SEEN[key] = seen + 1
@@ -145,15 +154,24 @@ def call(fn, q, k_new, v_new, qo_indptr, kv, host_lens, out, static_args: tuple)
         _GRAPHS[key] = entry
         while len(_GRAPHS) > MAX_GRAPHS:
             _GRAPHS.popitem(last=False)
+            _LIFE["evicted"] += 1
         STATS["captured"] += 1
     else:
         _GRAPHS.move_to_end(key)
         STATS["replayed"] += 1
+        _LIFE["replayed"] += 1
     res = entry.replay(q, k_new, v_new, qo_indptr, kv, ind[1])
     if out is not None:
         out.copy_(res)
         return out
     return res.clone()
+
+
+def _thrashing() -> bool:
+    """The cache is full and has evicted more than MAX_GRAPHS graphs with fewer than four replays per eviction (keys
+    cycling through more graphs than it keeps: a model's layers, each its own pages): a new key stays eager."""
+    return (len(_GRAPHS) >= MAX_GRAPHS and _LIFE["evicted"] > MAX_GRAPHS
+            and _LIFE["replayed"] < 4 * _LIFE["evicted"])
 
 
 class _Entry:

@@ -108,8 +108,8 @@ def test_a_whole_bucket_is_its_own_key():
 
 def test_counts_switches_out_and_eviction(monkeypatch):
     """Two eager calls of a key before its capture (GRAPH_AFTER 2); graphs=False and KVLAB_EXTEND_GRAPHS=0 keep calls
-    eager; out= is written; with MAX_GRAPHS 1 two alternating keys are captured again each time; a bad switch is
-    refused."""
+    eager; out= is written; with MAX_GRAPHS 1 two alternating keys are captured again until the evictions outnumber
+    the replays (the thrash guard), then new keys stay eager; a bad switch is refused."""
     monkeypatch.setattr(graphs, "GRAPH_AFTER", 2)
     sch, q, kn, vn, qo, call = _cache("q4_0")
     args, kw, host = call(40)
@@ -131,6 +131,10 @@ def test_counts_switches_out_and_eviction(monkeypatch):
     for L in (40, 70, 40):
         _run(sch, q, kn, vn, qo, *call(L))
     assert graphs.STATS["captured"] == 3 and len(graphs._GRAPHS) == 1
+    _run(sch, q, kn, vn, qo, *call(70))  # two evictions, no replay: the keys cycle, so a new one stays eager
+    assert graphs.STATS["captured"] == 3 and graphs.STATS["eager"] == 1
+    _run(sch, q, kn, vn, qo, *call(40))  # the kept graph still replays
+    assert graphs.STATS["replayed"] == 1
     with pytest.raises(ValueError, match="graphs='yes'; allowed: True or False"):
         _run(sch, q, kn, vn, qo, args, kw, host, graphs="yes")
 
@@ -173,12 +177,14 @@ def test_auto_backend_replays_on_the_gpu(name):
     bucket's lengths."""
     sch = kvlab.scheme(name)
     Hq, Hk, D, C = 16, 4, 128, 256
-    c = make_paged([4000], Hk, D, P, sch.k, sch.v, fp_lens=[7] if sch.k.axis == "chan" else None, seed=5, device=DEV)
+    chan = sch.k.axis == "chan"
+    P, lens = (32, (2112, 2528, 4000)) if chan else (16, (2100, 2500, 4000))
+    c = make_paged([4000], Hk, D, P, sch.k, sch.v, fp_lens=[7] if chan else None, seed=5, device=DEV)
     g = torch.Generator().manual_seed(9)
     q, kn, vn = (torch.randn(C, h, D, generator=g).to(DEV, DT) for h in (Hq, Hk, Hk))
     qo = torch.tensor([0, C], dtype=torch.int32, device=DEV)
     (kp, vp, _, ind, _), kw = call_args(c)
-    for L in (2100, 2500, 4000):
+    for L in lens:
         n = -(-L // P)
         args = (kp, vp, torch.tensor([0, n], dtype=torch.int32, device=DEV), ind[:n].clone(),
                 torch.tensor([L - (n - 1) * P], dtype=torch.int32, device=DEV))
