@@ -51,7 +51,7 @@ COMMANDS = {
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
     "dispatch_header": "written with its decode.csv",
     "store": "python benchmarks/run.py --cases store (H200)",
-    "extend": "bash benchmarks/h200_run.sh s16c (H200; commit column)",
+    "extend": "bash benchmarks/h200_run.sh s16c / s16d (batch 8) / s21 (batch 1) (H200; commit column)",
     "extend_before": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
@@ -254,7 +254,7 @@ class Paper:
         return (f"Prefill (a {c(int(r0.chunk), 'd', 'extend', 'chunk')}-token chunk per sequence over a quantized "
                 f"{c(int(r0.prefix) // 1024, 'd', 'extend', 'prefix (K)')}K prefix, batch "
                 f"{c(int(r0.batch), 'd', 'extend', 'batch')}): dequantizing the "
-                "prefix once into a workspace for cuDNN, attending each chunk's causal part with flash (one varlen call) "
+                "prefix once into a workspace for cuDNN, attending the chunks' causal parts apart (one cuDNN call for equal chunks, else flash varlen) "
                 "and merging the two by log-sum-exps runs at "
                 f"{c(lo, '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B8 32K')}-"
                 f"{c(hi, '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B8 32K')}x cuDNN on dense bf16 K/V for all "
@@ -263,7 +263,26 @@ class Paper:
                 f"{c(auto.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto B8 32K')}x when extend "
                 "reads them back from the device), where the fused kernel alone took "
                 f"{c(fused.loc['q4_0', 'ratio_vs_cudnn'], '.2f', 'extend_before', 'q4_0 triton B8 32K / ratio_vs_cudnn')}x "
-                f"for q4_0 and {c(fused.loc['fp8_e4m3', 'ratio_vs_cudnn'], '.2f', 'extend_before', 'fp8_e4m3 triton B8 32K / ratio_vs_cudnn')}x for fp8.")
+                f"for q4_0 and {c(fused.loc['fp8_e4m3', 'ratio_vs_cudnn'], '.2f', 'extend_before', 'fp8_e4m3 triton B8 32K / ratio_vs_cudnn')}x for fp8. "
+                + self._extend_b1())
+
+    def _extend_b1(self) -> str:
+        """Batch 1: host-bound until the call is replayed through a CUDA graph."""
+        c = self.c
+        e = self.t["extend"]
+        one = e[(e.batch == 1) & (e.heads_q == 32)]
+        g32, g8 = (one[(one.backend == "auto_host") & (one.prefix == p)] for p in (32768, 8192))
+        e8 = one[(one.backend == "auto_host_eager") & (one.prefix == 8192)]
+        return ("For a single sequence the call was bound by the host's Python and launches; replaying it through a "
+                "CUDA graph (captured on a shape's third call) brings a "
+                f"{c(int(g32.prefix.iloc[0]) // 1024, 'd', 'extend', 'prefix (K), auto_host B1')}K prefix to "
+                f"{c(g32.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B1 32K')}-"
+                f"{c(g32.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B1 32K')}x cuDNN and an "
+                f"{c(int(g8.prefix.iloc[0]) // 1024, 'd', 'extend', 'prefix (K), auto_host B1')}K prefix to {c(g8.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto_host B1 8K')}-"
+                f"{c(g8.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B1 8K')}x (eager "
+                f"{c(e8.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto_host_eager B1 8K')}-"
+                f"{c(e8.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto_host_eager B1 8K')}x), "
+                "where the separate passes around cuDNN's call (the chunk, the dequantization, the merge) remain.")
 
     def protocol(self):
         v = self.t["llama_verify"]
