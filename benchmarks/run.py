@@ -274,7 +274,7 @@ def case_store(out: Path, h: dict, names, args) -> None:
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
             kspec = dataclasses.replace(sch.k, rotation="none") if pre else store_kernel_spec(sch.k, 128)
-            cfg = tuned.lookup(tuned.store_key(kspec, 8, 128))
+            cfg = tuned.lookup(tuned.store_key(kspec, 8, 128, w.tokens))
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
                        fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],
                        backend=backend + ("_prerotated" if pre else ""), config=json.dumps(cfg.to_dict()) if cfg else "")

@@ -226,5 +226,5 @@ def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save:
     if not res:
         raise RuntimeError(f"no store config ran for {spec}")
     best_ms, best = min(res, key=lambda r: r[0])
-    record(store_key(store_kernel_spec(spec, D), Hk, D), best, best_ms, save=save)
+    record(store_key(store_kernel_spec(spec, D), Hk, D, write.tokens), best, best_ms, save=save)
     return best, best_ms

@@ -185,6 +185,15 @@ def config_from_dict(op: str, d) -> _Config:
     return cls(**d)
 
 
+T_BUCKETS = (256, 4096)  # store writes: up to 256 tokens (decode steps), up to 4096, more ("max": prefill chunks)
+
+
+def t_bucket(tokens: int) -> str:
+    """The bucket of a store of `tokens` tokens, as tuned configs and the store's autotuner key it: "256", "4096" or
+    "max"."""
+    return next((str(b) for b in T_BUCKETS if tokens <= b), "max")
+
+
 def auto_splits(B: int, Hk: int, device=None, waves: int = 2, max_splits: int = 64) -> int:
     """Split count so that B * Hk * splits covers `waves` programs per SM; where that gives fewer than 4
     splits, up to 4 while the grid stays under 6 programs per SM (more resident programs hide the

@@ -1,9 +1,10 @@
 """The tuned-config store: the best measured config per GPU, op, spec and shape, in one JSON file.
 
-Keys never hold a sequence length (the same config serves every context):
+Keys never hold a sequence length (the same config serves every context); a store key holds the written token
+count's bucket (a decode step's few tokens and a prefill's thousands want different tiles):
 
     decode|k=SPEC|v=SPEC|B<bucket>|Hq..|Hk..|D..|P..       attention_key("decode", ...); extend alike
-    store|SPEC|Hk..|D..                                     store_key(...)
+    store|SPEC|Hk..|D..|T<bucket>                           store_key(...): T256, T4096 or Tmax
 
 Values are typed configs (`configs.py`) with the median they measured. The user's file is per GPU name:
 ~/.cache/kvlab/tuned_<gpu>.json, or env KVLAB_TUNED_CONFIGS, or `set_cache_path`; `tune()` writes there.
@@ -21,7 +22,7 @@ import math
 import os
 import re
 
-from .configs import config_from_dict
+from .configs import config_from_dict, t_bucket
 from .env import gpu_name
 
 FORMAT = 2
@@ -45,9 +46,9 @@ def attention_key(op: str, k_spec, v_spec, B: int, Hq: int, Hk: int, D: int, pag
 
 
 @functools.lru_cache(maxsize=1024)
-def store_key(spec, Hk: int, D: int) -> str:
-    """Key of a store config (the token count is not part of it)."""
-    return f"store|{spec}|Hk{Hk}|D{D}"
+def store_key(spec, Hk: int, D: int, tokens: int = 32768) -> str:
+    """Key of a store config for writes of `tokens` tokens (its bucket, `t_bucket`)."""
+    return f"store|{spec}|Hk{Hk}|D{D}|T{t_bucket(tokens)}"
 
 
 def _slug(s: str) -> str:

@@ -62,7 +62,7 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
         fn = _store_fn(sch, shape)
         ran = fn()  # the backend that runs it; on the GPU the first Triton call autotunes outside the timing
         ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
-        cfg = lookup(store_key(store_kernel_spec(sch.k, D), Hk, D))  # keyed by the spec the kernel is launched with
+        cfg = lookup(store_key(store_kernel_spec(sch.k, D), Hk, D, fn.tokens))  # the spec the kernel is launched with
         out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,
                    store_config=str(cfg) if ran == "triton" else "torch reference")
         try:  # replayed from a CUDA graph: a ~30 us write is otherwise timed with the Python launch path

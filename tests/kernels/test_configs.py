@@ -63,7 +63,36 @@ def test_key_buckets_batch_and_ignores_context():
     assert k1 == tuned.attention_key("decode", s.k, s.v, 4, 32, 8, 128, 16)
     assert k1 != tuned.attention_key("decode", s.k, s.v, 5, 32, 8, 128, 16)
     assert "int4" in k1 and "B4" in k1 and "P16" in k1
-    assert tuned.store_key(s.k, 8, 128) == f"store|{s.k}|Hk8|D128"
+    assert tuned.store_key(s.k, 8, 128) == f"store|{s.k}|Hk8|D128|Tmax"
+
+
+@pytest.mark.parametrize("tokens,bucket", [(1, "256"), (256, "256"), (257, "4096"), (517, "4096"), (4096, "4096"),
+                                           (4097, "max"), (32768, "max")])
+def test_store_key_buckets_the_written_tokens(tokens, bucket):
+    """A store config is kept per written-token bucket: a first write of a few hundred tokens (a decode step, the
+    benchmark's gate) must not choose the tiles of every later 32K-token prefill write (int2 ran at 0.35 of copy
+    instead of 0.45 that way on the H200)."""
+    s = kvlab.scheme("int2:g32:asym")
+    assert tuned.store_key(s.k, 8, 128, tokens) == f"store|{s.k}|Hk8|D128|T{bucket}"
+
+
+def test_store_looks_up_the_bucket_of_its_write(monkeypatch, tmp_cache):
+    """kvlab.kernels.store asks the tuned store for its own write's bucket: a config recorded for small writes is not
+    used for a large one, nor the reverse."""
+    from kvlab.cache.layout import PageLayout
+    from kvlab.kernels.store import api as store_api
+    from kvlab.kernels.store import triton as store_triton
+    s = kvlab.scheme("q4_0")
+    tuned.record(tuned.store_key(s.k, 2, 64, 8), StoreConfig(block_r=8), 0.01)
+    tuned.record(tuned.store_key(s.k, 2, 64, 5000), StoreConfig(block_r=32), 0.02)
+    seen = []
+    monkeypatch.setattr(store_triton, "run", lambda *a, config=None, **k: seen.append(config))
+    monkeypatch.setattr(store_api, "can_launch", lambda x: True)
+    for T, want in ((8, 8), (5000, 32), (300, None)):
+        x = torch.zeros(T, 2, 64)
+        pages = PageLayout(s.k, 64, 16, 2).allocate(-(-T // 16))
+        store_api.store(x, pages, torch.arange(T), s.k, page_size=16, backend="triton")
+        assert (seen[-1].block_r if seen[-1] else None) == want, T
 
 
 def test_record_lookup_export(tmp_cache, tmp_path):

@@ -131,7 +131,7 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
-        key = store_key(spec_r, Hk, D)
+        key = store_key(spec_r, Hk, D, T)
         tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
                            config=cfg or lookup(key))
         if tuned is not None:  # the autotuner's pick, kept for export_configs (not written to disk here)

@@ -40,7 +40,7 @@ import triton.language as tl
 from ...quant.formats import CODEBOOKS, ELEM_EMAX, FP8_MAX, codebook16, codebook_absmax
 from ...quant.packing import plane_order
 from ...quant.rotation import norm_constant
-from ..configs import StoreConfig, fuses_rotation
+from ..configs import T_BUCKETS, StoreConfig, fuses_rotation, t_bucket
 from ..env import interpreting
 from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
 from ..tiles.rotate import byte_tiles, fwht_rows
@@ -79,7 +79,7 @@ BRACKET_LUT = True
 # group-row stores of sorted brackets check only the per-group rare terms where the group's scale bounds |x| / s
 # (`kernel_params` BOUND); False: the per-element check as well (for `benchmarks/store_variants.py`)
 BOUND_CHECK = True
-AUTOTUNE_KEY = ["D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
+AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
                 "LUT", "BOUND", "ROT", "PK", "TWO"]
 
 
@@ -697,7 +697,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
 
 @triton.jit
 def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr,
-                  T, st, sh, sd,
+                  T, st, sh, sd, TB,
                   HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr,
                   G: tl.constexpr, NG: tl.constexpr, GP: tl.constexpr, NGP: tl.constexpr, CHAN: tl.constexpr,
                   STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
@@ -981,7 +981,11 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     # smallest candidate's when the autotuner picks
     min_r = config.block_r if config is not None else min(c.block_r for c in CANDIDATES)
     flags = torch.empty(triton.cdiv(n_rows, min_r) * Hk * n_grp, dtype=torch.int32, device=x.device) if two else dummy
-    args = (x, codes, scales, zeros, slots, static, ts, lut, flags, T, *x.stride())
+    # TB: the token count's bucket, in the autotuner's key (a first write of a few tokens must not pick the tiles of
+    # every later prefill: a 517-token write's pick ran a 32K-token int2 write at 0.35 of copy against 0.45)
+    tb = t_bucket(T)
+    args = (x, codes, scales, zeros, slots, static, ts, lut, flags, T, *x.stride(),
+            len(T_BUCKETS) if tb == "max" else T_BUCKETS.index(int(tb)))
     const = dict(HK=Hk, D=D, P=page_size, HW=_hw_fp8(x.device), PK=packed_loads(x, p), **p)
     tuned = None
     if config is None:  # the autotuner times and runs the main pass
