@@ -32,6 +32,8 @@ def main() -> None:
                     "the group's scale bounds x (`store.triton.BOUND_CHECK`)")
     ap.add_argument("--two", type=int, default=1, help="0: the rare exact fallback inline instead of a second launch "
                     "(`store.triton.TWO_PASS`)")
+    ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
+                    "transposed in registers (`store.triton.CHAN_T`)")
     a = ap.parse_args()
     import triton
 
@@ -44,6 +46,9 @@ def main() -> None:
     st.TWO_PASS = bool(a.two)
     st.BRACKET_LUT = bool(a.lut)
     st.BOUND_CHECK = bool(a.bound)
+    if a.chan_t:
+        import triton.language as tl
+        st.CHAN_T = tl.constexpr(True)
     if not a.rare:
         import triton.language as tl
         st.RARE_PATHS = tl.constexpr(False)
@@ -59,7 +64,7 @@ def main() -> None:
             cfg = StoreConfig(block_r=br, num_warps=nw)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
-            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

@@ -59,6 +59,7 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
                                                                (128, 4), (128, 8), (64, 1), (64, 2), (128, 2))]
 # the exact fallbacks of rare tiles (IEEE division for scales past 2^+-100, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
+CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (not yet timed)
 RARE_PATHS = tl.constexpr(True)
 # sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
 # the per-element 2-byte loads left int2's store L1-bound on the H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%);
@@ -567,6 +568,19 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             i2 = _elem_of(j, 2, NB, K, ST)
             i3 = _elem_of(j, 3, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
+    elif CHAN and CHAN_T:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
+        tg = tl.arange(0, G)[:, None]
+        xg = tl.load(x_ptr + (grp * G + tg).to(tl.int64) * st + h * sh + c[None, :] * sd, mask=(c < D)[None, :],
+                     other=0.0)  # [G, R]
+        x0, x1, x2, x3 = byte_tiles(tl.trans(xg), R, NB, K, ST)
+        i0 = _elem_of(j, 0, NB, K, ST)
+        i1, i2, i3 = i0, i0, i0
+        if K >= 2:
+            i1 = _elem_of(j, 1, NB, K, ST)
+        if K == 4:
+            i2 = _elem_of(j, 2, NB, K, ST)
+            i3 = _elem_of(j, 3, NB, K, ST)
+        f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     elif PK:  # byte j's K elements in one word [R, NB] (little-endian: element k at bits 16 k)
         wt = tl.load(xr.to(tl.pointer_type(tl.int64 if K == 4 else tl.int32)) + j, mask=lm, other=0)
         XT: tl.constexpr = x_ptr.dtype.element_ty

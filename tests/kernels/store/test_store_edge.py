@@ -438,3 +438,20 @@ def test_two_pass_store_is_the_oracle(name, monkeypatch):
     if spec.axis != "chan":  # a fixed one-row tile: the flags cover its grid, the largest one
         tri1, _ = run_store(x, slots, lay, n_pages, spec, "triton", config={"block_r": 1, "num_warps": 1}, **kw)
         assert_same_pages(ref, tri1, name + " block_r 1")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("name", ["kivi4", "kivi2", "int4:g32:chan:sym", "nf4:g32:chan"])
+def test_channel_rows_loaded_whole_and_turned(name, dtype, monkeypatch):
+    """The channel-axis variant that loads a [G tokens, channels] tile whole and transposes it in registers
+    (`store.triton.CHAN_T`, off by default until timed on a GPU) stores the oracle's bytes, edge values included."""
+    import triton.language as tl
+
+    from kvlab.kernels.store import triton as st
+    spec = spec_of(name)
+    assert st.kernel_params(spec, 64)["FLAT"], name
+    x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    monkeypatch.setattr(st, "CHAN_T", tl.constexpr(True))
+    got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, got, f"{name} {dtype} (CHAN_T)", spec)
