@@ -476,6 +476,19 @@ def _elem_of(j, k, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
 
 
 @triton.jit
+def _elems_of(j, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
+    """The elements of byte j held by its K sub-elements (`_elem_of`; element 0's repeated when K < 4)."""
+    i0 = _elem_of(j, 0, NB, K, ST)
+    i1, i2, i3 = i0, i0, i0
+    if K >= 2:
+        i1 = _elem_of(j, 1, NB, K, ST)
+    if K == 4:
+        i2 = _elem_of(j, 2, NB, K, ST)
+        i3 = _elem_of(j, 3, NB, K, ST)
+    return i0, i1, i2, i3
+
+
+@triton.jit
 def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
     """Elements k of every byte of the group rows: [R, NB]."""
     i = _elem_of(j, k, NB, K, ST)
@@ -560,26 +573,14 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         xt = as_f32(tl.load(x_ptr + tt.to(tl.int64) * st + h * sh + cc * sd, mask=tt < T, other=0.0))
         y = tl.reshape(fwht_rows(xt, BLOCK_R, NG * G, ROT, RC), [R, G])
         f0, f1, f2, f3 = byte_tiles(y, R, NB, K, ST)
-        i0 = _elem_of(j, 0, NB, K, ST)
-        i1, i2, i3 = i0, i0, i0
-        if K >= 2:
-            i1 = _elem_of(j, 1, NB, K, ST)
-        if K == 4:
-            i2 = _elem_of(j, 2, NB, K, ST)
-            i3 = _elem_of(j, 3, NB, K, ST)
+        i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
     elif CHAN and CHAN_T:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
         tg = tl.arange(0, G)[:, None]
         xg = tl.load(x_ptr + (grp * G + tg).to(tl.int64) * st + h * sh + c[None, :] * sd, mask=(c < D)[None, :],
                      other=0.0)  # [G, R]
         x0, x1, x2, x3 = byte_tiles(tl.trans(xg), R, NB, K, ST)
-        i0 = _elem_of(j, 0, NB, K, ST)
-        i1, i2, i3 = i0, i0, i0
-        if K >= 2:
-            i1 = _elem_of(j, 1, NB, K, ST)
-        if K == 4:
-            i2 = _elem_of(j, 2, NB, K, ST)
-            i3 = _elem_of(j, 3, NB, K, ST)
+        i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
         f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
     elif PK:  # byte j's K elements in one word [R, NB] (little-endian: element k at bits 16 k)
         wt = tl.load(xr.to(tl.pointer_type(tl.int64 if K == 4 else tl.int32)) + j, mask=lm, other=0)
