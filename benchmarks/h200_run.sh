@@ -16,6 +16,9 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s22   # issue 17 (prepared in session 21, not yet run): KIVI's whole-tile channel load
+#                                     # (store_variants --chan-t 1 / 0), the store table with the token-bucketed
+#                                     # autotuner, the model's own prefill (prefill.csv) after the extend work
 #   bash benchmarks/h200_run.sh s21   # issue 17: batch-1 extend through CUDA graphs: GPU extend tests, host profile,
 #                                     # the batch-1 extend table (auto_host replayed, auto_host_eager, fresh lengths)
 #   bash benchmarks/h200_run.sh s20   # issue 17: the store's codebook bin table (tests, --lut 1/0 variants, store table);
@@ -675,6 +678,20 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-120}" python3 benchmarks/run.py --out /tmp/store --cases store \
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
+  ;;
+s22)  # prepared in session 21 (issue 17): KIVI's channel rows loaded as one tile (CHAN_T) against the default, then
+  # the whole store table (gate first; the autotuner keyed by the written tokens' bucket), then the model's prefill
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-90}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store -k "chan or kivi" \
+    2>&1 | tee "$OUT/pytest_store_chan.log" | tail -3
+  for ct in 0 1; do
+    timeout "${SV_S:-60}" python3 benchmarks/store_variants.py kivi4 kivi2 int4:g32:chan:asym --configs \
+      "${SV_CONFIGS:-32x4,64x4,128x4}" --two 0 --chan-t "$ct" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    --schemes "${ST_SCHEMES:-bf16,q4_0,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl,lm2,lm3,lm4}" 2>&1 | tail -1
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${PREFILL_S:-200}" python3 benchmarks/prefill_bench.py --out "$OUT/prefill" \
+    --lens 32768 --schemes "${PF_SCHEMES:-bf16,q4_0,kivi4}" 2>&1 | tail -4
   ;;
 s21)  # session 21 (issue 17): batch-1 extend replayed through CUDA graphs (extend/graphs.py): GPU extend tests, the
   # host profile of replayed calls, the batch-1 extend table with graphs (auto_host) and without (auto_host_eager),
