@@ -4,8 +4,8 @@ wall time of each call of a fresh-length sequence (two eager calls, the capture,
 
     python benchmarks/graph_probe.py [--shapes smollm2_p8k,p8k_b1] [--schemes bf16,fp8_e4m3,...] [--out DIR]
 
-A/B variants are fixed dispatch changes (`dense.building` patched for the chunk), not what a user gets; they say which
-one ships. Prints one line per cell; writes graph_probe.txt under --out.
+A/B variants are fixed dispatch changes (`extend.api.GRAPH_CUDNN_CHUNK_MIN_FLOPS` patched for the chunk), not what
+a user gets; they say which one ships. Prints one line per cell; writes graph_probe.txt under --out.
 """
 from __future__ import annotations
 
@@ -31,15 +31,16 @@ def main() -> None:
 
     from profile_extend import extend_case
     from run import EXTEND_SHAPES, extend_peers
-    from kvlab.kernels.extend import dense, graphs
+    from kvlab.kernels.extend import api as ext_api
+    from kvlab.kernels.extend import graphs
     lines = []
-    real_building = dense.building
+    default = ext_api.GRAPH_CUDNN_CHUNK_MIN_FLOPS
     for sname in a.shapes.split(","):
         cudnn = extend_peers(EXTEND_SHAPES[sname])[0]
         for name in a.schemes.split(","):
             res = []
             for chunk in ("cudnn", "flash"):
-                dense.building = real_building if chunk == "cudnn" else (lambda: False)
+                ext_api.GRAPH_CUDNN_CHUNK_MIN_FLOPS = default if chunk == "cudnn" else float("inf")
                 graphs.clear()
                 graphs.STATS.clear()
                 fn = extend_case(sname, name, "auto_host")
@@ -53,7 +54,7 @@ def main() -> None:
                 ms = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
                 res.append(f"{chunk} {ms:.3f} ms (x{ms / cudnn:.2f}) calls {' '.join(f'{w:.1f}' for w in walls)} "
                            f"{dict(graphs.STATS)}")
-            dense.building = real_building
+            ext_api.GRAPH_CUDNN_CHUNK_MIN_FLOPS = default
             line = f"== {sname} {name} cuDNN {cudnn:.3f}: " + " | ".join(res)
             print(line, flush=True)
             lines.append(line)

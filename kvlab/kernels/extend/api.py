@@ -43,6 +43,8 @@ DENSE_MIN_FLOPS = 5e10       # per sequence, for codecs the fused kernel reads f
 DENSE_MIN_FLOPS_SLOW = 1e10  # per sequence, for fp8, int8, codebooks and rotations (`slow_in_fused`), and for every
 # family inside a graph (`graphs.py`): with the host work replayed away the dense path's GPU time decides; SmolLM2's
 # 8K shape (1.9e10) replayed 0.150 ms for fp8 (dense) against 0.253 bf16 / 0.333 q4_0 (fused) (runs/s21-0dc8c93)
+GRAPH_CUDNN_CHUNK_MIN_FLOPS = 0.0  # inside a graph every equal chunk goes to one cuDNN call (B 1 x 8K: 0.297-0.306 ms
+# against flash's 0.333-0.344, runs/s21c-f596efc; outside, dense.CUDNN_CHUNK_MIN_FLOPS: cuDNN's host time decides)
 
 
 def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, kv_indices, kv_last_page_len,
@@ -115,7 +117,8 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
         need(why is None, why)
     static = (sm_scale, backend, cfg, max_qo_len, dense_bucket)
     if graph_mod.wanted(graphs, q, B, host_lens, backend):
-        return graph_mod.call(_dispatch, q, k_new, v_new, qo_indptr, kv, host_lens, out, static)
+        return graph_mod.call(_dispatch, q, k_new, v_new, qo_indptr, kv, host_lens, out, static,
+                              dense_bucket if backend == "dense" else dense.BUCKET)
     return _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, *static)
 
 
@@ -127,8 +130,10 @@ def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend,
     blocked = _capturing(q) and not graph_mod.building()  # another capture: the dense path would read lengths back
     prefix = chunk = None
     host_qo = host_lens[0] if host_lens is not None else None
+    # equal chunks to one cuDNN call from this many flops (inside a graph, where host time is replayed away: all)
+    cudnn_min = GRAPH_CUDNN_CHUNK_MIN_FLOPS if graph_mod.building() else dense.CUDNN_CHUNK_MIN_FLOPS
     if backend == "dense":
-        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo)
+        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, 0, host_qo, cudnn_min)
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, 1, 1, dense_bucket, 0.0, host_lens)
     elif (backend == "auto" and on_gpu() and cfg.dot in (None, "bf16", "fp16") and not blocked
           and dense.why_not(q, kv) is None and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)):
@@ -137,7 +142,8 @@ def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend,
         prefix = functools.partial(_dense_prefix, dense, kv, qo_indptr, sm_scale, DENSE_MIN_ROWS, DENSE_MIN_PREFIX,
                                    dense.BUCKET, min_flops, host_lens)
     if backend == "auto" and on_gpu() and q.is_cuda and cfg.dot in (None, "bf16", "fp16") and not blocked:
-        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, dense.CHUNK_MIN_ROWS, host_qo)
+        chunk = functools.partial(_dense_chunk, dense, qo_indptr, sm_scale, dense.CHUNK_MIN_ROWS, host_qo,
+                                  cudnn_min)
     return triton.run(q, k_new, v_new, qo_indptr, kv, sm_scale, cfg, max_qo_len=max_qo_len, out=out, prefix=prefix,
                       chunk=chunk)
 
@@ -181,8 +187,9 @@ def _dense_prefix(dense, kv, qo_indptr, sm_scale, min_rows, min_prefix, bucket, 
                                  min_flops=min_flops, host_lens=host_lens, ops=ops, rotate_q=rotate_q)
 
 
-def _dense_chunk(dense, qo_indptr, sm_scale, min_rows, host_qo, q, k_new, v_new, max_qo_len):
-    return dense.attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len, sm_scale, min_rows=min_rows, host_qo=host_qo)
+def _dense_chunk(dense, qo_indptr, sm_scale, min_rows, host_qo, cudnn_min, q, k_new, v_new, max_qo_len):
+    return dense.attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len, sm_scale, min_rows=min_rows, host_qo=host_qo,
+                               cudnn_min_flops=cudnn_min)
 
 
 def check_host_lens(host_lens, qo_indptr, kv, qo_indptr_total: int) -> tuple[list, list, list]:

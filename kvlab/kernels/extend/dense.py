@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..env import interpreting
-from .graphs import building, device_table
+from .graphs import device_table
 from ..paged import PagedKV
 from ..tiles.attention import kv_tiles
 from ..tiles.operands import page_operands, slot_args
@@ -223,12 +223,13 @@ _NO_FLASH: set = set()  # (device type, D, dtype) where the varlen flash call ra
 
 
 def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, min_rows: int = 0,
-                  host_qo=None):
+                  host_qo=None, cudnn_min_flops: float | None = None):
     """The chunks' causal self-attention, all sequences in one varlen call, with its log-sum-exp, for the fused
     kernel to merge (`triton.run(chunk=...)`): key j of a chunk is visible to its query i when j <= i.
 
     q [C, Hq, D], k_new / v_new [C, Hk, D] (rotated already where the specs are), qo_indptr [B+1]. On a GPU: chunks
-    of one length (host_qo) costing CUDNN_CHUNK_MIN_FLOPS or more in one batched cuDNN call (`_cudnn_chunks`), else
+    of one length (host_qo) costing cudnn_min_flops (default CUDNN_CHUNK_MIN_FLOPS) or more in one batched cuDNN call
+    (`_cudnn_chunks`), else
     torch's flash attention (varlen, GQA native, 16-bit: bf16 unless all three are fp16); on the CPU (interpreter tests):
     torch's CPU flash attention per sequence in q's dtype. Returns None where it does not run (the longest chunk
     below `min_rows` (query, head) rows per KV head, a head_dim flash does not take, a failed flash call), else
@@ -238,6 +239,7 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
     C, Hq, D = q.shape
     Hk = k_new.shape[1]
     G = Hq // Hk
+    cudnn_min_flops = CUDNN_CHUNK_MIN_FLOPS if cudnn_min_flops is None else cudnn_min_flops
     if C == 0 or max_qo_len * G < min_rows or D % 8 or D > 256:
         return None
     if not q.is_cuda:
@@ -259,7 +261,7 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
         nb = len(host_qo) - 1
         cb = host_qo[1] - host_qo[0] if nb else 0
         if nb and cb and host_qo[-1] == nb * cb == C and all(e - a == cb for a, e in zip(host_qo, host_qo[1:])) \
-                and (2 * nb * cb * cb * Hq * D >= CUDNN_CHUNK_MIN_FLOPS or building()):
+                and 2 * nb * cb * cb * Hq * D >= cudnn_min_flops:
             res = _cudnn_chunks(q, k_new, v_new, nb, cb, sm_scale, dt)
             if res is not None:
                 return res
@@ -280,8 +282,8 @@ def attend_chunks(q, k_new, v_new, qo_indptr, max_qo_len: int, sm_scale: float, 
 
 # chunks of equal length (known on the host) whose causal part costs at least this (2 x B x C^2 x Hq x D) go through
 # one batched cuDNN call instead of flash varlen: flash ran B 8 x 1,024 x Hq 32 in 0.336 ms (205 TFLOP/s,
-# runs/s16b-5ee5d62), a fifth of the call; at batch 1 (8.6e9) the extra host time of cuDNN's op outweighs its gain,
-# except inside a CUDA graph (`graphs.py`), where host time is replayed away: there every equal chunk goes to cuDNN
+# runs/s16b-5ee5d62), a fifth of the call; at batch 1 (8.6e9) the extra host time of cuDNN's op outweighs its gain
+# (inside a CUDA graph host time is replayed away: api.GRAPH_CUDNN_CHUNK_MIN_FLOPS)
 CUDNN_CHUNK_MIN_FLOPS = 2e10
 _NO_CUDNN_CHUNK: set = set()  # (D, dtype) where the cuDNN chunk call raised: flash keeps the chunk
 

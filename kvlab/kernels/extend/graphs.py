@@ -9,7 +9,7 @@ tensors and launches the graph. vLLM and SGLang replay graphs for the same reaso
 prefill too).
 
 What a graph may bake in, and so what its key holds:
-  * host values: the chunk length, the prefix's bucket L // BUCKET (the dense part covers the same whole buckets for
+  * host values: the chunk length, the prefix's bucket L // bucket (the dense part covers the same whole buckets for
     every L of one bucket) and whether L is a whole number of buckets (then the plan is merge-only and reads no
     remainder; otherwise the fused kernel reads the remainder with the lengths on the device), sm_scale, the config,
     the backend, the specs and page size;
@@ -45,7 +45,6 @@ from ..env import interpreting
 GRAPH_AFTER = 2     # eager calls of a key before it is captured (a long prompt's chunks move through buckets; a key
 #                     seen a third time is a repeated shape: serving's steady state, a benchmark)
 MAX_GRAPHS = 4      # graphs kept (each holds its workspace)
-BUCKET = 2048       # the prefix-length bucket (dense.BUCKET: the dense part covers whole buckets)
 MAX_SEEN = 4096     # keys counted before the counts are reset
 LIFE_WINDOW = 4096  # calls after which the thrash guard's counts start again
 EMULATE = False     # tests: run the plumbing on the CPU, a replay re-running the frozen plan eagerly
@@ -118,14 +117,14 @@ def _pages_key(pages: dict):
     return tuple(sorted((k, _tensor_key(v)) for k, v in pages.items()))
 
 
-def call(fn, q, k_new, v_new, qo_indptr, kv, host_lens, out, static_args: tuple):
+def call(fn, q, k_new, v_new, qo_indptr, kv, host_lens, out, static_args: tuple, bucket: int):
     """Run fn(q, k_new, v_new, qo_indptr, kv, host_lens, out, *static_args) (the dispatch after the checks) eagerly or
-    through its key's graph. static_args must be hashable (sm_scale, backend, config, max_qo_len, dense_bucket)."""
+    through its key's graph. static_args must be hashable (sm_scale, backend, config, max_qo_len, dense_bucket);
+    bucket: the prefix tokens the dense part covers in whole multiples of (the key holds L // bucket)."""
     qo, ind, last = host_lens
     P = kv.page_size
     n_pages = ind[1] - ind[0]
     L = (n_pages - 1) * P + last[0] if n_pages else 0
-    bucket = static_args[-1] if static_args[1] == "dense" else BUCKET  # the bucket the dense part covers
     key = (tuple(q.shape), q.dtype, str(q.device), tuple(k_new.shape), k_new.dtype, v_new.dtype, qo_indptr.dtype,
            kv.kv_indptr.dtype, kv.kv_indices.dtype, kv.kv_last_page_len.dtype, str(kv.k_spec), str(kv.v_spec), P,
            _pages_key(kv.k_pages), _pages_key(kv.v_pages), _tensor_key(kv.k_fp), _tensor_key(kv.v_fp),
