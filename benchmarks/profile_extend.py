@@ -26,7 +26,7 @@ def extend_case(sname: str, name: str, backend: str, out=None):
     """A no-argument callable running one default-dispatch `extend` call of benchmarks/run.py's shape `sname` and scheme
     `name` on a synthetic cache; backend auto / triton / dense, with "_host" the lengths passed on the host."""
     import kvlab
-    from run import EXTEND_SHAPES, SCHEMES, page_size
+    from run import EXTEND_SHAPES, SCHEMES, chunk_inputs, page_size
     from kvlab.kernels.autotune import synthetic_cache
     from kvlab.kernels.extend import extend
     shape = EXTEND_SHAPES[sname]
@@ -34,9 +34,7 @@ def extend_case(sname: str, name: str, backend: str, out=None):
     B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
     c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
-    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D)
     eager = backend.endswith("_eager")  # graphs=False (batch 1 with host lengths otherwise replays a graph)
     backend = backend[:-len("_eager")] if eager else backend
     host = backend.endswith("_host")

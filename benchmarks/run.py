@@ -322,6 +322,13 @@ def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()
 
 
+def chunk_inputs(B: int, C: int, Hq: int, Hk: int, D: int) -> tuple:
+    """B chunks of C tokens on the GPU, bf16: q [B C, Hq, D] (scaled by 0.3), k_new / v_new [B C, Hk, D], qo_indptr."""
+    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, kn, vn, torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+
+
 def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False, graphs: bool = True) -> float:
     """Median ms of one extend call through the public API, repeated on one shape. host: the lengths passed on the
     host (`host_lens`, as the pool's prefill passes them), so the call never synchronizes; at batch 1 the default then
@@ -340,9 +347,7 @@ def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False,
         fp["k_fp"] = torch.randn(B, Hk, W, D, device="cuda", dtype=torch.bfloat16)
         fp["v_fp"] = torch.randn_like(fp["k_fp"])
         fp["fp_len"] = torch.full((B,), W, dtype=torch.int32, device="cuda")
-    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D)
     out = torch.empty_like(q)
     hl = (qo.tolist(), c["kv_indptr"].tolist(), c["kv_last_page_len"].tolist()) if host else None
 
@@ -366,9 +371,7 @@ def extend_fresh(sch, shape: dict, n: int = 6) -> tuple[float, float]:
     from kvlab.kernels.extend import extend
     B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
-    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D)
     tot, first = 0.0, None
     for i in range(0, n + 1):
         c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L - 32 * (i + 1) - 7 * (sch.k.axis != "chan"), "cuda", seed=i)
@@ -393,9 +396,7 @@ def extend_fresh_host(sch, shape: dict, n: int = 12) -> tuple[float, float, dict
     from kvlab.kernels.extend import extend, graphs
     B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
-    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    qo = torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D)
     c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda", seed=1)
     graphs.clear()
     graphs.STATS.clear()
@@ -403,13 +404,12 @@ def extend_fresh_host(sch, shape: dict, n: int = 12) -> tuple[float, float, dict
     for i in range(0, n + 1):
         Li = L - 32 * (i + 1) - 7 * (sch.k.axis != "chan")
         npg = -(-Li // P)
-        ind = torch.tensor([0, npg], dtype=torch.int32, device="cuda")
-        last = torch.tensor([Li - (npg - 1) * P], dtype=torch.int32, device="cuda")
+        host = (qo.tolist(), [0, npg], [Li - (npg - 1) * P])
+        ind, last = (torch.tensor(h, dtype=torch.int32, device="cuda") for h in host[1:])
         torch.cuda.synchronize()
         t = time.perf_counter()
         extend(q, kn, vn, qo, c["k_pages"], c["v_pages"], ind, c["kv_indices"][:npg], last, sch.k, sch.v, P,
-               k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], max_qo_len=C,
-               host_lens=(qo.tolist(), [0, npg], [Li - (npg - 1) * P]))
+               k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], max_qo_len=C, host_lens=host)
         torch.cuda.synchronize()
         walls.append((time.perf_counter() - t) * 1e3)
     first, rest = walls[0], walls[1:]
