@@ -16,7 +16,9 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
-#   bash benchmarks/h200_run.sh s22   # issue 17 (prepared in session 21, not yet run): KIVI's whole-tile channel load
+#   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
+#                                     # rare fallback (cvt.rni on / off, one launch vs two, register caps)
+#   bash benchmarks/h200_run.sh s22   # issue 17 (prepared in session 21, run in session 22): KIVI's whole-tile channel load
 #                                     # (store_variants --chan-t 1 / 0), the store table with the token-bucketed
 #                                     # autotuner, the model's own prefill (prefill.csv) after the extend work
 #   bash benchmarks/h200_run.sh s21   # issue 17: batch-1 extend through CUDA graphs: GPU extend tests, host profile,
@@ -678,6 +680,24 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-120}" python3 benchmarks/run.py --out /tmp/store --cases store \
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
+  ;;
+s22b)  # session 22 (issue 17): the store after cvt.rni int codes (HW_RINT) and the rare fallback's reloaded inputs: GPU
+  # store tests (codes against the oracle), cvt.rni on / off, one launch against two (the main pass without the
+  # fallback's registers), register caps
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/kernels/store \
+    tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
+  pkill -f "pytest" ; sleep 2
+  for hr in 1 0; do
+    timeout 60 python3 benchmarks/store_variants.py int2 int3 int4:g32:asym --configs 32x4 --two 0 --hw-rint "$hr" \
+      2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  for two in 0 1; do
+    timeout "${SV_S:-110}" python3 benchmarks/store_variants.py ${SV_SCHEMES:-int2 int3 nf4 iq4nl mxfp4 nvfp4 kivi4} \
+      --configs "${SV_CONFIGS:-16x4,32x4}" --two "$two" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
+  timeout 60 python3 benchmarks/store_variants.py int3 nf4 mxfp4 --configs 32x4r64,32x4r80,64x4r96 --two 0 2>&1 \
+    | grep variant | tee -a "$OUT/store_variants.txt"
   ;;
 s22)  # prepared in session 21 (issue 17): KIVI's channel rows loaded as one tile (CHAN_T) against the default, then
   # the whole store table (gate first; the autotuner keyed by the written tokens' bucket), then the model's prefill

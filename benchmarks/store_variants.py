@@ -1,6 +1,8 @@
 """Store kernel variants timed at fixed configs (no autotuning: seconds, not minutes, of compiles).
 
-    python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4 [--packed 0|1]
+    python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4,32x4r64 [--packed 0|1] [--hw-rint 0|1]
+
+A config is ROWSxWARPS, optionally rMAXNREG (a register cap per thread).
 
 --bound 0: the sorted brackets' rare check per element too. --lut 0: fixed codebooks by the bisection instead of the bin table. --two 0: the exact fallback inline (one launch) instead of the two-pass store. --rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
@@ -32,6 +34,8 @@ def main() -> None:
                     "the group's scale bounds x (`store.triton.BOUND_CHECK`)")
     ap.add_argument("--two", type=int, default=1, help="0: the rare exact fallback inline instead of a second launch "
                     "(`store.triton.TWO_PASS`)")
+    ap.add_argument("--hw-rint", type=int, default=1, help="0: round-half-even int codes by the float path on the GPU "
+                    "too, not `cvt.rni` (`store.triton.HW_RINT`)")
     ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
                     "transposed in registers (`store.triton.CHAN_T`)")
     a = ap.parse_args()
@@ -46,6 +50,9 @@ def main() -> None:
     st.TWO_PASS = bool(a.two)
     st.BRACKET_LUT = bool(a.lut)
     st.BOUND_CHECK = bool(a.bound)
+    if not a.hw_rint:
+        import triton.language as tl
+        st.HW_RINT = tl.constexpr(False)
     if a.chan_t:
         import triton.language as tl
         st.CHAN_T = tl.constexpr(True)
@@ -60,11 +67,13 @@ def main() -> None:
         sch = kvlab.scheme(SCHEMES.get(name, name))
         w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
         for c in a.configs.split(","):
-            br, nw = (int(v) for v in c.split("x"))
-            cfg = StoreConfig(block_r=br, num_warps=nw)
+            br, _, rest = c.partition("x")  # ROWSxWARPS[rMAXNREG]
+            nw, _, nreg = rest.partition("r")
+            cfg = StoreConfig(block_r=int(br), num_warps=int(nw), maxnreg=int(nreg) if nreg else None)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
-            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} {name:9s} {c:5s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} "
+                  f"hw_rint={a.hw_rint} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 
 import torch
@@ -26,6 +27,9 @@ def main() -> None:
     ap.add_argument("--block-rows", type=int, default=32)
     ap.add_argument("--general", action="store_true", help="the general tile path, not the group-row one")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
+    ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
+    ap.add_argument("--dump", metavar="DIR", help="also write each kernel's SASS to DIR/<scheme>.sass")
     ap.add_argument("--hot", action="store_true", help="without the rare exact fallbacks (RARE_PATHS): the path "
                     "nearly every tile takes; wrong codes, for counting only")
     a = ap.parse_args()
@@ -49,6 +53,8 @@ def main() -> None:
     JITFunction.run = run
     st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
     st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
+    if a.two:
+        st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:
         import triton.language as tl
         st.RARE_PATHS = tl.constexpr(False)
@@ -66,11 +72,15 @@ def main() -> None:
             kw["scale"] = torch.ones(1)
         kernels.clear()
         st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,
-               config=StoreConfig(block_r=a.block_rows, num_warps=a.warps), **kw)
+               config=StoreConfig(block_r=a.block_rows, num_warps=a.warps, maxnreg=a.maxnreg), **kw)
         tile = a.block_rows * (G if spec.axis == "chan" else D)
         for k in kernels:
-            ops = collections.Counter()
-            for ln in sass(k).splitlines():
+            ops, text = collections.Counter(), sass(k)
+            if a.dump:
+                os.makedirs(a.dump, exist_ok=True)
+                with open(os.path.join(a.dump, name.replace(":", "_") + ".sass"), "w") as f:
+                    f.write(text)
+            for ln in text.splitlines():
                 m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
                 if m:
                     ops[m.group(1) + ((m.group(2) or "") if m.group(1) in ("LDG", "STG", "LDS", "STS") else "")] += 1

@@ -150,13 +150,17 @@ class ExtendConfig(_Config, op="extend"):
 
 @dataclass(frozen=True)
 class StoreConfig(_Config, op="store"):
-    """The store kernel (`store/triton.py`): block_r rows (tokens, or channels for axis chan) per program."""
+    """The store kernel (`store/triton.py`): block_r rows (tokens, or channels for axis chan) per program; maxnreg:
+    register cap per thread (None: the compiler's choice; a cap fits more programs an SM, whose loads are then in
+    flight while others compute)."""
     block_r: int = 16
     num_warps: int = 4
+    maxnreg: int | None = None
 
     def __post_init__(self):
         _pow2_in("block_r", self.block_r, 1, 256)
         _pow2_in("num_warps", self.num_warps, 1, 16)  # one stage: no pipelined loop
+        _opt_int("maxnreg", self.maxnreg, 32, 255)
 
 
 CONFIGS = {("decode", "triton"): TritonDecodeConfig, ("decode", "gluon"): GluonDecodeConfig,

@@ -42,7 +42,8 @@ from ...quant.packing import plane_order
 from ...quant.rotation import norm_constant
 from ..configs import T_BUCKETS, StoreConfig, fuses_rotation, t_bucket
 from ..env import interpreting
-from ..tiles.exact import as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, round_away
+from ..tiles.exact import (as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, rint_i32_hw,
+                           round_away)
 from ..tiles.rotate import byte_tiles, fwht_rows
 from ..tiles.bracket import bins_for, bracket_table, lut_codes
 
@@ -61,6 +62,10 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (not yet timed)
 RARE_PATHS = tl.constexpr(True)
+# round-half-even int codes on sm_90+ GPUs by one `cvt.rni.s32.f32` and an integer clamp (constexpr HW) instead of
+# the 2^23 trick, NaN select and float clamp (`_rounded`): int2:g32:asym 38.2 -> 32.2 instructions an element offline
+# (sm_90, 32-row tiles). False: the float path on the GPU too (for `benchmarks/store_variants.py`)
+HW_RINT = tl.constexpr(True)
 # sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
 # the per-element 2-byte loads left int2's store L1-bound on the H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%);
 # offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
@@ -175,10 +180,23 @@ def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.conste
 
 
 @triton.jit
+def _rounded(v, RND: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr):
+    """int32 code of a NaN-free quotient v by the spec's rounding, plus OFF, clamped to [0, QMAX] (exact float ops)."""
+    if RND == 2:  # GGML: trunc(v + off + 0.5), clamped: the clamp at 0 and the int conversion's truncation
+        r = v + (OFF + 0.5)  # of the non-negative result give exactly that (trunc(r) <= 0 iff r < 1)
+    elif RND == 1:  # +-inf (an overflowing reciprocal) is +-FLT_MAX in the oracle (nan_to_num): saturate
+        r = round_away(tl.minimum(tl.maximum(v, -16777216.0), 16777216.0)) + OFF  # first (integers past 2^24)
+    else:
+        r = rint_even(v) + OFF
+    return tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)  # r is never NaN here
+
+
+@triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
            HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0, LUT: tl.constexpr = 0):
-    """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: GPU conversions (fp8).
+    """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: the GPU's conversions (fp8 codes, and
+    round-half-even int codes by `cvt.rni`), sm_90+ GPUs only.
     CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a binary search over its
     magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels; with FMT 0, a
     calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
@@ -213,14 +231,12 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
                 if tl.max(_inv_odd(inv).to(tl.int32)) > 0:  # rare: a scale past 2^+-100, IEEE division
                     num_b, den_b = tl.broadcast(num, den)
                     v = tl.where(nz, 0.0, tl.math.div_rn(num_b, den_b))
-        v = tl.where(v != v, 0.0, v)
-        if RND == 2:  # GGML: trunc(v + off + 0.5), clamped: the clamp at 0 and the int conversion's truncation
-            r = v + (OFF + 0.5)  # of the non-negative result give exactly that (trunc(r) <= 0 iff r < 1)
-        elif RND == 1:  # +-inf (an overflowing reciprocal) is +-FLT_MAX in the oracle (nan_to_num): saturate
-            r = round_away(tl.minimum(tl.maximum(v, -16777216.0), 16777216.0)) + OFF  # first (integers past 2^24)
+        if HW and HW_RINT and RND == 0:  # the GPU's cvt.rni (ties to even, NaN -> 0 as the oracle's nan_to_num, saturating):
+            # one conversion and an integer clamp instead of the 2^23 trick's eleven instructions an element
+            u = tl.minimum(tl.maximum(rint_i32_hw(v), -OFF), QMAX - OFF) + OFF
         else:
-            r = rint_even(v) + OFF
-        u = tl.minimum(tl.maximum(r, 0.0), QMAX * 1.0).to(tl.int32)  # r is never NaN here
+            v = tl.where(v != v, 0.0, v)
+            u = _rounded(v, RND, OFF, QMAX)
         if XORC:  # two's-complement codes (8-bit symmetric, or `twos`): flip the offset's top bit
             u = u ^ XORC
     elif FMT <= 2:
@@ -521,52 +537,11 @@ def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, S
 
 
 @triton.jit
-def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st,
-                sh, sd, pid, h, grp, HK: tl.constexpr, P: tl.constexpr, D: tl.constexpr, CHAN: tl.constexpr, FMT: tl.constexpr,
-                G: tl.constexpr, NG: tl.constexpr,
-                STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
-                SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
-                RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
-                ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
-                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr,
-                BOUND: tl.constexpr):
-    """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
-    x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
-    statistics, the codes and the packed bytes all live in one layout and every load and store is
-    a contiguous vector (strided GGML packing) or a K-strided one (sequential packing). ROT: the BLOCK_R token
-    rows are loaded whole, rotated in registers and cut into the K element tiles. WH > 0: a second, sequentially
-    packed bit plane of WH bits (int3 / lm3 = 2 + 1, int5 = 4 + 1, int6 = 4 + 2) from the same codes: its bytes
-    hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane.
-    CHAN (channel-axis groups, KIVI keys): the group rows are BLOCK_R channels of one G-token group (program grp),
-    the elements of a row G consecutive tokens; everything after the loads is the same. PK (sequential packing of
-    16-bit inputs with unit element stride, rows aligned): the K elements of a byte are K contiguous 16-bit values,
-    loaded as one 2K-byte word and cut by shifts, so a warp's load is one contiguous run instead of K strided ones.
-    TWO (the rare exact fallback, `run`): 0 inline (a tile with a rare element recomputes its codes exactly here);
-    1 the main pass of two: fast codes only, flag_ptr[prog] = whether the tile has a rare element; 2 the fixup pass
-    (entered only for flagged programs): the exact codes."""
-    R: tl.constexpr = BLOCK_R * NG
-    K: tl.constexpr = 8 // W
-    NB: tl.constexpr = G // K
-    q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG (CHAN: channel)
-    j = tl.arange(0, NB)[None, :]  # [1, NB]
-    if CHAN:  # one slot for the group's G tokens (consecutive slots from a multiple of G)
-        c = pid * BLOCK_R + q
-        slot = tl.load(slot_ptr + grp * G + q * 0).to(tl.int64)  # [R], one value
-        live = (c < D) & (slot >= 0)
-        unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages
-        xr = (x_ptr + (grp * G).to(tl.int64) * st + h * sh + c * sd)[:, None]  # [R, 1]
-        lm = (c < D)[:, None]
-        est = st  # element (token) stride
-    else:
-        t = pid * BLOCK_R + q // NG
-        g = q % NG
-        slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
-        live = (t < T) & (slot >= 0)
-        unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
-        xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
-        lm = (t < T)[:, None]
-        est = sd
-    X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16 and ROT == 0
+def _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h, R: tl.constexpr, NB: tl.constexpr,
+                K: tl.constexpr, ST: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, ROT: tl.constexpr,
+                RC: tl.constexpr, CHAN: tl.constexpr, PK: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr):
+    """The K element tiles [R, NB] of `_store_rows`' group rows: as loaded (x0..x3, the input's dtype; rotated float32
+    where ROT), as float32 (f0..f3), and the group element each holds (i0..i3, [1, NB]). Tile 0 repeated when K < 4."""
     if ROT > 0:  # whole token rows [BLOCK_R, D], rotated, then cut into [R, NB] element tiles
         tt = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         cc = tl.arange(0, NG * G)[None, :]
@@ -608,6 +583,59 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             x2, i2 = _tile(xr, 2, j, lm, est, NB, K, ST)
             x3, i3 = _tile(xr, 3, j, lm, est, NB, K, ST)
         f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
+    return x0, x1, x2, x3, f0, f1, f2, f3, i0, i1, i2, i3
+
+
+@triton.jit
+def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st,
+                sh, sd, pid, h, grp, HK: tl.constexpr, P: tl.constexpr, D: tl.constexpr, CHAN: tl.constexpr, FMT: tl.constexpr,
+                G: tl.constexpr, NG: tl.constexpr,
+                STATIC: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, SDT: tl.constexpr,
+                SDIV: tl.constexpr, ELEM_INT: tl.constexpr, HAS_TS: tl.constexpr, RND: tl.constexpr,
+                RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
+                ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
+                WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr,
+                BOUND: tl.constexpr):
+    """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
+    x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
+    statistics, the codes and the packed bytes all live in one layout and every load and store is
+    a contiguous vector (strided GGML packing) or a K-strided one (sequential packing). ROT: the BLOCK_R token
+    rows are loaded whole, rotated in registers and cut into the K element tiles. WH > 0: a second, sequentially
+    packed bit plane of WH bits (int3 / lm3 = 2 + 1, int5 = 4 + 1, int6 = 4 + 2) from the same codes: its bytes
+    hold the high bits of 8 / WH consecutive elements, i.e. of 8 / (WH * K) adjacent bytes of the first plane.
+    CHAN (channel-axis groups, KIVI keys): the group rows are BLOCK_R channels of one G-token group (program grp),
+    the elements of a row G consecutive tokens; everything after the loads is the same. PK (sequential packing of
+    16-bit inputs with unit element stride, rows aligned): the K elements of a byte are K contiguous 16-bit values,
+    loaded as one 2K-byte word and cut by shifts, so a warp's load is one contiguous run instead of K strided ones.
+    TWO (the rare exact fallback, `run`): 0 inline (a tile with a rare element recomputes its codes exactly here);
+    1 the main pass of two: fast codes only, flag_ptr[prog] = whether the tile has a rare element; 2 the fixup pass
+    (entered only for flagged programs): the exact codes."""
+    R: tl.constexpr = BLOCK_R * NG
+    K: tl.constexpr = 8 // W
+    NB: tl.constexpr = G // K
+    q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG (CHAN: channel)
+    j = tl.arange(0, NB)[None, :]  # [1, NB]
+    if CHAN:  # one slot for the group's G tokens (consecutive slots from a multiple of G)
+        c = pid * BLOCK_R + q
+        slot = tl.load(slot_ptr + grp * G + q * 0).to(tl.int64)  # [R], one value
+        live = (c < D) & (slot >= 0)
+        unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages
+        xr = (x_ptr + (grp * G).to(tl.int64) * st + h * sh + c * sd)[:, None]  # [R, 1]
+        lm = (c < D)[:, None]
+        est = st  # element (token) stride
+    else:
+        t = pid * BLOCK_R + q // NG
+        c = t  # (channel rows only)
+        g = q % NG
+        slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+        live = (t < T) & (slot >= 0)
+        unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
+        xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+        lm = (t < T)[:, None]
+        est = sd
+    X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16 and ROT == 0
+    x0, x1, x2, x3, f0, f1, f2, f3, i0, i1, i2, i3 = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h,
+                                                                 R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
     one = tl.full([R], 1.0, tl.float32)
     s_raw = one
     m_raw = one * 0.0
@@ -690,7 +718,10 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         odd = tl.where(live[:, None], odd, 0)  # rows past T or skipped (their zero scales would count as odd)
         if TWO == 1:  # the main pass: the fixup pass recomputes a flagged program (its codes here are overwritten)
             tl.store(flag_ptr + prog, tl.max(odd))
-        elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path
+        elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path, on its inputs loaded again
+            # (holding them in registers across the check cost the codebook stores half their programs an SM)
+            _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h,
+                                                                 R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
             byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                    XORC, HW, CBS, 2, K, W, WH, LUT)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
@@ -900,7 +931,7 @@ def _graph_bench(fn, quantiles=None):
 def _autotuned():
     global _AUTOTUNED
     if _AUTOTUNED is None:
-        cands = [triton.Config({"BLOCK_R": c.block_r}, num_warps=c.num_warps) for c in CANDIDATES]
+        cands = [triton.Config({"BLOCK_R": c.block_r}, num_warps=c.num_warps, maxnreg=c.maxnreg) for c in CANDIDATES]
         _AUTOTUNED = triton.autotune(cands, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune},
                                      do_bench=_graph_bench)(_store_kernel)
     return _AUTOTUNED
@@ -1008,13 +1039,16 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
         tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)](*args, **const, TWO=int(two),
                                                                               enable_fp_fusion=False)
         best = tuner.best_config
-        config = tuned = StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps)
+        config = tuned = StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps,
+                                     maxnreg=getattr(best, "maxnreg", None))
         modes = (2,) if two else ()
     else:
         modes = (1, 2) if two else (0,)
+    extra = {} if interpreting() or config.maxnreg is None else {"maxnreg": config.maxnreg}
     for mode in modes:  # the main pass (unless tuned), then the fixup pass with the same tiles
         _store_kernel[(triton.cdiv(n_rows, config.block_r), Hk, n_grp)](
-            *args, **const, TWO=mode, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False)
+            *args, **const, TWO=mode, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False,
+            **extra)
     return tuned
 
 

@@ -49,6 +49,14 @@ def rint_even(v):
 
 
 @triton.jit
+def rint_i32_hw(v):
+    """int32 round half to even of float32 v by the GPU's `cvt.rni.s32.f32` (one instruction): NaN -> 0, out of
+    range saturates to the int32 extremes. NVIDIA GPUs only (inline PTX: never on the interpreter, whose callers
+    take `rint_even`); equal to `rint_even(v).to(int32)` wherever that is in range."""
+    return tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def round_away(v):
     """Round half away from zero exactly as kvlab.quant.formats.roundf_away (C roundf)."""
     a = tl.abs(v)
