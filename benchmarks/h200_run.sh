@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
+#   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
+#                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
 #                                     # rare fallback (cvt.rni on / off, one launch vs two, register caps)
 #   bash benchmarks/h200_run.sh s22   # issue 17 (prepared in session 21, run in session 22): KIVI's whole-tile channel load
@@ -680,6 +682,18 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-120}" python3 benchmarks/run.py --out /tmp/store --cases store \
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
+  ;;
+s22c)  # session 22 (issue 17): the cvt.rni int codes checked on the GPU (the exact-helper test, the stores' bit-exact
+  # tests of int, division and edge-value specs), then the store table (gate first) of ST_SCHEMES
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/kernels/tiles/test_exact_hw.py \
+    tests/kernels/store/test_store_exact.py tests/kernels/store/test_store_edge.py tests/kernels/test_nonfinite_kernels.py \
+    -k "${STORE_TESTS_K:-hw or preset or grid or head_dims or half_inputs or edge_values or signed_zeros or division or group_row or keeps_the_contract or prefill or decode_batch}" \
+    2>&1 | tee "$OUT/pytest_store.log" | tail -3
+  pkill -f "pytest" ; sleep 2
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    --schemes "${ST_SCHEMES:-int2,int3,int4_had}" 2>&1 | tail -2
+  cut -d, -f1-8 "$OUT/store/store.csv"
   ;;
 s22b)  # session 22 (issue 17): the store after cvt.rni int codes (HW_RINT) and the rare fallback's reloaded inputs: GPU
   # store tests (codes against the oracle), cvt.rni on / off, one launch against two (the main pass without the

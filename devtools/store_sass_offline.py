@@ -80,6 +80,8 @@ def main() -> None:
                 os.makedirs(a.dump, exist_ok=True)
                 with open(os.path.join(a.dump, name.replace(":", "_") + ".sass"), "w") as f:
                     f.write(text)
+                with open(os.path.join(a.dump, name.replace(":", "_") + ".ttgir"), "w") as f:
+                    f.write(k.asm["ttgir"])
             for ln in text.splitlines():
                 m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", ln)
                 if m:

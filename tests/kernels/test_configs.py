@@ -20,7 +20,8 @@ def tmp_cache(tmp_path):
 
 @pytest.mark.parametrize("cfg", [TritonDecodeConfig(block_n=128, num_splits=3, layout="rowfirst", maxnreg=168),
                                  GluonDecodeConfig(tokens_per_warp=32, maxnreg=168, transpose_o=False),
-                                 ExtendConfig(block_m=32), StoreConfig(block_r=64, num_warps=8)],
+                                 ExtendConfig(block_m=32), StoreConfig(block_r=64, num_warps=8),
+                                 StoreConfig(block_r=32, maxnreg=64)],
                          ids=lambda c: type(c).__name__)
 def test_config_round_trips_through_its_dict(cfg):
     d = json.loads(json.dumps(cfg.to_dict()))
@@ -49,6 +50,7 @@ def test_legacy_dicts_of_older_tuned_files_read():
     ("decode", {"BLOCK_M": 64, "version": 1}, "unknown TritonDecodeConfig keys \\['BLOCK_M'\\]"),
     ("decode", {"version": 7}, "config version 7"),
     ("store", {"block_r": 3}, "block_r=3"),
+    ("store", {"maxnreg": 300}, "maxnreg=300"),
     ("extend", TritonDecodeConfig(), "not a config for 'extend'"),
     ("decode", "fast", "must be a dict"),
 ])
