@@ -237,7 +237,8 @@ class Paper:
                 f"{c(st.loc['int2', 'fraction_of_copy'], '.2f', 'store', 'int2 / fraction_of_copy')} (int2) and "
                 f"{c(st.loc['int3', 'fraction_of_copy'], '.2f', 'store', 'int3 / fraction_of_copy')} (int3): the "
                 "IEEE quotient is two fused multiply-adds on the reciprocal (Markstein's correction), where a check "
-                "for quotients near a rounding boundary sent most tiles of bf16 inputs to an exact division. The "
+                "for quotients near a rounding boundary sent most tiles of bf16 inputs to an exact division, and the "
+                "code's round-half-even is one hardware conversion on the GPU instead of a float emulation. The "
                 "codebook searches, channel-axis groups and rotations are bound by instruction issue, not by bytes.", "",
                 self._extend_line(), "", fi_line, ""]
 
