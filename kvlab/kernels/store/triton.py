@@ -66,6 +66,10 @@ RARE_PATHS = tl.constexpr(True)
 # the 2^23 trick, NaN select and float clamp (`_rounded`): int2:g32:asym 38.2 -> 32.2 instructions an element offline
 # (sm_90, 32-row tiles). False: the float path on the GPU too (for `benchmarks/store_variants.py`)
 HW_RINT = tl.constexpr(True)
+# the inline exact fallback of a group-row tile loads its (unrotated) inputs again instead of keeping the float32
+# elements live across the rare check (offline sm_90, 32-row tiles: nf4 128 -> 122 registers, mxfp4 152 -> 128);
+# rotated specs keep theirs (a second rotation in the fallback cost int4_had 104 -> 127 registers)
+RARE_RELOAD = tl.constexpr(True)
 # sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
 # the per-element 2-byte loads left int2's store L1-bound on the H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%);
 # offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
@@ -718,10 +722,10 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         odd = tl.where(live[:, None], odd, 0)  # rows past T or skipped (their zero scales would count as odd)
         if TWO == 1:  # the main pass: the fixup pass recomputes a flagged program (its codes here are overwritten)
             tl.store(flag_ptr + prog, tl.max(odd))
-        elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path, on its inputs loaded again
-            # (holding them in registers across the check cost the codebook stores half their programs an SM)
-            _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h,
-                                                                 R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
+        elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path
+            if RARE_RELOAD and ROT == 0:  # on its inputs loaded again, not held in registers across the check
+                _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd,
+                                                                     h, R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
             byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                    XORC, HW, CBS, 2, K, W, WH, LUT)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
