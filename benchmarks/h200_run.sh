@@ -692,6 +692,8 @@ s23)  # prepared in session 22 (issue 17), not yet run: the store rows not timed
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     --schemes "${ST_SCHEMES:-int4_had,iq4nl,nvfp4,lm2,lm3,lm4}" 2>&1 | tail -1
   cut -d, -f1-8 "$OUT/store/store.csv"
+  timeout 60 python3 benchmarks/store_variants.py int2 --configs 32x4,32x4r64,32x4r72,64x4r96 --two 0 2>&1 \
+    | grep variant | tee -a "$OUT/store_variants.txt"   # int2 at 0.55: 79 registers, 6 programs an SM
   timeout "${PYTEST_S:-240}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_exact_hw.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
   ;;
