@@ -36,6 +36,8 @@ def main() -> None:
                     "(`store.triton.TWO_PASS`)")
     ap.add_argument("--hw-rint", type=int, default=1, help="0: round-half-even int codes by the float path on the GPU "
                     "too, not `cvt.rni` (`store.triton.HW_RINT`)")
+    ap.add_argument("--fwht-in-place", type=int, default=0, help="1: the Hadamard stages of rotated specs in place "
+                    "(`tiles.rotate.IN_PLACE`)")
     ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
                     "transposed in registers (`store.triton.CHAN_T`)")
     a = ap.parse_args()
@@ -53,6 +55,11 @@ def main() -> None:
     if not a.hw_rint:
         import triton.language as tl
         st.HW_RINT = tl.constexpr(False)
+    if a.fwht_in_place:
+        import triton.language as tl
+
+        from kvlab.kernels.tiles import rotate
+        rotate.IN_PLACE = tl.constexpr(True)
     if a.chan_t:
         import triton.language as tl
         st.CHAN_T = tl.constexpr(True)
@@ -73,7 +80,7 @@ def main() -> None:
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
             print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} "
-                  f"hw_rint={a.hw_rint} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

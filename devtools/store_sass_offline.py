@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--block-rows", type=int, default=32)
     ap.add_argument("--general", action="store_true", help="the general tile path, not the group-row one")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--fwht-in-place", action="store_true", help="the Hadamard stages in place (`tiles.rotate.IN_PLACE`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
     ap.add_argument("--dump", metavar="DIR", help="also write each kernel's SASS to DIR/<scheme>.sass")
@@ -53,6 +54,11 @@ def main() -> None:
     JITFunction.run = run
     st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
     st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
+    if a.fwht_in_place:
+        import triton.language as tl
+
+        from kvlab.kernels.tiles import rotate
+        rotate.IN_PLACE = tl.constexpr(True)
     if a.two:
         st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:

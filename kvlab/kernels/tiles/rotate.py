@@ -7,6 +7,7 @@ same operations on a [BR, D] register tile, so the store reads the 16-bit tokens
 float32 rotated copy. Each stage is a split of adjacent pairs, one add and one subtract an element, and a
 join + transpose that Triton lowers to register moves and a shared-memory exchange (offline sm_90: about
 17 instructions an element for a whole load-rotate-store of a [32, 128] tile; `benchmarks/NOTES_store.md`).
+`_fwht_rows_in_place` (behind `IN_PLACE`) runs the same additions in place, exchanging pairs by xor.
 
 This module imports Triton; only Triton backends and other tiles import it.
 """
@@ -16,14 +17,44 @@ import triton
 import triton.language as tl
 
 
+# the stages in place by a pair exchange (`_fwht_rows_in_place`: registers or warp shuffles) instead of split / join /
+# transpose, whose stages on a lane's bit move the tile through shared memory. Offline sm_90, the int4_had store at
+# 16-row tiles: 104 -> 56 registers, 31 -> 9 barriers, 148 -> 93 instructions an element (lm2: 25 -> 5 barriers; lm4:
+# 72 -> 128 registers). False: the oracle's constant-geometry stages as written. Off until a GPU run times it
+# (`benchmarks/h200_run.sh s23`)
+IN_PLACE = tl.constexpr(False)
+
+
+@triton.jit
+def _fwht_rows_in_place(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.constexpr):
+    """`fwht_rows` with the stages in place: stage s pairs the elements whose index differs in bit s and leaves the
+    sum at the one with bit s clear, the difference at the other. The oracle's stage (pairs on bit 0, the result's
+    bit 0 moved to the top) pairs the same elements, original bit s at stage s, and after LOG rotations of a LOG-bit
+    index every result is where this puts it; each element sees the same additions in the same order: same bits.
+    The partner comes by a xor over the pair's axis of the bit patterns (in registers, or a warp shuffle where the
+    bit is a lane's), the difference as the sum with the sign bit flipped (a - b is a + (-b) in IEEE arithmetic)."""
+    for s in tl.static_range(LOG):
+        y = tl.reshape(x, [BR, D >> (s + 1), 2, 1 << s])  # axis 2: bit s of the element index
+        yb = y.to(tl.int32, bitcast=True)
+        pb = yb ^ tl.xor_sum(yb, axis=2, keep_dims=True)  # the partner's bits
+        hi = tl.arange(0, 2)[None, None, :, None]  # bit s of this element
+        mine = (yb ^ (hi << 31)).to(tl.float32, bitcast=True)  # this element, negated where bit s is set
+        x = tl.reshape(pb.to(tl.float32, bitcast=True) + mine, [BR, D])  # a + b at bit 0, a + (-b) at bit 1
+    return x * C
+
+
 @triton.jit
 def fwht_rows(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.constexpr):
     """rotate(x) for a float32 tile x [BR, D] (D = 2^LOG, one Hadamard block a row); C: the float32 value of
     1/sqrt(D) (`kvlab.quant.rotation.norm_constant`). Same operations, same order as the oracle: same bits."""
-    for _ in tl.static_range(LOG):
-        a, b = tl.split(tl.reshape(x, [BR, D // 2, 2]))  # [BR, D/2] even / odd elements
-        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [BR, D])  # [sums, differences]
-    return x * C
+    if IN_PLACE:
+        y = _fwht_rows_in_place(x, BR, D, LOG, C)
+    else:
+        for _ in tl.static_range(LOG):
+            a, b = tl.split(tl.reshape(x, [BR, D // 2, 2]))  # [BR, D/2] even / odd elements
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [BR, D])  # [sums, differences]
+        y = x * C
+    return y
 
 
 @triton.jit

@@ -455,3 +455,20 @@ def test_channel_rows_loaded_whole_and_turned(name, dtype, monkeypatch):
     monkeypatch.setattr(st, "CHAN_T", tl.constexpr(True))
     got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, got, f"{name} {dtype} (CHAN_T)", spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("name", ["int4_had", "int4:g32:asym:rot=had:recip", "lm2:g64:rot=had", "lm4:g64:rot=had"])
+def test_rotation_in_place_stores_the_oracles_bytes(name, dtype, monkeypatch):
+    """The Hadamard stages done in place (`tiles.rotate.IN_PLACE`, off by default until timed on a GPU) inside the
+    store: the oracle's bytes for rotated specs, edge values included (the order of the stages, which 4-bit codes of
+    these inputs rarely see, is checked bit for bit in tests/kernels/tiles/test_rotate.py)."""
+    import triton.language as tl
+
+    from kvlab.kernels.tiles import rotate
+    spec = spec_of(name)
+    x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    monkeypatch.setattr(rotate, "IN_PLACE", tl.constexpr(True))
+    got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, got, f"{name} {dtype} (rotation in place)", spec)
