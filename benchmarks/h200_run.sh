@@ -18,7 +18,8 @@
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
 #   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, not yet run): store rows untimed since the
 #                                     # reloading rare fallback (int4_had, iq4nl, nvfp4, lm2-lm4), int2 under register
-#                                     # caps, the Hadamard stages in place on / off, all store GPU tests
+#                                     # caps, the fallback a tile at a time, the Hadamard stages in place, all store
+#                                     # GPU tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
@@ -695,6 +696,11 @@ s23)  # prepared in session 22 (issue 17), not yet run: the store rows not timed
   cut -d, -f1-8 "$OUT/store/store.csv"
   timeout 60 python3 benchmarks/store_variants.py int2 --configs 32x4,32x4r64,32x4r72,64x4r96 --two 0 2>&1 \
     | grep variant | tee -a "$OUT/store_variants.txt"   # int2 at 0.55: 79 registers, 6 programs an SM
+  for rr in 1 2; do   # the exact fallback's inputs loaded again at once / a tile at a time (offline, 32-row tiles: nf4
+    # 122 -> 79 registers, iq4nl 124 -> 72, mxfp4 128 -> 64, int3 124 -> 104)
+    timeout 100 python3 benchmarks/store_variants.py nf4 iq4nl mxfp4 nvfp4 int3 int2 --configs 16x4,32x4 --two 0 \
+      --rare-reload "$rr" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
   for ip in 0 1; do   # the Hadamard stages in place (offline, int4_had 16-row tiles: 104 -> 56 registers, 31 -> 9 barriers)
     timeout 90 python3 benchmarks/store_variants.py int4_had lm2 lm3 lm4 --configs 16x4,32x4 --two 0 --fwht-in-place "$ip" \
       2>&1 | grep variant | tee -a "$OUT/store_variants.txt"

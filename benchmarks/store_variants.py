@@ -36,6 +36,8 @@ def main() -> None:
                     "(`store.triton.TWO_PASS`)")
     ap.add_argument("--hw-rint", type=int, default=1, help="0: round-half-even int codes by the float path on the GPU "
                     "too, not `cvt.rni` (`store.triton.HW_RINT`)")
+    ap.add_argument("--rare-reload", type=int, default=1, help="the inline exact fallback's inputs: 0 kept live, 1 "
+                    "loaded again, 2 loaded and coded one element tile at a time (`store.triton.RARE_RELOAD`)")
     ap.add_argument("--fwht-in-place", type=int, default=0, help="1: the Hadamard stages of rotated specs in place "
                     "(`tiles.rotate.IN_PLACE`)")
     ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
@@ -55,6 +57,9 @@ def main() -> None:
     if not a.hw_rint:
         import triton.language as tl
         st.HW_RINT = tl.constexpr(False)
+    if a.rare_reload != 1:
+        import triton.language as tl
+        st.RARE_RELOAD = tl.constexpr(a.rare_reload)
     if a.fwht_in_place:
         import triton.language as tl
 
@@ -80,7 +85,7 @@ def main() -> None:
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
             print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} "
-                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} rare_reload={a.rare_reload} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
                   flush=True)
 
 

@@ -66,10 +66,12 @@ RARE_PATHS = tl.constexpr(True)
 # the 2^23 trick, NaN select and float clamp (`_rounded`): int2:g32:asym 38.2 -> 32.2 instructions an element offline
 # (sm_90, 32-row tiles). False: the float path on the GPU too (for `benchmarks/store_variants.py`)
 HW_RINT = tl.constexpr(True)
-# the inline exact fallback of a group-row tile loads its (unrotated) inputs again instead of keeping the float32
-# elements live across the rare check (offline sm_90, 32-row tiles: nf4 128 -> 122 registers, mxfp4 152 -> 128);
-# rotated specs keep theirs (a second rotation in the fallback cost int4_had 104 -> 127 registers)
-RARE_RELOAD = tl.constexpr(True)
+# the inline exact fallback of a group-row tile: 0 keeps the float32 elements live across the rare check; 1 loads its
+# (unrotated) inputs again (offline sm_90, 32-row tiles: nf4 128 -> 122 registers, mxfp4 152 -> 128; timed in
+# session 22); 2 loads and codes them one element tile at a time (`_pack_exact_tiles`: nf4 -> 79, iq4nl -> 72, mxfp4
+# -> 64, int3 -> 104; prepared, off until `benchmarks/h200_run.sh s23` times it). Rotated specs keep theirs (a second
+# rotation in the fallback cost int4_had 104 -> 127 registers)
+RARE_RELOAD = tl.constexpr(1)
 # sequentially packed codes of 16-bit inputs load each byte's K elements as one word (`packed_loads`, constexpr PK):
 # the per-element 2-byte loads left int2's store L1-bound on the H200 (ncu, runs/store-abb9ac7-b: L1/TEX 89%, SM 72%);
 # offline sm_90 the word loads compile to 16-byte vectors with about the same instructions (int2 37.2 -> 35.2 an
@@ -541,6 +543,24 @@ def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, S
 
 
 @triton.jit
+def _pack_exact_tiles(xr, j, lm, est, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr,
+                      RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr,
+                      QMAX: tl.constexpr, XORC: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, K: tl.constexpr,
+                      NB: tl.constexpr, ST: tl.constexpr, W: tl.constexpr, WH: tl.constexpr, LUT: tl.constexpr):
+    """`_pack_codes` by the exact path (MODE 2) one element tile at a time, each loaded again (element by element,
+    unrotated inputs): the rare fallback then needs one tile's registers, not the K tiles' of the fast path."""
+    M0: tl.constexpr = (1 << W) - 1
+    byte = tl.zeros(lm.shape, tl.int32) + tl.zeros([1, NB], tl.int32)
+    hi = byte
+    for k in tl.range(0, K, loop_unroll_factor=1):
+        xk, _ = _tile(xr, k, j, lm, est, NB, K, ST)
+        u = _codes(as_f32(xk), sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
+        byte = byte | ((u & M0 if WH > 0 else u) << (k * W))
+        hi = hi | ((u >> W) << (k * WH))
+    return byte, hi
+
+
+@triton.jit
 def _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h, R: tl.constexpr, NB: tl.constexpr,
                 K: tl.constexpr, ST: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, ROT: tl.constexpr,
                 RC: tl.constexpr, CHAN: tl.constexpr, PK: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr):
@@ -723,11 +743,16 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         if TWO == 1:  # the main pass: the fixup pass recomputes a flagged program (its codes here are overwritten)
             tl.store(flag_ptr + prog, tl.max(odd))
         elif tl.max(odd) > 0:  # rare: every tile of the program by the exact path
-            if RARE_RELOAD and ROT == 0:  # on its inputs loaded again, not held in registers across the check
-                _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd,
-                                                                     h, R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
-            byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                                   XORC, HW, CBS, 2, K, W, WH, LUT)
+            if RARE_RELOAD == 2 and ROT == 0:  # its inputs loaded again a tile at a time
+                byte, hi = _pack_exact_tiles(xr, j, lm, est, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF,
+                                             QMAX, XORC, HW, CBS, K, NB, ST, W, WH, LUT)
+            else:
+                if RARE_RELOAD == 1 and ROT == 0:  # its inputs loaded again, all tiles
+                    _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh,
+                                                                         sd, h, R, NB, K, ST, G, NG, ROT, RC, CHAN, PK,
+                                                                         BLOCK_R, D)
+                byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF,
+                                       QMAX, XORC, HW, CBS, 2, K, W, WH, LUT)
     tl.store(codes_ptr + unit[:, None] * GB + j, byte.to(tl.uint8), mask=live[:, None])
     if WH > 0:  # the second plane: M = 8 / (WH * K) adjacent first-plane bytes make one byte
         M: tl.constexpr = 8 // (WH * K)

@@ -7,6 +7,8 @@ import zlib
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from store_cases import (DEV, POISON, as_bytes, assert_same_pages, make_input, page_size_for, run_store, spec_id,
                          spec_of)
 
@@ -472,3 +474,31 @@ def test_rotation_in_place_stores_the_oracles_bytes(name, dtype, monkeypatch):
     monkeypatch.setattr(rotate, "IN_PLACE", tl.constexpr(True))
     got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, got, f"{name} {dtype} (rotation in place)", spec)
+
+
+@triton.jit
+def _always_odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr,
+                RECIP: tl.constexpr, OFF: tl.constexpr, CBS: tl.constexpr, BOUND: tl.constexpr = False):
+    """`store.triton._odd` that always holds (per group): every tile takes the exact fallback."""
+    return ((s_val == s_val) | (s_val != s_val)).to(tl.int32)
+
+
+RELOAD_SPECS = ["int4:g32:asym", "int3:g32:asym", "kivi4", "nf4", "iq4nl:g32:rule=signed", "mxfp4", "nvfp4", "int4_had"]
+
+
+@pytest.mark.parametrize("reload", [0, 1, 2])
+@pytest.mark.parametrize("name", RELOAD_SPECS, ids=[spec_id(n) for n in RELOAD_SPECS])
+def test_rare_fallback_stores_the_oracles_bytes_however_it_gets_its_inputs(name, reload, monkeypatch):
+    """Every tile forced through the inline exact fallback (its rare check patched to always hold) stores the
+    oracle's bytes with the fallback's inputs kept live (`RARE_RELOAD` 0), loaded again (1, the default) or loaded and
+    coded one element tile at a time (2); rotated specs always keep theirs. Edge values, bf16."""
+    from kvlab.kernels.store import triton as st
+    spec = spec_of(name)
+    p = st.kernel_params(spec, 64)
+    assert p["FLAT"] and st.RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1))
+    x, slots, lay, n_pages, kw = _edge_case(spec, torch.bfloat16)
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    monkeypatch.setattr(st, "_odd", _always_odd)
+    monkeypatch.setattr(st, "RARE_RELOAD", tl.constexpr(reload))
+    got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    _nan_aware_equal(ref, got, f"{name} (every tile by the fallback, RARE_RELOAD {reload})", spec)
