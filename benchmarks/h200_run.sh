@@ -18,8 +18,9 @@
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
 #   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, not yet run): store rows untimed since the
 #                                     # reloading rare fallback (int4_had, iq4nl, nvfp4, lm2-lm4), int2 under register
-#                                     # caps, the fallback a tile at a time, the Hadamard stages in place, all store
-#                                     # GPU tests
+#                                     # caps, the fallback a tile at a time, KIVI's [bytes, channels] tiles, the
+#                                     # Hadamard stages in place (each gated against the oracle)
+#   bash benchmarks/h200_run.sh s23b  # the whole store test directory on the GPU (prepared in session 22)
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
@@ -687,13 +688,10 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
   ;;
-s23)  # prepared in session 22 (issue 17), not yet run: the store rows not timed since the reloading rare fallback
-  # (iq4nl, nvfp4, lm2 141 -> 108 registers offline, lm3, lm4) and int4_had with its elements kept again, gate first;
-  # then the whole store test directory on the GPU with room to finish
+s23)  # prepared in session 22 (issue 17), not yet run: the prepared store variants, each timed and gated against the
+  # CPU oracle (store_variants.py --gate 1), then the store rows not timed since the reloading rare fallback (iq4nl,
+  # nvfp4, lm2 141 -> 108 registers offline, lm3, lm4) and int4_had with its elements kept again, gate first
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
-    --schemes "${ST_SCHEMES:-int4_had,iq4nl,nvfp4,lm2,lm3,lm4}" 2>&1 | tail -1
-  cut -d, -f1-8 "$OUT/store/store.csv"
   timeout 60 python3 benchmarks/store_variants.py int2 --configs 32x4,32x4r64,32x4r72,64x4r96 --two 0 2>&1 \
     | grep variant | tee -a "$OUT/store_variants.txt"   # int2 at 0.55: 79 registers, 6 programs an SM
   for rr in 1 2; do   # the exact fallback's inputs loaded again at once / a tile at a time (offline, 32-row tiles: nf4
@@ -701,12 +699,24 @@ s23)  # prepared in session 22 (issue 17), not yet run: the store rows not timed
     timeout 100 python3 benchmarks/store_variants.py nf4 iq4nl mxfp4 nvfp4 int3 int2 --configs 16x4,32x4 --two 0 \
       --rare-reload "$rr" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
   done
+  for cj in "0 0 0" "1 0 1" "1 0 2" "1 1 2"; do   # KIVI keys: CHAN_J, CHAN_HEADS, RARE_RELOAD (offline, kivi4 128x4:
+    # 128 -> 89 registers, 55 -> 15 barriers, 96 -> 64 instructions an element with CHAN_J and the tile-wise fallback)
+    set -- $cj
+    timeout 100 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 32x1,64x2,128x4,256x4,512x8 --two 0 \
+      --chan-j "$1" --chan-heads "$2" --rare-reload "$3" 2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  done
   for ip in 0 1; do   # the Hadamard stages in place (offline, int4_had 16-row tiles: 104 -> 56 registers, 31 -> 9 barriers)
     timeout 90 python3 benchmarks/store_variants.py int4_had lm2 lm3 lm4 --configs 16x4,32x4 --two 0 --fwht-in-place "$ip" \
       2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
   done
-  timeout "${PYTEST_S:-240}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
-    tests/kernels/tiles/test_exact_hw.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    --schemes "${ST_SCHEMES:-int4_had,iq4nl,nvfp4,lm2,lm3,lm4}" 2>&1 | tail -1
+  cut -d, -f1-8 "$OUT/store/store.csv"
+  ;;
+s23b)  # prepared in session 22: the whole store test directory and the GPU-only helper tests, with room to finish
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-420}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store tests/kernels/tiles \
+    tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
   ;;
 s22c)  # session 22 (issue 17): the cvt.rni int codes checked on the GPU (the exact-helper test, the stores' bit-exact
   # tests of int, division and edge-value specs), then the store table (gate first) of ST_SCHEMES

@@ -36,10 +36,16 @@ def main() -> None:
                     "(`store.triton.TWO_PASS`)")
     ap.add_argument("--hw-rint", type=int, default=1, help="0: round-half-even int codes by the float path on the GPU "
                     "too, not `cvt.rni` (`store.triton.HW_RINT`)")
+    ap.add_argument("--gate", type=int, default=1, help="1: after timing, compare the pages the timed write left with "
+                    "the CPU oracle's for the same tokens (bytes that differ; the variant's own compiled kernel)")
     ap.add_argument("--rare-reload", type=int, default=1, help="the inline exact fallback's inputs: 0 kept live, 1 "
                     "loaded again, 2 loaded and coded one element tile at a time (`store.triton.RARE_RELOAD`)")
     ap.add_argument("--fwht-in-place", type=int, default=0, help="1: the Hadamard stages of rotated specs in place "
                     "(`tiles.rotate.IN_PLACE`)")
+    ap.add_argument("--chan-j", type=int, default=0, help="1: channel-axis element tiles loaded as [bytes, channels] "
+                    "and turned, not vectorized along channels (`store.triton.CHAN_J`)")
+    ap.add_argument("--chan-heads", type=int, default=0, help="1: channel-axis rows over (head, channel), so a tile of "
+                    "more than head_dim rows spans heads (`store.triton.CHAN_HEADS`)")
     ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
                     "transposed in registers (`store.triton.CHAN_T`)")
     a = ap.parse_args()
@@ -65,6 +71,10 @@ def main() -> None:
 
         from kvlab.kernels.tiles import rotate
         rotate.IN_PLACE = tl.constexpr(True)
+    for flag, on in (("CHAN_J", a.chan_j), ("CHAN_HEADS", a.chan_heads)):
+        if on:
+            import triton.language as tl
+            setattr(st, flag, tl.constexpr(True))
     if a.chan_t:
         import triton.language as tl
         st.CHAN_T = tl.constexpr(True)
@@ -78,15 +88,35 @@ def main() -> None:
     for name in a.schemes:
         sch = kvlab.scheme(SCHEMES.get(name, name))
         w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
+        ref = _oracle_pages(w, sch.k) if a.gate else None
         for c in a.configs.split(","):
             br, _, rest = c.partition("x")  # ROWSxWARPS[rMAXNREG]
             nw, _, nreg = rest.partition("r")
             cfg = StoreConfig(block_r=int(br), num_warps=int(nw), maxnreg=int(nreg) if nreg else None)
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
+            gate = "" if ref is None else f"  gate {_bytes_differ(ref, w.pages)} bytes differ"
             print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} "
-                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} rare_reload={a.rare_reload} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy",
+                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} rare_reload={a.rare_reload} chan_j={a.chan_j} "
+                  f"chan_heads={a.chan_heads} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy{gate}",
                   flush=True)
+
+
+def _oracle_pages(w, spec) -> dict:
+    """The CPU oracle's pages for the tokens of the timing closure `w` (`kvlab.kernels.autotune.store_write`)."""
+    from kvlab.cache.layout import PageLayout
+    from kvlab.kernels.store import store
+    T, Hk, D = w.x.shape
+    pages = PageLayout(spec, D, w.page_size, Hk).allocate(-(-T // w.page_size), "cpu")
+    store(w.x.cpu(), pages, w.slots.cpu(), spec, page_size=w.page_size, check_slots=False, backend="reference",
+          **{k: v.cpu() for k, v in w.kw.items()})
+    return pages
+
+
+def _bytes_differ(ref: dict, got: dict) -> int:
+    """Bytes of the page tensors that differ (NaN payloads included: the store's contract is bytes)."""
+    return sum(int((r.view(torch.uint8) != got[k].cpu().view(torch.uint8)).sum())
+               for k, r in ref.items() if r is not None and got.get(k) is not None)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--fwht-in-place", action="store_true", help="the Hadamard stages in place (`tiles.rotate.IN_PLACE`)")
     ap.add_argument("--rare-reload", type=int, default=None, help="`store.triton.RARE_RELOAD` (0 / 1 / 2)")
+    ap.add_argument("--chan-heads", action="store_true", help="channel rows over (head, channel) (`CHAN_HEADS`)")
+    ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
     ap.add_argument("--dump", metavar="DIR", help="also write each kernel's SASS to DIR/<scheme>.sass")
@@ -63,6 +65,12 @@ def main() -> None:
     if a.rare_reload is not None:
         import triton.language as tl
         st.RARE_RELOAD = tl.constexpr(a.rare_reload)
+    if a.chan_j:
+        import triton.language as tl
+        st.CHAN_J = tl.constexpr(True)
+    if a.chan_heads:
+        import triton.language as tl
+        st.CHAN_HEADS = tl.constexpr(True)
     if a.two:
         st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:

@@ -194,8 +194,8 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
 
 def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
     """A timing closure: fn(config=None) writes `tokens` (at most 32K) random bf16 tokens into fresh pages
-    through the public store op and returns the backend that ran. Attributes: tokens, x, pages, page_size,
-    bytes (bf16 read + every page tensor written). Channel-axis specs get pages of whole token groups."""
+    through the public store op and returns the backend that ran. Attributes: tokens, x, pages, page_size, slots,
+    kw (static / tensor scales), bytes (bf16 read + every page tensor written). Channel-axis specs get pages of whole token groups."""
     from .store import store
     T = min(tokens, 32768)
     if spec.axis == "chan" and P % spec.group:
@@ -209,7 +209,7 @@ def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
 
     def fn(config=None):
         return store(x, pages, slots, spec, page_size=P, check_slots=False, config=config, **kw)
-    fn.tokens, fn.x, fn.pages, fn.page_size = T, x, pages, P
+    fn.tokens, fn.x, fn.pages, fn.page_size, fn.slots, fn.kw = T, x, pages, P, slots, kw
     fn.bytes = x.numel() * 2 + sum(t.numel() * t.element_size() for t in pages.values() if t is not None)
     return fn
 

@@ -158,7 +158,7 @@ class StoreConfig(_Config, op="store"):
     maxnreg: int | None = None
 
     def __post_init__(self):
-        _pow2_in("block_r", self.block_r, 1, 256)
+        _pow2_in("block_r", self.block_r, 1, 1024)
         _pow2_in("num_warps", self.num_warps, 1, 16)  # one stage: no pipelined loop
         _opt_int("maxnreg", self.maxnreg, 32, 255)
 

@@ -60,7 +60,14 @@ CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (
                                                                (128, 4), (128, 8), (64, 1), (64, 2), (128, 2))]
 # the exact fallbacks of rare tiles (IEEE division for scales past 2^+-100, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
-CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (not yet timed)
+CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (slower: session 22)
+# channel-axis rows over (head, channel) pairs, so a program of BLOCK_R > D rows spans heads: with 4 warps and 128
+# channels of one head, Triton's layout puts the warps along the group's tokens and every statistic is a reduction
+# across warps (53 barriers a program offline); over 512+ rows the warps run along channels. Off until timed
+CHAN_HEADS = tl.constexpr(False)
+# channel-axis element tiles loaded as [bytes, channels] and turned, not vectorized along channels (`_load_elems`),
+# so each thread keeps its channels' tokens. Off until timed
+CHAN_J = tl.constexpr(False)
 RARE_PATHS = tl.constexpr(True)
 # round-half-even int codes on sm_90+ GPUs by one `cvt.rni.s32.f32` and an integer clamp (constexpr HW) instead of
 # the 2^23 trick, NaN select and float clamp (`_rounded`): int2:g32:asym 38.2 -> 32.2 instructions an element offline
@@ -574,7 +581,23 @@ def _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h, R: tl.cons
         f0, f1, f2, f3 = byte_tiles(y, R, NB, K, ST)
         i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
-    elif CHAN and CHAN_T:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
+    elif CHAN and CHAN_J:  # channel rows: each element tile loaded as [NB, R] (bytes x channels) and turned, the
+        # channels' contiguity hidden (c ^ 0 for T >= 0) so the load is not vectorized along them: lanes and warps run
+        # along channels and every thread holds its channels' G tokens (statistics and packing in registers)
+        jj = tl.arange(0, NB)[:, None]  # [NB, 1]
+        co = (c ^ (T >> 31))[None, :]  # [1, R], = c
+        base = x_ptr + (grp * G).to(tl.int64) * st + (h * sh)[None, :] + co * sd  # h: each row's head
+        mt = tl.trans(lm)  # [1, R]
+        x0 = tl.trans(tl.load(base + _elem_of(jj, 0, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+        x1, x2, x3 = x0, x0, x0
+        if K >= 2:
+            x1 = tl.trans(tl.load(base + _elem_of(jj, 1, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+        if K == 4:
+            x2 = tl.trans(tl.load(base + _elem_of(jj, 2, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+            x3 = tl.trans(tl.load(base + _elem_of(jj, 3, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+        i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
+        f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
+    elif CHAN and CHAN_T and not CHAN_HEADS:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
         tg = tl.arange(0, G)[:, None]
         xg = tl.load(x_ptr + (grp * G + tg).to(tl.int64) * st + h * sh + c[None, :] * sd, mask=(c < D)[None, :],
                      other=0.0)  # [G, R]
@@ -640,16 +663,25 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     q = tl.arange(0, R)  # [R] group rows: token q // NG, group q % NG (CHAN: channel)
     j = tl.arange(0, NB)[None, :]  # [1, NB]
     if CHAN:  # one slot for the group's G tokens (consecutive slots from a multiple of G)
-        c = pid * BLOCK_R + q
+        if CHAN_HEADS:  # rows run over (head, channel): one program's rows may span heads (the launch's dim 1 is 1)
+            rr = pid * BLOCK_R + q
+            hh = rr // D
+            c = rr % D
+            rok = rr < HK * D
+        else:
+            c = pid * BLOCK_R + q
+            hh = c * 0 + h  # [R]
+            rok = c < D
         slot = tl.load(slot_ptr + grp * G + q * 0).to(tl.int64)  # [R], one value
-        live = (c < D) & (slot >= 0)
-        unit = ((slot // P * HK + h) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages
-        xr = (x_ptr + (grp * G).to(tl.int64) * st + h * sh + c * sd)[:, None]  # [R, 1]
-        lm = (c < D)[:, None]
+        live = rok & (slot >= 0)
+        unit = ((slot // P * HK + hh) * (P // G) + (slot % P) // G) * D + c  # [R] group index in the pages
+        xr = (x_ptr + (grp * G).to(tl.int64) * st + hh * sh + c * sd)[:, None]  # [R, 1]
+        lm = rok[:, None]
         est = st  # element (token) stride
     else:
         t = pid * BLOCK_R + q // NG
         c = t  # (channel rows only)
+        hh = h
         g = q % NG
         slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
         live = (t < T) & (slot >= 0)
@@ -658,7 +690,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         lm = (t < T)[:, None]
         est = sd
     X16: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth == 16 and ROT == 0
-    x0, x1, x2, x3, f0, f1, f2, f3, i0, i1, i2, i3 = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h,
+    x0, x1, x2, x3, f0, f1, f2, f3, i0, i1, i2, i3 = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, hh,
                                                                  R, NB, K, ST, G, NG, ROT, RC, CHAN, PK, BLOCK_R, D)
     one = tl.full([R], 1.0, tl.float32)
     s_raw = one
@@ -749,7 +781,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
             else:
                 if RARE_RELOAD == 1 and ROT == 0:  # its inputs loaded again, all tiles
                     _, _, _, _, f0, f1, f2, f3, _, _, _, _ = _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh,
-                                                                         sd, h, R, NB, K, ST, G, NG, ROT, RC, CHAN, PK,
+                                                                         sd, hh, R, NB, K, ST, G, NG, ROT, RC, CHAN, PK,
                                                                          BLOCK_R, D)
                 byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF,
                                        QMAX, XORC, HW, CBS, 2, K, W, WH, LUT)
@@ -939,7 +971,7 @@ def _search_mode(fmt: str, rule: str) -> int:
 
 def _prune(configs, named_args, **kw):
     a = {**named_args, **kw}
-    rows = a["D"] if a["CHAN"] else 1 << 30
+    rows = (a["D"] * (a["HK"] if CHAN_HEADS and a["FLAT"] else 1)) if a["CHAN"] else 1 << 30
     tile = a["GP"] * a["NGP"]
     keep = [c for c in configs if c.kwargs["BLOCK_R"] <= max(4, next_pow2(rows)) and c.kwargs["BLOCK_R"] * tile <= 8192]
     return keep or configs[:1]
@@ -1048,6 +1080,11 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     ts = tensor_scale if tensor_scale is not None else dummy
     slots = slot_mapping.contiguous()
     n_rows, n_grp = (D, T // p["G"]) if p["CHAN"] else (T, 1)
+    n_heads = Hk
+    if p["CHAN"] and p["FLAT"] and CHAN_HEADS:  # rows over (head, channel): the launch's head dimension folds in
+        n_rows, n_heads = Hk * D, 1
+        if x.stride(1) != D * x.stride(2):
+            raise ValueError(f"CHAN_HEADS needs x's heads contiguous over channels, got strides {tuple(x.stride())}")
     lut = pages["codebook"] if spec.calibrated else _codebook(spec.fmt, x.device)  # calibrated: the layer's levels
     two = TWO_PASS and T >= TWO_PASS_MIN_TOKENS and two_pass(p)
     if config is None and interpreting():
@@ -1055,7 +1092,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     # one int32 flag per program of the main pass (every program writes its own): for the config's tile, or the
     # smallest candidate's when the autotuner picks
     min_r = config.block_r if config is not None else min(c.block_r for c in CANDIDATES)
-    flags = torch.empty(triton.cdiv(n_rows, min_r) * Hk * n_grp, dtype=torch.int32, device=x.device) if two else dummy
+    flags = torch.empty(triton.cdiv(n_rows, min_r) * n_heads * n_grp, dtype=torch.int32, device=x.device) if two else dummy
     # TB: the token count's bucket, in the autotuner's key (a first write of a few tokens must not pick the tiles of
     # every later prefill: a 517-token write's pick ran a 32K-token int2 write at 0.35 of copy against 0.45)
     tb = t_bucket(T)
@@ -1065,7 +1102,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     tuned = None
     if config is None:  # the autotuner times and runs the main pass
         tuner = _autotuned()
-        tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), Hk, n_grp)](*args, **const, TWO=int(two),
+        tuner[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), n_heads, n_grp)](*args, **const, TWO=int(two),
                                                                               enable_fp_fusion=False)
         best = tuner.best_config
         config = tuned = StoreConfig(block_r=best.kwargs["BLOCK_R"], num_warps=best.num_warps,
@@ -1075,7 +1112,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
         modes = (1, 2) if two else (0,)
     extra = {} if interpreting() or config.maxnreg is None else {"maxnreg": config.maxnreg}
     for mode in modes:  # the main pass (unless tuned), then the fixup pass with the same tiles
-        _store_kernel[(triton.cdiv(n_rows, config.block_r), Hk, n_grp)](
+        _store_kernel[(triton.cdiv(n_rows, config.block_r), n_heads, n_grp)](
             *args, **const, TWO=mode, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False,
             **extra)
     return tuned

@@ -14,6 +14,7 @@ from store_cases import (DEV, POISON, as_bytes, assert_same_pages, make_input, p
 
 from kvlab.cache.layout import PageLayout
 from kvlab.cache.paging import calibrate
+from kvlab.kernels.configs import StoreConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -442,23 +443,37 @@ def test_two_pass_store_is_the_oracle(name, monkeypatch):
         assert_same_pages(ref, tri1, name + " block_r 1")
 
 
+CHAN_VARIANTS = [("CHAN_T",), ("CHAN_J",), ("CHAN_J", "CHAN_HEADS"), ("CHAN_HEADS",), ("CHAN_J", "RARE_RELOAD")]
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernel's constexpr globals when it compiles (Triton refuses "
+                    "a changed one); benchmarks/store_variants.py gates each variant there in its own process")
+@pytest.mark.parametrize("variant", CHAN_VARIANTS, ids=["+".join(v) for v in CHAN_VARIANTS])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("name", ["kivi4", "kivi2", "int4:g32:chan:sym", "nf4:g32:chan"])
-def test_channel_rows_loaded_whole_and_turned(name, dtype, monkeypatch):
-    """The channel-axis variant that loads a [G tokens, channels] tile whole and transposes it in registers
-    (`store.triton.CHAN_T`, off by default until timed on a GPU) stores the oracle's bytes, edge values included."""
-    import triton.language as tl
-
+def test_channel_row_variants_store_the_oracles_bytes(name, dtype, variant, monkeypatch):
+    """The channel-axis load variants, each off by default until timed on a GPU, store the oracle's bytes: the
+    [G tokens, channels] tile loaded whole and turned (`store.triton.CHAN_T`), element tiles loaded as [bytes,
+    channels] and turned (`CHAN_J`), rows over (head, channel) so a program may span heads (`CHAN_HEADS`), and
+    `CHAN_J` with the exact fallback a tile at a time (RARE_RELOAD 2). Edge values on one head, then random values
+    on three heads with an odd group count (a program's rows cross heads and the last one is partial)."""
     from kvlab.kernels.store import triton as st
     spec = spec_of(name)
     assert st.kernel_params(spec, 64)["FLAT"], name
+    for flag in variant:
+        monkeypatch.setattr(st, flag, tl.constexpr(2 if flag == "RARE_RELOAD" else True))
     x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
-    monkeypatch.setattr(st, "CHAN_T", tl.constexpr(True))
     got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
-    _nan_aware_equal(ref, got, f"{name} {dtype} (CHAN_T)", spec)
+    _nan_aware_equal(ref, got, f"{name} {dtype} ({'+'.join(variant)}), edge values", spec)
+    x, slots, lay, n_pages, kw = make_input(spec, T=3 * spec.group, Hk=3, D=64, seed=11, dtype=dtype)
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    got, _ = run_store(x, slots, lay, n_pages, spec, "triton", config=StoreConfig(block_r=128, num_warps=4), **kw)
+    _nan_aware_equal(ref, got, f"{name} {dtype} ({'+'.join(variant)}), three heads", spec)
 
 
+@pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernel's constexpr globals when it compiles (Triton refuses "
+                    "a changed one); benchmarks/store_variants.py gates each variant there in its own process")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("name", ["int4_had", "int4:g32:asym:rot=had:recip", "lm2:g64:rot=had", "lm4:g64:rot=had"])
 def test_rotation_in_place_stores_the_oracles_bytes(name, dtype, monkeypatch):
@@ -483,9 +498,11 @@ def _always_odd(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr,
     return ((s_val == s_val) | (s_val != s_val)).to(tl.int32)
 
 
-RELOAD_SPECS = ["int4:g32:asym", "int3:g32:asym", "kivi4", "nf4", "iq4nl:g32:rule=signed", "mxfp4", "nvfp4", "int4_had"]
+RELOAD_SPECS = ["int4:g32:asym", "int3:g32:asym", "int2:g32:asym", "int8:g32:asym", "kivi4", "nf4", "iq4nl:g32:rule=signed", "mxfp4", "nvfp4", "int4_had"]
 
 
+@pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernel's constexpr globals when it compiles (Triton refuses "
+                    "a changed one); benchmarks/store_variants.py gates each variant there in its own process")
 @pytest.mark.parametrize("reload", [0, 1, 2])
 @pytest.mark.parametrize("name", RELOAD_SPECS, ids=[spec_id(n) for n in RELOAD_SPECS])
 def test_rare_fallback_stores_the_oracles_bytes_however_it_gets_its_inputs(name, reload, monkeypatch):
