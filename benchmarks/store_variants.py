@@ -21,66 +21,53 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+# (option, module, global, default, help): the kernels' constexpr globals a variant sets before anything compiles
+CONSTEXPRS = [
+    ("rare", "store", "RARE_PATHS", 1, "0: compile without the exact fallbacks of rare tiles (codes may then differ "
+     "from the oracle's: timing only)"),
+    ("hw-rint", "store", "HW_RINT", 1, "0: round-half-even int codes by the float path on the GPU too, not cvt.rni"),
+    ("rare-reload", "store", "RARE_RELOAD", 1, "the inline exact fallback's inputs: 0 kept live, 1 loaded again, 2 "
+     "loaded and coded one element tile at a time"),
+    ("fwht-in-place", "rotate", "IN_PLACE", 0, "1: the Hadamard stages of rotated specs in place"),
+    ("chan-j", "store", "CHAN_J", 0, "1: channel-axis element tiles loaded as [bytes, channels] and turned"),
+    ("chan-heads", "store", "CHAN_HEADS", 0, "1: channel-axis rows over (head, channel): a tile may span heads"),
+    ("chan-t", "store", "CHAN_T", 0, "1: channel-axis rows loaded as one [G, BLOCK_R] tile and transposed"),
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("schemes", nargs="+")
     ap.add_argument("--configs", default="16x4,32x4")
     ap.add_argument("--packed", type=int, default=1)
-    ap.add_argument("--rare", type=int, default=1, help="0: compile without the exact fallbacks of rare tiles "
-                    "(`store.triton.RARE_PATHS`; codes may then differ from the oracle's: timing only)")
     ap.add_argument("--lut", type=int, default=1, help="0: fixed codebooks bisect instead of their bin table "
                     "(`store.triton.BRACKET_LUT`)")
     ap.add_argument("--bound", type=int, default=1, help="0: the sorted brackets' rare check per element as well, where "
                     "the group's scale bounds x (`store.triton.BOUND_CHECK`)")
     ap.add_argument("--two", type=int, default=1, help="0: the rare exact fallback inline instead of a second launch "
                     "(`store.triton.TWO_PASS`)")
-    ap.add_argument("--hw-rint", type=int, default=1, help="0: round-half-even int codes by the float path on the GPU "
-                    "too, not `cvt.rni` (`store.triton.HW_RINT`)")
     ap.add_argument("--gate", type=int, default=1, help="1: after timing, compare the pages the timed write left with "
                     "the CPU oracle's for the same tokens (bytes that differ; the variant's own compiled kernel)")
-    ap.add_argument("--rare-reload", type=int, default=1, help="the inline exact fallback's inputs: 0 kept live, 1 "
-                    "loaded again, 2 loaded and coded one element tile at a time (`store.triton.RARE_RELOAD`)")
-    ap.add_argument("--fwht-in-place", type=int, default=0, help="1: the Hadamard stages of rotated specs in place "
-                    "(`tiles.rotate.IN_PLACE`)")
-    ap.add_argument("--chan-j", type=int, default=0, help="1: channel-axis element tiles loaded as [bytes, channels] "
-                    "and turned, not vectorized along channels (`store.triton.CHAN_J`)")
-    ap.add_argument("--chan-heads", type=int, default=0, help="1: channel-axis rows over (head, channel), so a tile of "
-                    "more than head_dim rows spans heads (`store.triton.CHAN_HEADS`)")
-    ap.add_argument("--chan-t", type=int, default=0, help="1: channel-axis rows loaded as one [G, BLOCK_R] tile and "
-                    "transposed in registers (`store.triton.CHAN_T`)")
+    for opt, _, name, default, text in CONSTEXPRS:
+        ap.add_argument(f"--{opt}", type=int, default=default, help=f"{text} (`{name}`)")
     a = ap.parse_args()
     import triton
+    import triton.language as tl
 
     import kvlab
     from kvlab.kernels.autotune import store_write
     from kvlab.kernels.configs import StoreConfig
     from kvlab.kernels.store import triton as st
+    from kvlab.kernels.tiles import rotate
     from run import SCHEMES, page_size
     st.PACKED_LOADS = bool(a.packed)
     st.TWO_PASS = bool(a.two)
     st.BRACKET_LUT = bool(a.lut)
     st.BOUND_CHECK = bool(a.bound)
-    if not a.hw_rint:
-        import triton.language as tl
-        st.HW_RINT = tl.constexpr(False)
-    if a.rare_reload != 1:
-        import triton.language as tl
-        st.RARE_RELOAD = tl.constexpr(a.rare_reload)
-    if a.fwht_in_place:
-        import triton.language as tl
-
-        from kvlab.kernels.tiles import rotate
-        rotate.IN_PLACE = tl.constexpr(True)
-    for flag, on in (("CHAN_J", a.chan_j), ("CHAN_HEADS", a.chan_heads)):
-        if on:
-            import triton.language as tl
-            setattr(st, flag, tl.constexpr(True))
-    if a.chan_t:
-        import triton.language as tl
-        st.CHAN_T = tl.constexpr(True)
-    if not a.rare:
-        import triton.language as tl
-        st.RARE_PATHS = tl.constexpr(False)
+    for opt, module, name, _, _ in CONSTEXPRS:  # before anything compiles: the kernels read them as constexprs
+        v = getattr(a, opt.replace("-", "_"))
+        setattr(rotate if module == "rotate" else st, name, tl.constexpr(v if name == "RARE_RELOAD" else bool(v)))
+    flags = " ".join(f"{opt.replace('-', '_')}={getattr(a, opt.replace('-', '_'))}" for opt, *_ in CONSTEXPRS)
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20, return_mode="median")
@@ -96,10 +83,8 @@ def main() -> None:
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
             gate = "" if ref is None else f"  gate {_bytes_differ(ref, w.pages)} bytes differ"
-            print(f"variant packed={a.packed} rare={a.rare} two={a.two} lut={a.lut} bound={a.bound} chan_t={a.chan_t} "
-                  f"hw_rint={a.hw_rint} fwht_in_place={a.fwht_in_place} rare_reload={a.rare_reload} chan_j={a.chan_j} "
-                  f"chan_heads={a.chan_heads} {name:9s} {c:8s} {ms:.4f} ms  {w.bytes / ms / 1e9 / tbps:.3f} of copy{gate}",
-                  flush=True)
+            print(f"variant packed={a.packed} two={a.two} lut={a.lut} bound={a.bound} {flags} {name:9s} {c:8s} {ms:.4f} ms  "
+                  f"{w.bytes / ms / 1e9 / tbps:.3f} of copy{gate}", flush=True)
 
 
 def _oracle_pages(w, spec) -> dict:
