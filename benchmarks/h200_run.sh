@@ -16,11 +16,11 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
-#   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, not yet run): store rows untimed since the
-#                                     # reloading rare fallback (int4_had, iq4nl, nvfp4, lm2-lm4), int2 under register
-#                                     # caps, the fallback a tile at a time, KIVI's [bytes, channels] tiles, the
-#                                     # Hadamard stages in place (each gated against the oracle)
-#   bash benchmarks/h200_run.sh s23b  # the whole store test directory on the GPU (prepared in session 22)
+#   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, not yet run): int2 under register caps, the
+#                                     # exact fallback a tile at a time, KIVI's [bytes, channels] tiles, the Hadamard
+#                                     # stages in place (each timed and gated against the oracle)
+#   bash benchmarks/h200_run.sh s23b  # the store rows untimed since the reloading fallback (int4_had, iq4nl, nvfp4,
+#                                     # lm2-lm4) and the whole store test directory on the GPU (prepared in session 22)
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
@@ -689,8 +689,7 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
   ;;
 s23)  # prepared in session 22 (issue 17), not yet run: the prepared store variants, each timed and gated against the
-  # CPU oracle (store_variants.py --gate 1), then the store rows not timed since the reloading rare fallback (iq4nl,
-  # nvfp4, lm2 141 -> 108 registers offline, lm3, lm4) and int4_had with its elements kept again, gate first
+  # CPU oracle (store_variants.py --gate 1); about 8 minutes
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout 60 python3 benchmarks/store_variants.py int2 --configs 32x4,32x4r64,32x4r72,64x4r96 --two 0 2>&1 \
     | grep variant | tee -a "$OUT/store_variants.txt"   # int2 at 0.55: 79 registers, 6 programs an SM
@@ -709,13 +708,15 @@ s23)  # prepared in session 22 (issue 17), not yet run: the prepared store varia
     timeout 90 python3 benchmarks/store_variants.py int4_had lm2 lm3 lm4 --configs 16x4,32x4 --two 0 --fwht-in-place "$ip" \
       2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
   done
+  ;;
+s23b)  # prepared in session 22: the store rows not timed since the reloading rare fallback (iq4nl, nvfp4, lm2 141 -> 108
+  # registers offline, lm3, lm4) and int4_had with its elements kept again, gate first; then the whole store test
+  # directory and the GPU-only helper tests
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     --schemes "${ST_SCHEMES:-int4_had,iq4nl,nvfp4,lm2,lm3,lm4}" 2>&1 | tail -1
   cut -d, -f1-8 "$OUT/store/store.csv"
-  ;;
-s23b)  # prepared in session 22: the whole store test directory and the GPU-only helper tests, with room to finish
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-420}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store tests/kernels/tiles \
+  timeout "${PYTEST_S:-300}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store tests/kernels/tiles \
     tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
   ;;
 s22c)  # session 22 (issue 17): the cvt.rni int codes checked on the GPU (the exact-helper test, the stores' bit-exact
