@@ -412,3 +412,22 @@ def test_equal_chunks_through_one_cudnn_call(name, monkeypatch):
     got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32, host_lens=hl)
     assert flash == [] and dense._NO_CUDNN_CHUNK == set()
     assert _err(got, ref) < TOL
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernels' constexpr globals when it compiles (Triton refuses "
+                    "a changed one)")
+@pytest.mark.parametrize("name", ["int4_had", "k=lm3:g32:rot=had,v=lm4:g64:rot=had"])
+def test_rotations_in_place_give_the_same_output(name, monkeypatch):
+    """The Hadamard stages in place (`tiles.rotate.IN_PLACE`, off until timed on a GPU) where the dense path rotates in
+    registers (the prefix's dequantization, the merge's un-rotation of the prefix's output) give the output of the
+    constant-geometry stages bit for bit (stages in the reverse order fail it)."""
+    backend = "dense"
+    import triton.language as tl
+
+    from kvlab.kernels.tiles import rotate
+    sch, P, q, kn, vn, qo, args, kw = _setup(([40, 9], [6, 11], 8, 2, 64, 16, name, None), seed=21)
+    want = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend=backend, dense_bucket=32)
+    monkeypatch.setattr(rotate, "IN_PLACE", tl.constexpr(True))
+    got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend=backend, dense_bucket=32)
+    assert not torch.isnan(got).any()
+    assert torch.equal(got, want)
