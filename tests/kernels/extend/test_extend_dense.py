@@ -419,8 +419,9 @@ def test_equal_chunks_through_one_cudnn_call(name, monkeypatch):
 @pytest.mark.parametrize("name", ["int4_had", "k=lm3:g32:rot=had,v=lm4:g64:rot=had"])
 def test_rotations_in_place_give_the_same_output(name, monkeypatch):
     """The Hadamard stages in place (`tiles.rotate.IN_PLACE`, off until timed on a GPU) where the dense path rotates in
-    registers (the prefix's dequantization, the merge's un-rotation of the prefix's output) give the output of the
-    constant-geometry stages bit for bit (stages in the reverse order fail it)."""
+    registers on the CPU (the stacked queries, `dense.py`'s stacking kernel) give the output of the constant-geometry
+    stages bit for bit (stages in the reverse order fail it). The merge kernel's un-rotation of the prefix's output
+    runs on a GPU only."""
     backend = "dense"
     import triton.language as tl
 
