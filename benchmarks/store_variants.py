@@ -22,17 +22,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 POISON = 0xA5  # the page bytes before each config's first write (as the store tests poison theirs)
-# (option, module, global, default, help): the kernels' constexpr globals a variant sets before anything compiles
+# (option, switch, default, help): the kernels' compile-time switches a variant sets (`store.triton.set_switches`)
 CONSTEXPRS = [
-    ("rare", "store", "RARE_PATHS", 1, "0: compile without the exact fallbacks of rare tiles (codes may then differ "
+    ("rare", "RARE_PATHS", 1, "0: compile without the exact fallbacks of rare tiles (codes may then differ "
      "from the oracle's: timing only)"),
-    ("hw-rint", "store", "HW_RINT", 1, "0: round-half-even int codes by the float path on the GPU too, not cvt.rni"),
-    ("rare-reload", "store", "RARE_RELOAD", 1, "the inline exact fallback's inputs: 0 kept live, 1 loaded again, 2 "
+    ("hw-rint", "HW_RINT", 1, "0: round-half-even int codes by the float path on the GPU too, not cvt.rni"),
+    ("rare-reload", "RARE_RELOAD", 1, "the inline exact fallback's inputs: 0 kept live, 1 loaded again, 2 "
      "loaded and coded one element tile at a time"),
-    ("fwht-in-place", "rotate", "IN_PLACE", 0, "1: the Hadamard stages of rotated specs in place"),
-    ("chan-j", "store", "CHAN_J", 0, "1: channel-axis element tiles loaded as [bytes, channels] and turned"),
-    ("chan-heads", "store", "CHAN_HEADS", 0, "1: channel-axis rows over (head, channel): a tile may span heads"),
-    ("chan-t", "store", "CHAN_T", 0, "1: channel-axis rows loaded as one [G, BLOCK_R] tile and transposed"),
+    ("fwht-in-place", "IN_PLACE", 0, "1: the Hadamard stages of rotated specs in place"),
+    ("chan-j", "CHAN_J", 0, "1: channel-axis element tiles loaded as [bytes, channels] and turned"),
+    ("chan-heads", "CHAN_HEADS", 0, "1: channel-axis rows over (head, channel): a tile may span heads"),
+    ("chan-t", "CHAN_T", 0, "1: channel-axis rows loaded as one [G, BLOCK_R] tile and transposed"),
 ]
 
 
@@ -49,29 +49,25 @@ def main() -> None:
                     "(`store.triton.TWO_PASS`)")
     ap.add_argument("--gate", type=int, default=1, help="1: after timing, compare the pages the timed write left with "
                     "the CPU oracle's for the same tokens (bytes that differ; the variant's own compiled kernel)")
-    for opt, _, name, default, text in CONSTEXPRS:
+    for opt, name, default, text in CONSTEXPRS:
         ap.add_argument(f"--{opt}", type=int, default=default, help=f"{text} (`{name}`)")
     a = ap.parse_args()
-    if a.chan_t and (a.chan_j or a.chan_heads):
-        ap.error("--chan-t does not combine with --chan-j or --chan-heads (the kernel takes CHAN_J, then CHAN_T, and "
-                 "not CHAN_T with CHAN_HEADS)")
+    if a.chan_t and a.chan_j:
+        ap.error("--chan-t and --chan-j are two loads of the same tiles: give one")
     import triton
-    import triton.language as tl
 
     import kvlab
     from kvlab.kernels.autotune import store_write
     from kvlab.kernels.configs import StoreConfig
     from kvlab.kernels.store import triton as st
-    from kvlab.kernels.tiles import rotate
     from run import SCHEMES, page_size
     st.PACKED_LOADS = bool(a.packed)
     st.TWO_PASS = bool(a.two)
     st.BRACKET_LUT = bool(a.lut)
     st.BOUND_CHECK = bool(a.bound)
-    for opt, module, name, _, _ in CONSTEXPRS:  # before anything compiles: the kernels read them as constexprs
-        v = getattr(a, opt.replace("-", "_"))
-        setattr(rotate if module == "rotate" else st, name, tl.constexpr(v if name == "RARE_RELOAD" else bool(v)))
-    flags = " ".join(f"{opt.replace('-', '_')}={getattr(a, opt.replace('-', '_'))}" for opt, *_ in CONSTEXPRS)
+    vals = {name: getattr(a, opt.replace("-", "_")) for opt, name, _, _ in CONSTEXPRS}
+    st.set_switches(**{k: v if k == "RARE_RELOAD" else bool(v) for k, v in vals.items()})  # before anything compiles
+    flags = " ".join(f"{opt.replace('-', '_')}={vals[name]}" for opt, name, *_ in CONSTEXPRS)
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20, return_mode="median")

@@ -57,25 +57,14 @@ def main() -> None:
     JITFunction.run = run
     st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
     st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
-    if a.fwht_in_place:
-        import triton.language as tl
-
-        from kvlab.kernels.tiles import rotate
-        rotate.IN_PLACE = tl.constexpr(True)
+    on = {"IN_PLACE": a.fwht_in_place, "CHAN_J": a.chan_j, "CHAN_HEADS": a.chan_heads}
+    st.set_switches(**{k: True for k, v in on.items() if v})
     if a.rare_reload is not None:
-        import triton.language as tl
-        st.RARE_RELOAD = tl.constexpr(a.rare_reload)
-    if a.chan_j:
-        import triton.language as tl
-        st.CHAN_J = tl.constexpr(True)
-    if a.chan_heads:
-        import triton.language as tl
-        st.CHAN_HEADS = tl.constexpr(True)
+        st.set_switches(RARE_RELOAD=a.rare_reload)
     if a.two:
         st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:
-        import triton.language as tl
-        st.RARE_PATHS = tl.constexpr(False)
+        st.set_switches(RARE_PATHS=False)
     D = 128
     for name in a.schemes:
         spec = scheme(name).k

@@ -195,7 +195,8 @@ def tune(op: str, scheme, shape: dict, *, device="cuda", rep: int = 30, warmup: 
 def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
     """A timing closure: fn(config=None) writes `tokens` (at most 32K) random bf16 tokens into fresh pages
     through the public store op and returns the backend that ran. Attributes: tokens, x, pages, page_size, slots,
-    kw (static / tensor scales), bytes (bf16 read + every page tensor written). Channel-axis specs get pages of whole token groups."""
+    kw (static / tensor scales), bytes (bf16 read + every page tensor written). Channel-axis specs get pages of whole
+    token groups."""
     from .store import store
     T = min(tokens, 32768)
     if spec.axis == "chan" and P % spec.group:

@@ -32,6 +32,7 @@ are rotated by `kvlab.quant.rotation.rotate` before the launch (`fuses_rotation`
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import triton
@@ -98,6 +99,22 @@ BRACKET_LUT = True
 # group-row stores of sorted brackets check only the per-group rare terms where the group's scale bounds |x| / s
 # (`kernel_params` BOUND); False: the per-element check as well (for `benchmarks/store_variants.py`)
 BOUND_CHECK = True
+
+
+def set_switches(**values) -> None:
+    """Set the kernels' compile-time switches (this module's `tl.constexpr` globals, and `tiles.rotate.IN_PLACE`) by
+    name, for benchmarks and offline tools, before anything compiles: a GPU fixes them per compiled kernel (Triton
+    refuses one that changed afterwards). An unknown name raises ValueError naming the allowed ones."""
+    from ..tiles import rotate
+    here = sys.modules[__name__]
+    for name, value in values.items():
+        owner = rotate if name == "IN_PLACE" else here
+        if not isinstance(getattr(owner, name, None), tl.constexpr):
+            allowed = sorted(k for k, v in vars(here).items() if isinstance(v, tl.constexpr)) + ["IN_PLACE"]
+            raise ValueError(f"unknown store switch {name!r}; allowed: {', '.join(allowed)}")
+        setattr(owner, name, tl.constexpr(value))
+
+
 AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
                 "LUT", "BOUND", "ROT", "PK", "TWO"]
 
@@ -525,6 +542,13 @@ def _tile(xr, k, j, lm, sd, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr)
 
 
 @triton.jit
+def _tile_turned(base, k, lm, est, NB: tl.constexpr, K: tl.constexpr, ST: tl.constexpr):
+    """`_tile` of rows whose [1, R] base pointers run along the last axis: loaded as [NB, R], turned to [R, NB]."""
+    jj = tl.arange(0, NB)[:, None]
+    return tl.trans(tl.load(base + _elem_of(jj, k, NB, K, ST).to(tl.int64) * est, mask=tl.trans(lm), other=0.0))
+
+
+@triton.jit
 def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
                 RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                 HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr, K: tl.constexpr, W: tl.constexpr,
@@ -584,22 +608,20 @@ def _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h, R: tl.cons
     elif CHAN and CHAN_J:  # channel rows: each element tile loaded as [NB, R] (bytes x channels) and turned, the
         # channels' contiguity hidden (c ^ 0 for T >= 0) so the load is not vectorized along them: lanes and warps run
         # along channels and every thread holds its channels' G tokens (statistics and packing in registers)
-        jj = tl.arange(0, NB)[:, None]  # [NB, 1]
         co = (c ^ (T >> 31))[None, :]  # [1, R], = c
         base = x_ptr + (grp * G).to(tl.int64) * st + (h * sh)[None, :] + co * sd  # h: each row's head
-        mt = tl.trans(lm)  # [1, R]
-        x0 = tl.trans(tl.load(base + _elem_of(jj, 0, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+        x0 = _tile_turned(base, 0, lm, st, NB, K, ST)
         x1, x2, x3 = x0, x0, x0
         if K >= 2:
-            x1 = tl.trans(tl.load(base + _elem_of(jj, 1, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+            x1 = _tile_turned(base, 1, lm, st, NB, K, ST)
         if K == 4:
-            x2 = tl.trans(tl.load(base + _elem_of(jj, 2, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
-            x3 = tl.trans(tl.load(base + _elem_of(jj, 3, NB, K, ST).to(tl.int64) * st, mask=mt, other=0.0))
+            x2 = _tile_turned(base, 2, lm, st, NB, K, ST)
+            x3 = _tile_turned(base, 3, lm, st, NB, K, ST)
         i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
         f0, f1, f2, f3 = as_f32(x0), as_f32(x1), as_f32(x2), as_f32(x3)
-    elif CHAN and CHAN_T and not CHAN_HEADS:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
+    elif CHAN and CHAN_T:  # channel rows: the [G, BLOCK_R] token x channel tile loaded whole, turned in registers
         tg = tl.arange(0, G)[:, None]
-        xg = tl.load(x_ptr + (grp * G + tg).to(tl.int64) * st + h * sh + c[None, :] * sd, mask=(c < D)[None, :],
+        xg = tl.load(x_ptr + (grp * G + tg).to(tl.int64) * st + (h * sh + c * sd)[None, :], mask=tl.trans(lm),
                      other=0.0)  # [G, R]
         x0, x1, x2, x3 = byte_tiles(tl.trans(xg), R, NB, K, ST)
         i0, i1, i2, i3 = _elems_of(j, NB, K, ST)

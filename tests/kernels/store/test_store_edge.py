@@ -443,7 +443,8 @@ def test_two_pass_store_is_the_oracle(name, monkeypatch):
         assert_same_pages(ref, tri1, name + " block_r 1")
 
 
-CHAN_VARIANTS = [("CHAN_T",), ("CHAN_J",), ("CHAN_J", "CHAN_HEADS"), ("CHAN_HEADS",), ("CHAN_J", "RARE_RELOAD")]
+CHAN_VARIANTS = [("CHAN_T",), ("CHAN_J",), ("CHAN_J", "CHAN_HEADS"), ("CHAN_HEADS",), ("CHAN_T", "CHAN_HEADS"),
+                 ("CHAN_J", "RARE_RELOAD")]
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernel's constexpr globals when it compiles (Triton refuses "
@@ -522,3 +523,12 @@ def test_rare_fallback_stores_the_oracles_bytes_however_it_gets_its_inputs(name,
     monkeypatch.setattr(st, "RARE_RELOAD", tl.constexpr(reload))
     got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
     _nan_aware_equal(ref, got, f"{name} (every tile by the fallback, RARE_RELOAD {reload})", spec)
+
+
+def test_unknown_switch_names_the_allowed_ones():
+    """`store.triton.set_switches` (benchmarks and offline tools set the kernels' compile-time switches by name) refuses
+    a name that is not one, and a module global that is not a switch, naming the switches."""
+    from kvlab.kernels.store import triton as st
+    for bad in ("CHAN_X", "AUTOTUNE_KEY"):
+        with pytest.raises(ValueError, match=f"unknown store switch '{bad}'; allowed: .*CHAN_J.*IN_PLACE"):
+            st.set_switches(**{bad: True})
