@@ -16,11 +16,11 @@
 #   bash benchmarks/h200_run.sh s13b  # store word vs element loads + the store table; decode table at DEC_SHAPES
 #   bash benchmarks/h200_run.sh s16b  # issue 17: extend GPU tests, profile + host profile, the auto_host table
 #   bash benchmarks/h200_run.sh s16c  # issue 17: extend GPU tests + the extend table (auto_host, auto, fresh) = extend.csv
-#   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, not yet run): int2 under register caps, the
+#   bash benchmarks/h200_run.sh s23   # issue 17 (prepared in session 22, run in session 23): int2 under register caps, the
 #                                     # exact fallback a tile at a time, KIVI's [bytes, channels] tiles, the Hadamard
 #                                     # stages in place (each timed and gated against the oracle)
-#   bash benchmarks/h200_run.sh s23b  # the store rows untimed since the reloading fallback (int4_had, iq4nl, nvfp4,
-#                                     # lm2-lm4) and the whole store test directory on the GPU (prepared in session 22)
+#   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
+#                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
@@ -688,7 +688,7 @@ s20e)  # session 20 (issue 17): the sorted brackets' rare check per group where 
     --schemes "${ST_SCHEMES:-nf4,iq4nl,mxfp4}" 2>&1 | tail -2
   cp /tmp/store/store.csv "$OUT/"; cut -d, -f1,3,7 "$OUT/store.csv"
   ;;
-s23)  # prepared in session 22 (issue 17), not yet run: the prepared store variants, each timed and gated against the
+s23)  # prepared in session 22 (issue 17), run in session 23 (runs/s23-5358204): the prepared store variants, each timed and gated against the
   # CPU oracle (store_variants.py --gate 1); about 8 minutes
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout 60 python3 benchmarks/store_variants.py int2 --configs 32x4,32x4r64,32x4r72,64x4r96 --two 0 2>&1 \
@@ -709,15 +709,20 @@ s23)  # prepared in session 22 (issue 17), not yet run: the prepared store varia
       2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
   done
   ;;
-s23b)  # prepared in session 22: the store rows not timed since the reloading rare fallback (iq4nl, nvfp4, lm2 141 -> 108
-  # registers offline, lm3, lm4) and int4_had with its elements kept again, gate first; then the whole store test
-  # directory and the GPU-only helper tests
+s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWHT_IN_PLACE, on) and channel tiles on
+  # one or two warps (new autotune candidates): KIVI and rotated variants at fixed configs (gated), the store table of
+  # ST_SCHEMES (gate first), then the GPU store tests of those families
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-240}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
-    --schemes "${ST_SCHEMES:-int4_had,iq4nl,nvfp4,lm2,lm3,lm4}" 2>&1 | tail -1
-  cut -d, -f1-8 "$OUT/store/store.csv"
-  timeout "${PYTEST_S:-300}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store tests/kernels/tiles \
-    tests/kernels/test_nonfinite_kernels.py 2>&1 | tee "$OUT/pytest_store.log" | tail -3
+  timeout 70 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 16x1,32x1,32x2,64x1,64x2,32x4 --two 0 2>&1 \
+    | grep variant | tee -a "$OUT/store_variants.txt"
+  timeout 80 python3 benchmarks/store_variants.py int4_had lm2 lm3 lm4 --configs 8x2,16x1,16x2,16x4,32x2,32x4 --two 0 \
+    2>&1 | grep variant | tee -a "$OUT/store_variants.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    --schemes "${ST_SCHEMES:-kivi4,kivi2,int4_had,lm2,lm3,lm4}" 2>&1 | tail -1
+  cut -d, -f1-9 "$OUT/store/store.csv"
+  timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
+    tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
+    | tee "$OUT/pytest_store.log" | tail -3
   ;;
 s22c)  # session 22 (issue 17): the cvt.rni int codes checked on the GPU (the exact-helper test, the stores' bit-exact
   # tests of int, division and edge-value specs), then the store table (gate first) of ST_SCHEMES

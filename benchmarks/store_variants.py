@@ -29,7 +29,8 @@ CONSTEXPRS = [
     ("hw-rint", "HW_RINT", 1, "0: round-half-even int codes by the float path on the GPU too, not cvt.rni"),
     ("rare-reload", "RARE_RELOAD", 1, "the inline exact fallback's inputs: 0 kept live, 1 loaded again, 2 "
      "loaded and coded one element tile at a time"),
-    ("fwht-in-place", "IN_PLACE", 0, "1: the Hadamard stages of rotated specs in place"),
+    ("fwht-in-place", "FWHT_IN_PLACE", 1, "0: the oracle's Hadamard stages (split / join / transpose) instead of "
+     "the in-place pair exchange"),
     ("chan-j", "CHAN_J", 0, "1: channel-axis element tiles loaded as [bytes, channels] and turned"),
     ("chan-heads", "CHAN_HEADS", 0, "1: channel-axis rows over (head, channel): a tile may span heads"),
     ("chan-t", "CHAN_T", 0, "1: channel-axis rows loaded as one [G, BLOCK_R] tile and transposed"),

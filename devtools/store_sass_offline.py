@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--block-rows", type=int, default=32)
     ap.add_argument("--general", action="store_true", help="the general tile path, not the group-row one")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--fwht-in-place", action="store_true", help="the Hadamard stages in place (`tiles.rotate.IN_PLACE`)")
+    ap.add_argument("--fwht-in-place", type=int, default=1, help="0: the oracle's Hadamard stages instead of the "
+                    "in-place ones (`store.triton.FWHT_IN_PLACE`)")
     ap.add_argument("--rare-reload", type=int, default=None, help="`store.triton.RARE_RELOAD` (0 / 1 / 2)")
     ap.add_argument("--chan-heads", action="store_true", help="channel rows over (head, channel) (`CHAN_HEADS`)")
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
@@ -57,8 +58,7 @@ def main() -> None:
     JITFunction.run = run
     st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
     st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
-    on = {"IN_PLACE": a.fwht_in_place, "CHAN_J": a.chan_j, "CHAN_HEADS": a.chan_heads}
-    st.set_switches(**{k: True for k, v in on.items() if v})
+    st.set_switches(FWHT_IN_PLACE=bool(a.fwht_in_place), CHAN_J=a.chan_j, CHAN_HEADS=a.chan_heads)
     if a.rare_reload is not None:
         st.set_switches(RARE_RELOAD=a.rare_reload)
     if a.two:

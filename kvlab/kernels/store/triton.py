@@ -25,8 +25,8 @@ hardware conversion (constexpr HW), which rounds as the oracle does. rule=mse is
 reference). The autotune key is (head_dim, n_heads, spec constexprs), never the token count.
 
 Rotated specs (`rot=had`) with a power-of-two head_dim of one Hadamard block and token rows (constexpr ROT =
-log2 D): the program loads its whole token rows once, rotates them in registers (`tiles.rotate.fwht_rows`, the
-oracle's fixed-order transform, so the bits match) and cuts the rotated rows into its tiles; other rotated specs
+log2 D): the program loads its whole token rows once, rotates them in registers (`tiles.rotate.fwht_rows_in_place`:
+the oracle's fixed-order additions, so the bits match) and cuts the rotated rows into its tiles; other rotated specs
 are rotated by `kvlab.quant.rotation.rotate` before the launch (`fuses_rotation`).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ..configs import T_BUCKETS, StoreConfig, fuses_rotation, t_bucket
 from ..env import interpreting
 from ..tiles.exact import (as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, rint_i32_hw,
                            round_away)
-from ..tiles.rotate import byte_tiles, fwht_rows
+from ..tiles.rotate import byte_tiles, fwht_rows, fwht_rows_in_place
 from ..tiles.bracket import bins_for, bracket_table, lut_codes
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
@@ -57,8 +57,12 @@ RND_IDS = {"even": 0, "away": 1, "up": 2}
 # overhead, 242 vs 79 instructions an element offline); `_prune` drops them for D=128 token rows. Fewer warps on
 # the same channel tile keep more of the reductions over tokens inside a thread (offline sm_90, kivi4, per element:
 # 128 rows 4 warps 79.2, 2 warps 55.9; 64 rows 1 warp 54.9)
+# Channel tiles of 32 rows on one warp keep every token reduction inside the warp (offline sm_90, kivi4: 94
+# instructions an element and 3 barriers against 159 and 17 at 32x4; H200, runs/s23-5358204: kivi4 0.308 of copy at
+# 32x1, 0.278 at 64x2, 0.185 at 128x4)
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8),
-                                                               (128, 4), (128, 8), (64, 1), (64, 2), (128, 2))]
+                                                               (128, 4), (128, 8), (64, 1), (64, 2), (128, 2),
+                                                               (16, 1), (32, 1), (32, 2))]
 # the exact fallbacks of rare tiles (IEEE division for scales past 2^+-100, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (slower: session 22)
@@ -101,18 +105,33 @@ BRACKET_LUT = True
 BOUND_CHECK = True
 
 
+# rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
+# the oracle's split / join / transpose stages through shared memory: the same additions in the same order (same
+# bits). H200, 32K-token write (runs/s23-5358204, 16x4 / 32x4): int4_had 0.150 / 0.107 -> 0.290 / 0.296 of copy,
+# lm2 0.154 -> 0.201, lm3 0.127 -> 0.181, lm4 0.109 -> 0.203. False: the oracle's stages (`fwht_rows`)
+FWHT_IN_PLACE = tl.constexpr(True)
+
+
+@triton.jit
+def _rotate_rows(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.constexpr):
+    """rotate(x) for a float32 tile x [BR, D] of whole token rows, by `FWHT_IN_PLACE`'s stages (same bits)."""
+    if FWHT_IN_PLACE:
+        y = fwht_rows_in_place(x, BR, D, LOG, C)
+    else:
+        y = fwht_rows(x, BR, D, LOG, C)
+    return y
+
+
 def set_switches(**values) -> None:
-    """Set the kernels' compile-time switches (this module's `tl.constexpr` globals, and `tiles.rotate.IN_PLACE`) by
-    name, for benchmarks and offline tools, before anything compiles: a GPU fixes them per compiled kernel (Triton
-    refuses one that changed afterwards). An unknown name raises ValueError naming the allowed ones."""
-    from ..tiles import rotate
+    """Set the store kernels' compile-time switches (this module's `tl.constexpr` globals) by name, for benchmarks and
+    offline tools, before anything compiles: a GPU fixes them per compiled kernel (Triton refuses one that changed
+    afterwards). An unknown name raises ValueError naming the allowed ones."""
     here = sys.modules[__name__]
     for name, value in values.items():
-        owner = rotate if name == "IN_PLACE" else here
-        if not isinstance(getattr(owner, name, None), tl.constexpr):
-            allowed = sorted(k for k, v in vars(here).items() if isinstance(v, tl.constexpr)) + ["IN_PLACE"]
+        if not isinstance(getattr(here, name, None), tl.constexpr):
+            allowed = sorted(k for k, v in vars(here).items() if isinstance(v, tl.constexpr))
             raise ValueError(f"unknown store switch {name!r}; allowed: {', '.join(allowed)}")
-        setattr(owner, name, tl.constexpr(value))
+        setattr(here, name, tl.constexpr(value))
 
 
 AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
@@ -601,7 +620,7 @@ def _load_elems(x_ptr, xr, j, lm, est, c, pid, grp, T, st, sh, sd, h, R: tl.cons
         tt = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         cc = tl.arange(0, NG * G)[None, :]
         xt = as_f32(tl.load(x_ptr + tt.to(tl.int64) * st + h * sh + cc * sd, mask=tt < T, other=0.0))
-        y = tl.reshape(fwht_rows(xt, BLOCK_R, NG * G, ROT, RC), [R, G])
+        y = tl.reshape(_rotate_rows(xt, BLOCK_R, NG * G, ROT, RC), [R, G])
         f0, f1, f2, f3 = byte_tiles(y, R, NB, K, ST)
         i0, i1, i2, i3 = _elems_of(j, NB, K, ST)
         x0, x1, x2, x3 = f0, f1, f2, f3
@@ -875,7 +894,7 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
             cc = tl.arange(0, D)[None, :]
             rr = r.reshape([BLOCK_R, 1])
             xt = as_f32(tl.load(x_ptr + rr.to(tl.int64) * st + h * sh + cc * sd, mask=rr < T, other=0.0))
-            xrot = tl.reshape(fwht_rows(xt, BLOCK_R, D, ROT, RC), [BLOCK_R, NG, G])
+            xrot = tl.reshape(_rotate_rows(xt, BLOCK_R, D, ROT, RC), [BLOCK_R, NG, G])
         if STATIC:  # axis tensor: one calibrated scale for the layer
             s_raw = ones * tl.load(static_ptr)
         elif RULE != 2:

@@ -7,7 +7,9 @@ same operations on a [BR, D] register tile, so the store reads the 16-bit tokens
 float32 rotated copy. Each stage is a split of adjacent pairs, one add and one subtract an element, and a
 join + transpose that Triton lowers to register moves and a shared-memory exchange (offline sm_90: about
 17 instructions an element for a whole load-rotate-store of a [32, 128] tile; `benchmarks/NOTES_store.md`).
-`_fwht_rows_in_place` (behind `IN_PLACE`) runs the same additions in place, exchanging pairs by xor.
+`fwht_rows_in_place` runs the same additions in place, exchanging pairs by xor: the store calls it (its own switch,
+`store.triton.FWHT_IN_PLACE`, on since the H200 timed it); `fwht_rows` takes it behind `IN_PLACE` for the kernels
+not yet timed with it (extend, the decode merge).
 
 This module imports Triton; only Triton backends and other tiles import it.
 """
@@ -17,16 +19,17 @@ import triton
 import triton.language as tl
 
 
-# the stages in place by a pair exchange (`_fwht_rows_in_place`: registers or warp shuffles) instead of split / join /
+# the stages in place by a pair exchange (`fwht_rows_in_place`: registers or warp shuffles) instead of split / join /
 # transpose, whose stages on a lane's bit move the tile through shared memory. Offline sm_90, the int4_had store at
 # 16-row tiles: 104 -> 56 registers, 31 -> 9 barriers, 148 -> 93 instructions an element (lm2: 25 -> 5 barriers; lm4:
-# 72 -> 128 registers). False: the oracle's constant-geometry stages as written. Off until a GPU run times it
-# (`benchmarks/h200_run.sh s23`)
+# 72 -> 128 registers). On the H200 the store went 0.150 -> 0.296 of copy for int4_had, lm2 0.154 -> 0.201
+# (runs/s23-5358204): the store uses it (`store.triton.FWHT_IN_PLACE`). Here False: extend and the decode merge keep
+# the oracle's constant-geometry stages as written until a GPU run times them in place
 IN_PLACE = tl.constexpr(False)
 
 
 @triton.jit
-def _fwht_rows_in_place(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.constexpr):
+def fwht_rows_in_place(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.constexpr):
     """`fwht_rows` with the stages in place: stage s pairs the elements whose index differs in bit s and leaves the
     sum at the one with bit s clear, the difference at the other. The oracle's stage (pairs on bit 0, the result's
     bit 0 moved to the top) pairs the same elements, original bit s at stage s, and after LOG rotations of a LOG-bit
@@ -48,7 +51,7 @@ def fwht_rows(x, BR: tl.constexpr, D: tl.constexpr, LOG: tl.constexpr, C: tl.con
     """rotate(x) for a float32 tile x [BR, D] (D = 2^LOG, one Hadamard block a row); C: the float32 value of
     1/sqrt(D) (`kvlab.quant.rotation.norm_constant`). Same operations, same order as the oracle: same bits."""
     if IN_PLACE:
-        y = _fwht_rows_in_place(x, BR, D, LOG, C)
+        y = fwht_rows_in_place(x, BR, D, LOG, C)
     else:
         for _ in tl.static_range(LOG):
             a, b = tl.split(tl.reshape(x, [BR, D // 2, 2]))  # [BR, D/2] even / odd elements

@@ -480,19 +480,18 @@ def test_channel_row_variants_store_the_oracles_bytes(name, dtype, variant, monk
                     "a changed one); benchmarks/store_variants.py gates each variant there in its own process")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("name", ["int4_had", "int4:g32:asym:rot=had:recip", "lm2:g64:rot=had", "lm4:g64:rot=had"])
-def test_rotation_in_place_stores_the_oracles_bytes(name, dtype, monkeypatch):
-    """The Hadamard stages done in place (`tiles.rotate.IN_PLACE`, off by default until timed on a GPU) inside the
-    store: the oracle's bytes for rotated specs, edge values included (the order of the stages, which 4-bit codes of
-    these inputs rarely see, is checked bit for bit in tests/kernels/tiles/test_rotate.py)."""
-    import triton.language as tl
-
-    from kvlab.kernels.tiles import rotate
+def test_rotation_by_the_oracles_stages_stores_the_oracles_bytes(name, dtype, monkeypatch):
+    """The store's other Hadamard stages (`store.triton.FWHT_IN_PLACE` False: the oracle's split / join / transpose;
+    the default in-place pair exchange is what every other rotated-spec test runs) store the oracle's bytes for
+    rotated specs, edge values included (both orders of the stages are checked bit for bit in
+    tests/kernels/tiles/test_rotate.py)."""
+    from kvlab.kernels.store import triton as st
     spec = spec_of(name)
     x, slots, lay, n_pages, kw = _edge_case(spec, dtype)
     ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
-    monkeypatch.setattr(rotate, "IN_PLACE", tl.constexpr(True))
+    monkeypatch.setattr(st, "FWHT_IN_PLACE", tl.constexpr(False))
     got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
-    _nan_aware_equal(ref, got, f"{name} {dtype} (rotation in place)", spec)
+    _nan_aware_equal(ref, got, f"{name} {dtype} (the oracle's stages)", spec)
 
 
 @triton.jit
@@ -530,5 +529,5 @@ def test_unknown_switch_names_the_allowed_ones():
     a name that is not one, and a module global that is not a switch, naming the switches."""
     from kvlab.kernels.store import triton as st
     for bad in ("CHAN_X", "AUTOTUNE_KEY"):
-        with pytest.raises(ValueError, match=f"unknown store switch '{bad}'; allowed: .*CHAN_J.*IN_PLACE"):
+        with pytest.raises(ValueError, match=f"unknown store switch '{bad}'; allowed: .*CHAN_J.*FWHT_IN_PLACE"):
             st.set_switches(**{bad: True})

@@ -1,5 +1,5 @@
 """The in-register Hadamard transform of rotated specs against the oracle's `rotate`, bit for bit: the constant-
-geometry stages as the oracle writes them (`fwht_rows`) and the same stages in place (`_fwht_rows_in_place`, a pair
+geometry stages as the oracle writes them (`fwht_rows`) and the same stages in place (`fwht_rows_in_place`, a pair
 exchange by xor instead of split / join / transpose), on random rows spread over 60 binades and on signed zeros,
 subnormals, +-3e38 (overflowing sums), inf and NaN. Runs under the interpreter (CPU CI) and on a GPU."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvlab.kernels.tiles.rotate import _fwht_rows_in_place, fwht_rows
+from kvlab.kernels.tiles.rotate import fwht_rows_in_place, fwht_rows
 from kvlab.quant.rotation import norm_constant, rotate
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -21,7 +21,7 @@ def _both(x_ptr, o_ptr, p_ptr, BR: tl.constexpr, D: tl.constexpr, LOG: tl.conste
     c = tl.arange(0, D)[None, :]
     x = tl.load(x_ptr + r * D + c)
     tl.store(o_ptr + r * D + c, fwht_rows(x, BR, D, LOG, C))
-    tl.store(p_ptr + r * D + c, _fwht_rows_in_place(x, BR, D, LOG, C))
+    tl.store(p_ptr + r * D + c, fwht_rows_in_place(x, BR, D, LOG, C))
 
 
 def _rows(D: int, BR: int = 8) -> torch.Tensor:
