@@ -21,6 +21,7 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
 #   bash benchmarks/h200_run.sh s22b  # issue 17: store tests + variants after cvt.rni int codes and the reloading
@@ -723,6 +724,15 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
+  ;;
+s23c)  # session 23 (issue 17): the store table after the packaged store entries of kivi4 / kivi2 / int4_had / lm2 took
+  # s23b's fastest gated configs (lm3, lm4, iq4nl autotune), then the GPU store tests of the rotated specs
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    --schemes "${ST_SCHEMES:-kivi4,kivi2,int4_had,lm2,lm3,lm4,iq4nl}" 2>&1 | tail -1
+  cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  timeout "${PYTEST_S:-180}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
+    tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or rot}" 2>&1 | tee "$OUT/pytest_store.log" | tail -3
   ;;
 s22c)  # session 22 (issue 17): the cvt.rni int codes checked on the GPU (the exact-helper test, the stores' bit-exact
   # tests of int, division and edge-value specs), then the store table (gate first) of ST_SCHEMES
