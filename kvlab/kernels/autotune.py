@@ -217,15 +217,16 @@ def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
 
 def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
     from .configs import store_kernel_spec
-    from .store.triton import CANDIDATES
+    from .store import triton as store_triton
     write = store_write(spec, ctx, Hk, D, P, device)
 
     def launcher(cfg):
         write(cfg)  # compile outside the graph capture
         return lambda: write(cfg)
-    res = _bench(launcher, candidates or CANDIDATES, rep, 0, verbose, graph=True)
+    kspec = store_kernel_spec(spec, D)  # the tiles the autotuner's bound keeps for the launched spec
+    res = _bench(launcher, candidates or store_triton.candidates(kspec, D, Hk), rep, 0, verbose, graph=True)
     if not res:
         raise RuntimeError(f"no store config ran for {spec}")
     best_ms, best = min(res, key=lambda r: r[0])
-    record(store_key(store_kernel_spec(spec, D), Hk, D, write.tokens), best, best_ms, save=save)
+    record(store_key(kspec, Hk, D, write.tokens), best, best_ms, save=save)
     return best, best_ms

@@ -1,8 +1,9 @@
-"""The sweep's speed stage (GPU): autotuned decode and store timings of one scheme at one shape.
+"""The sweep's speed stage (GPU): tuned decode and store timings of one scheme at one shape.
 
 Decode: `kvlab.kernels.autotune.tune` searches tiles / warps / stages / splits (the key holds no sequence
 length), records the winner in the per-GPU tuned-config store, and returns its median time.
-Store: a `context`-token (at most 32K) prefill write of K through the store op (do_bench median), and
+Store: a `context`-token (at most 32K) prefill write of K through the store op (do_bench median; a key with no
+tuned tile is searched first by `tune("store", ...)`, recorded like decode's), and
 the same write replayed from a CUDA graph (a ~30 us launch timed eagerly measures the host).
 Bytes: `kvlab.eval.speed.kv_bytes` (decode reads) and the page bytes written plus bf16 read (store).
 
@@ -46,8 +47,12 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
         if "decode" in ops:
             tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1,
                  save=False, quick=quick)
-        if "store" in ops:
-            _store_fn(sch, shape)()
+        if "store" in ops:  # every tile `tune` may time for the store (compiles only)
+            fn = _store_fn(sch, shape)
+            if fn() == "triton":
+                from ..kernels.store.triton import candidates
+                for c in candidates(store_kernel_spec(sch.k, shape["head_dim"]), shape["head_dim"], shape["heads_kv"]):
+                    fn(c)
         return {}
     out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
     B, L, Hk, D, P = shape["batch"], shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"]
@@ -60,9 +65,12 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
                    decode_roofline_frac=(nbytes / (out["copy_tbps"] * 1e9)) / ms)
     if "store" in ops:
         fn = _store_fn(sch, shape)
-        ran = fn()  # the backend that runs it; on the GPU the first Triton call autotunes outside the timing
+        ran = fn()  # the backend that runs it (compiled outside the timing)
+        key = store_key(store_kernel_spec(sch.k, D), Hk, D, fn.tokens)  # the spec the kernel is launched with
+        if ran == "triton" and lookup(key) is None:  # no tuned tile: search the store's candidates (recorded)
+            tune("store", sch, {**shape, "page_size": P}, rep=10)
         ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
-        cfg = lookup(store_key(store_kernel_spec(sch.k, D), Hk, D, fn.tokens))  # the spec the kernel is launched with
+        cfg = lookup(key)
         out.update(store_tokens=fn.tokens, store_ms=ms, store_gbps=fn.bytes / ms / 1e6,
                    store_config=str(cfg) if ran == "triton" else "torch reference")
         try:  # replayed from a CUDA graph: a ~30 us write is otherwise timed with the Python launch path

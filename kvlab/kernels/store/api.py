@@ -4,6 +4,8 @@ imported until one runs.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ...cache.layout import PageLayout
@@ -12,7 +14,7 @@ from ...quant.smoothing import unsmoothed
 from ...spec import as_spec
 from ..checks import FLOAT_DTYPES, INDEX_DTYPES, need
 from ..configs import config_from_dict, fuses_rotation
-from ..env import can_launch
+from ..env import can_launch, interpreting
 from ..tuned import lookup, record, store_key
 
 BACKENDS = ("auto", "triton", "reference")
@@ -79,8 +81,11 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
                   TRITON_INTERPRET=1), "reference". Specs the kernel does not run (rule=mse: its
                   clipping-ratio search) go to the reference.
     check_slots:  verify slot ranges (one device sync); the pool, which builds slots itself, skips it.
-    config:       a `StoreConfig` or its dict (default: the tuned store's entry; else, on a GPU, Triton's
-                  autotuner picks one, which is recorded in the tuned store for `export_configs`)
+    config:       a `StoreConfig` or its dict (default: the tuned store's entry, the user's file first, then the
+                  package's; else, on a GPU, the family's default tile, `store.triton.default_config`: a first
+                  write never waits for an autotuner. KVLAB_STORE_AUTOTUNE=1: Triton's autotuner picks one on a
+                  key's first call instead, recorded in the tuned store for `export_configs`; `kvlab.tune(op=
+                  "store")` searches and records one explicitly)
 
     Codes and scales equal `kvlab.quantize` of the same tokens bit for bit (NaN scales excepted:
     their NaN payload may differ; the group's codes are the oracle's).
@@ -132,8 +137,10 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
         key = store_key(spec_r, Hk, D, T)
-        tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
-                           config=cfg or lookup(key))
+        cfg = cfg or lookup(key)
+        if cfg is None and not interpreting() and os.environ.get("KVLAB_STORE_AUTOTUNE", "0") != "1":
+            cfg = triton.default_config(spec_r, D, Hk)  # the interpreter keeps the backend's small test tile
+        tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts, config=cfg)
         if tuned is not None:  # the autotuner's pick, kept for export_configs (not written to disk here)
             record(key, tuned, None, save=False)
         return backend

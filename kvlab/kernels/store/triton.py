@@ -59,10 +59,11 @@ RND_IDS = {"even": 0, "away": 1, "up": 2}
 # 128 rows 4 warps 79.2, 2 warps 55.9; 64 rows 1 warp 54.9)
 # Channel tiles of 32 rows on one warp keep every token reduction inside the warp (offline sm_90, kivi4: 94
 # instructions an element and 3 barriers against 159 and 17 at 32x4; H200, runs/s23-5358204: kivi4 0.308 of copy at
-# 32x1, 0.278 at 64x2, 0.185 at 128x4)
+# 32x1, 0.278 at 64x2, 0.185 at 128x4); int4_had ran fastest at 16 rows on two warps (0.325 against 0.291 on four,
+# runs/s23b-5b4d313)
 CANDIDATES = [StoreConfig(block_r=r, num_warps=w) for r, w in ((4, 2), (8, 4), (16, 4), (32, 4), (32, 8), (64, 8),
                                                                (128, 4), (128, 8), (64, 1), (64, 2), (128, 2),
-                                                               (16, 1), (32, 1), (32, 2))]
+                                                               (16, 1), (32, 1), (32, 2), (16, 2))]
 # the exact fallbacks of rare tiles (IEEE division for scales past 2^+-100, the full codebook search);
 # `python -m devtools.store_sass_offline --hot` compiles without them to count the path tiles take
 CHAN_T = tl.constexpr(False)  # channel rows loaded as one [G, BLOCK_R] tile, turned in registers (slower: session 22)
@@ -1105,8 +1106,9 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     x [T, Hk, D] float32/16/bf16 (rotated when the spec rotates; `spec` then has rotation none),
     pages of `PageLayout(spec, D, page_size, Hk)`, slot_mapping [T] int32/int64 (-1: skip),
     scale / tensor_scale float32 [1] on x's device when the spec needs them.
-    config: a fixed StoreConfig; None: Triton's autotuner picks one on the GPU (returned, for the tuned
-    store), a fixed small tile under the interpreter. flat=False forces the general tile path."""
+    config: a fixed StoreConfig (`api.store` passes the tuned entry or `default_config`); None: Triton's autotuner
+    picks one on the GPU (returned, for the tuned store), a fixed small tile under the interpreter. flat=False forces
+    the general tile path."""
     T, Hk, D = x.shape
     if T == 0:
         return None
@@ -1155,6 +1157,37 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
             *args, **const, TWO=mode, BLOCK_R=config.block_r, num_warps=config.num_warps, enable_fp_fusion=False,
             **extra)
     return tuned
+
+
+def default_config(spec, D: int, Hk: int) -> StoreConfig:
+    """The store's config where no tuned entry matches (another head count, head_dim, token bucket or GPU), by family:
+    the tiles the autotuner and `store_variants.py` found fastest on the H200 for a 32K-token write at Hk 8, D 128
+    (sweeps/results/h200/store.csv's config column, runs/s23b-5b4d313): 64 channel rows on one warp for channel-axis
+    keys, 16-row tiles for rotated specs (two warps; four for codebooks), 8 rows for 16-bit storage, 32 rows on four
+    warps for every other family. Halved where the tile would pass the autotuner's own bound (`_prune`). A first
+    write no longer autotunes for minutes: `kvlab.tune(op="store", ...)`, or KVLAB_STORE_AUTOTUNE=1 (Triton's
+    autotuner on a key's first call, as before), finds a shape's best and records it."""
+    p = kernel_params(spec, D)
+    if p["CHAN"]:
+        r, w = 64, 1
+    elif p["ROT"]:
+        r, w = (16, 4) if p["FMT"] == 3 else (16, 2)
+    elif p["BITS"] == 16:
+        r, w = 8, 4
+    else:
+        r, w = 32, 4
+    rows = (D * (Hk if CHAN_HEADS and p["FLAT"] else 1)) if p["CHAN"] else 1 << 30
+    while r > 4 and (r > max(4, next_pow2(rows)) or r * p["GP"] * p["NGP"] > 8192):
+        r //= 2
+    return StoreConfig(block_r=r, num_warps=w)
+
+
+def candidates(spec, D: int, Hk: int) -> list:
+    """The `CANDIDATES` the autotuner would keep for `spec` at head_dim D (`_prune`'s bound), for `kvlab.tune`."""
+    p = kernel_params(spec, D)
+    cands = [triton.Config({"BLOCK_R": c.block_r}, num_warps=c.num_warps) for c in CANDIDATES]
+    keep = {(c.kwargs["BLOCK_R"], c.num_warps) for c in _prune(cands, {}, D=D, HK=Hk, **p)}
+    return [c for c in CANDIDATES if (c.block_r, c.num_warps) in keep]
 
 
 def two_pass(p: dict) -> bool:

@@ -124,6 +124,43 @@ def test_autotune_key_and_configs():
     assert all(c.kwargs["BLOCK_R"] * 256 <= 8192 for c in wide)
 
 
+@pytest.mark.parametrize("name,D,want", [
+    ("kivi4", 128, (64, 1)), ("kivi4", 64, (64, 1)), ("int2:g32:chan:asym", 256, (64, 1)),
+    ("int4_had", 128, (16, 2)), ("lm3:g64:rot=had", 128, (16, 4)), ("bf16", 128, (8, 4)), ("q4_0", 128, (32, 4)),
+    ("fp8_e4m3", 128, (32, 4)), ("nf4", 64, (32, 4)), ("int4:g16:chan:asym", 16, (16, 1)),
+])
+def test_default_store_config_by_family(name, D, want):
+    """Where no tuned entry matches, the store runs its family's default tile (the H200's measured winners), clipped
+    to the autotuner's own bound: channel rows no more than head_dim, at most 8192 tile elements."""
+    from kvlab.kernels.store import triton as tk
+    spec = kvlab.scheme(name).k
+    cfg = tk.default_config(spec, D, 8)
+    assert (cfg.block_r, cfg.num_warps) == want, name
+    assert cfg.block_r * tk.kernel_params(spec, D)["GP"] * tk.kernel_params(spec, D)["NGP"] <= 8192
+    assert cfg in tk.candidates(spec, D, 8), "the default is one of the tiles the autotuner and tune() time"
+
+
+@pytest.mark.parametrize("autotune", ["0", "1"])
+def test_untuned_store_key_gets_the_default_tile_not_the_autotuner(autotune, monkeypatch):
+    """On a GPU (here: the api told it is not interpreting) a key with no tuned entry launches
+    `default_config`'s tile: a first write never waits minutes for Triton's autotuner, which KVLAB_STORE_AUTOTUNE=1
+    restores (the backend then gets config None). A tuned entry still wins over the default."""
+    from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import api
+    from kvlab.kernels.store import triton as tk
+    seen = []
+    monkeypatch.setattr(api, "interpreting", lambda: False)
+    monkeypatch.setattr(tk, "run", lambda *a, config=None, **kw: seen.append(config))
+    monkeypatch.setattr(api, "lookup", lambda key: None)
+    monkeypatch.setenv("KVLAB_STORE_AUTOTUNE", autotune)
+    spec, x, pages, slots = _setup("kivi4", T=32, D=64, P=32)
+    assert store(x, pages, slots, spec, page_size=32, backend="triton") == "triton"
+    assert seen[-1] == (None if autotune == "1" else StoreConfig(block_r=64, num_warps=1))
+    monkeypatch.setattr(api, "lookup", lambda key: StoreConfig(block_r=8, num_warps=2))
+    store(x, pages, slots, spec, page_size=32, backend="triton")
+    assert seen[-1] == StoreConfig(block_r=8, num_warps=2)
+
+
 def test_explicit_store_config_runs_and_bad_ones_are_rejected():
     from kvlab.kernels.configs import StoreConfig
     spec = kvlab.scheme("q4_0").k
