@@ -21,6 +21,8 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh s24   # issue 17 (prepared in session 23): cuDNN bottom-right causal probe, whole store
+#                                     # table with the family default tiles
 #   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
@@ -724,6 +726,15 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
+  ;;
+s24)  # prepared in session 23 (issues 17): the whole store table with the family default tiles (no autotuner on a
+  # first call since 684d3c0; lm4, iq4nl, nvfp4 not re-timed since the in-place stages / the reloading fallback), then
+  # the probe of one cuDNN call with a bottom-right causal chunk (the extend batch-1 / SmolLM2 / D 256 misses)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 120 python3 benchmarks/probe_cudnn_causal.py --out "$OUT" 2>&1 | tail -12
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    ${ST_SCHEMES:+--schemes "$ST_SCHEMES"} 2>&1 | tail -1
+  cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
 s23c)  # session 23 (issue 17): the store table after the packaged store entries of kivi4 / kivi2 / int4_had / lm2 took
   # s23b's fastest gated configs (lm3, lm4, iq4nl autotune), then the GPU store tests of the rotated specs
