@@ -254,7 +254,7 @@ def case_store(out: Path, h: dict, names, args) -> None:
     from kvlab.kernels import tuned
     from kvlab.kernels.autotune import store_write
     emit, f = _writer(out / "store.csv", STORE_COLUMNS)
-    tuned.set_cache_path(str(out / "tuned_store.json"))  # the store's autotuned picks land here
+    tuned.set_cache_path(str(out / "tuned_store.json"))  # the autotuner's picks land here (KVLAB_STORE_AUTOTUNE=1)
     from kvlab.kernels.configs import store_kernel_spec
     from kvlab.kernels.store import api as store_api
     fuses = store_api.fuses_rotation
@@ -274,10 +274,8 @@ def case_store(out: Path, h: dict, names, args) -> None:
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
             kspec = dataclasses.replace(sch.k, rotation="none") if pre else store_kernel_spec(sch.k, 128)
-            cfg = tuned.lookup(tuned.store_key(kspec, 8, 128, w.tokens))
-            if cfg is None and os.environ.get("KVLAB_STORE_AUTOTUNE", "0") != "1":  # what the api launched
-                from kvlab.kernels.store.triton import default_config
-                cfg = default_config(kspec, 128, 8)
+            cfg = store_api.launch_config(kspec, 8, 128, w.tokens) or tuned.lookup(  # what the api launched, or the
+                tuned.store_key(kspec, 8, 128, w.tokens))  # autotuner's recorded pick (KVLAB_STORE_AUTOTUNE=1)
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
                        fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],
                        backend=backend + ("_prerotated" if pre else ""), config=json.dumps(cfg.to_dict()) if cfg else "")

@@ -215,6 +215,15 @@ def store_write(spec, tokens: int, Hk: int, D: int, P: int, device="cuda"):
     return fn
 
 
+def store_candidates(spec, D: int, Hk: int) -> list:
+    """The store tiles `tune("store", ...)` times for `spec` (the launched spec, `configs.store_kernel_spec`) at
+    head_dim D: the kernel's candidates within its autotuner's bound (for callers above the kernel layer, such as the
+    sweep's compile-ahead stage)."""
+    from .configs import store_kernel_spec
+    from .store import triton as store_triton
+    return store_triton.candidates(store_kernel_spec(spec, D), D, Hk)
+
+
 def _tune_store(spec, Hk: int, D: int, P: int, ctx: int, device, rep: int, save: bool, verbose: bool, candidates):
     from .configs import store_kernel_spec
     from .store import triton as store_triton

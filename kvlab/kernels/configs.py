@@ -224,7 +224,11 @@ def fuses_rotation(spec, D: int) -> bool:
 
 
 def store_kernel_spec(spec, D: int):
-    """The spec the store kernel is launched with for head_dim D (see the module docstring)."""
+    """The spec the store kernel is launched with for head_dim D (see the module docstring): without `smooth` /
+    `perm` (the store receives keys already divided and permuted, `kvlab.quant.smoothing.unsmoothed`), and without
+    its rotation where the kernel does not rotate."""
+    from ..quant.smoothing import unsmoothed
+    spec = unsmoothed(spec)
     if spec.rotation == "none" or fuses_rotation(spec, D):
         return spec
     return dataclasses.replace(spec, rotation="none")

@@ -47,12 +47,16 @@ def speed_cell(sch, shape: dict, ops=("decode", "store"), warm_only: bool = Fals
         if "decode" in ops:
             tune("decode", sch, {**shape, "page_size": _page(sch, shape["page_size"])}, rep=1, warmup=1,
                  save=False, quick=quick)
-        if "store" in ops:  # every tile `tune` may time for the store (compiles only)
+        if "store" in ops:  # the tiles `tune` will time where no tuned one exists (compiles only)
             fn = _store_fn(sch, shape)
-            if fn() == "triton":
-                from ..kernels.store.triton import candidates
-                for c in candidates(store_kernel_spec(sch.k, shape["head_dim"]), shape["head_dim"], shape["heads_kv"]):
-                    fn(c)
+            D, Hk = shape["head_dim"], shape["heads_kv"]
+            if fn() == "triton" and lookup(store_key(store_kernel_spec(sch.k, D), Hk, D, fn.tokens)) is None:
+                from ..kernels.autotune import store_candidates
+                for c in store_candidates(sch.k, D, Hk):
+                    try:
+                        fn(c)
+                    except Exception:  # noqa: BLE001 - `tune` skips a tile that does not run, as it will here
+                        pass
         return {}
     out = {"gpu": torch.cuda.get_device_name(), "copy_tbps": copy_bandwidth_tbps()}
     B, L, Hk, D, P = shape["batch"], shape["context"], shape["heads_kv"], shape["head_dim"], shape["page_size"]

@@ -11,8 +11,6 @@ backend's own `why_not` accepts the call. Never imports Triton at import time.
 """
 from __future__ import annotations
 
-import torch
-
 from ..checks import check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import GluonDecodeConfig, TritonDecodeConfig, auto_splits, config_from_dict
 from ..env import num_sms

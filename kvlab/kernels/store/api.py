@@ -137,16 +137,32 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
         key = store_key(spec_r, Hk, D, T)
-        cfg = cfg or lookup(key)
-        if cfg is None and not interpreting() and os.environ.get("KVLAB_STORE_AUTOTUNE", "0") != "1":
-            cfg = triton.default_config(spec_r, D, Hk)  # the interpreter keeps the backend's small test tile
-        tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts, config=cfg)
+        tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
+                           config=cfg or launch_config(spec_r, Hk, D, T))
         if tuned is not None:  # the autotuner's pick, kept for export_configs (not written to disk here)
             record(key, tuned, None, save=False)
         return backend
     from . import reference
     reference.run(x, pages, slot_mapping, spec, lay.page_size, scale=s, tensor_scale=ts)
     return backend
+
+
+def store_autotunes() -> bool:
+    """KVLAB_STORE_AUTOTUNE=1: a store key with no tuned entry is autotuned by Triton on its first call (a minute or
+    so a key on the H200) instead of running `store.triton.default_config`."""
+    return os.environ.get("KVLAB_STORE_AUTOTUNE", "0") == "1"
+
+
+def launch_config(kernel_spec, Hk: int, D: int, tokens: int):
+    """The config `store` launches the Triton kernel with for the launched spec (`configs.store_kernel_spec`) when the
+    caller gives none: the tuned entry (the user's file, then the package's), else on a GPU the family's default tile
+    (`store.triton.default_config`); None where the backend picks (Triton's autotuner with KVLAB_STORE_AUTOTUNE=1, the
+    interpreter's small test tile)."""
+    cfg = lookup(store_key(kernel_spec, Hk, D, tokens))
+    if cfg is None and not interpreting() and not store_autotunes():
+        from . import triton
+        cfg = triton.default_config(kernel_spec, D, Hk)
+    return cfg
 
 
 def pool_store(x, pages, slots, spec, page_size, scale, tensor_scale) -> None:

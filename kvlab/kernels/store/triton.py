@@ -22,7 +22,8 @@ Arithmetic mirrors `kvlab/quant/oracle.py` operation for operation in float32: d
 through `kvlab.kernels._triton_utils` (exact on GPU and interpreter), and the launch passes
 `enable_fp_fusion=False` so no multiply-add is fused. On sm_90+ GPUs fp8 codes come from the
 hardware conversion (constexpr HW), which rounds as the oracle does. rule=mse is not here (api.py uses the
-reference). The autotune key is (head_dim, n_heads, spec constexprs), never the token count.
+reference). The autotune key is (head_dim, n_heads, spec constexprs) and the token count's bucket (TB), never the
+token count itself.
 
 Rotated specs (`rot=had`) with a power-of-two head_dim of one Hadamard block and token rows (constexpr ROT =
 log2 D): the program loads its whole token rows once, rotates them in registers (`tiles.rotate.fwht_rows_in_place`:
@@ -133,6 +134,7 @@ def set_switches(**values) -> None:
             allowed = sorted(k for k, v in vars(here).items() if isinstance(v, tl.constexpr))
             raise ValueError(f"unknown store switch {name!r}; allowed: {', '.join(allowed)}")
         setattr(here, name, tl.constexpr(value))
+    default_config.cache_clear()  # it reads CHAN_HEADS
 
 
 AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
@@ -1159,16 +1161,19 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     return tuned
 
 
+@functools.lru_cache(maxsize=1024)
 def default_config(spec, D: int, Hk: int) -> StoreConfig:
     """The store's config where no tuned entry matches (another head count, head_dim, token bucket or GPU), by family:
     the tiles the autotuner and `store_variants.py` found fastest on the H200 for a 32K-token write at Hk 8, D 128
     (sweeps/results/h200/store.csv's config column, runs/s23b-5b4d313): 64 channel rows on one warp for channel-axis
-    keys, 16-row tiles for rotated specs (two warps; four for codebooks), 8 rows for 16-bit storage, 32 rows on four
-    warps for every other family. Halved where the tile would pass the autotuner's own bound (`_prune`). A first
-    write no longer autotunes for minutes: `kvlab.tune(op="store", ...)`, or KVLAB_STORE_AUTOTUNE=1 (Triton's
-    autotuner on a key's first call, as before), finds a shape's best and records it."""
+    keys on the group-row path (kivi4 / kivi2), 16-row tiles for rotated specs (two warps; four for codebook and fp4
+    elements), 8 rows for 16-bit storage, 32 rows on four warps for every other family. Halved where the tile would
+    pass the autotuner's own bound (`_prune`), and always one of `candidates` (the nearest where the halving leaves
+    none). A first write no longer autotunes for a minute: `kvlab.tune(op="store", ...)`, or KVLAB_STORE_AUTOTUNE=1
+    (Triton's autotuner on a key's first call, as before), finds a shape's best and records it. Cached (spec, D, Hk):
+    `set_switches` clears it."""
     p = kernel_params(spec, D)
-    if p["CHAN"]:
+    if p["CHAN"] and p["FLAT"]:
         r, w = 64, 1
     elif p["ROT"]:
         r, w = (16, 4) if p["FMT"] == 3 else (16, 2)
@@ -1179,7 +1184,11 @@ def default_config(spec, D: int, Hk: int) -> StoreConfig:
     rows = (D * (Hk if CHAN_HEADS and p["FLAT"] else 1)) if p["CHAN"] else 1 << 30
     while r > 4 and (r > max(4, next_pow2(rows)) or r * p["GP"] * p["NGP"] > 8192):
         r //= 2
-    return StoreConfig(block_r=r, num_warps=w)
+    cands = candidates(spec, D, Hk)
+    cfg = StoreConfig(block_r=r, num_warps=w)
+    if cfg not in cands:  # the largest kept tile up to r rows, this warp count first
+        cfg = max((c for c in cands if c.block_r <= r), key=lambda c: (c.num_warps == w, c.block_r), default=cands[0])
+    return cfg
 
 
 def candidates(spec, D: int, Hk: int) -> list:

@@ -140,6 +140,20 @@ def test_default_store_config_by_family(name, D, want):
     assert cfg in tk.candidates(spec, D, 8), "the default is one of the tiles the autotuner and tune() time"
 
 
+@pytest.mark.parametrize("name", ["kivi4", "int3:g32:chan:asym", "q4_0", "bf16", "int4_had", "nf4", "fp4_e2m1:g32:rot=had"])
+@pytest.mark.parametrize("D", [8, 64, 256, 2048])
+def test_default_store_config_is_always_a_candidate(name, D):
+    """At the edges of head_dim (8: fewer channel rows than the family's tile; 2048: a token row past the tile bound)
+    the default is still a tile `tune` and the autotuner would time, not one outside their space."""
+    from kvlab.kernels.store import triton as tk
+    spec = kvlab.scheme(name).k
+    try:
+        tk.kernel_params(spec, D)
+    except ValueError:
+        pytest.skip(f"{name} is not stored by the kernel at head_dim {D}")
+    assert tk.default_config(spec, D, 8) in tk.candidates(spec, D, 8)
+
+
 @pytest.mark.parametrize("autotune", ["0", "1"])
 def test_untuned_store_key_gets_the_default_tile_not_the_autotuner(autotune, monkeypatch):
     """On a GPU (here: the api told it is not interpreting) a key with no tuned entry launches
