@@ -237,7 +237,7 @@ class Gemma3Model(nn.Module):
         x = self.embed_tokens(tokens.to(dev))
         x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)  # HF rounds the normalizer to the dtype
         hidden = [x.float()] if want_hidden else []
-        Hq, Hk, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.rms_norm_eps
+        Hq, Hk, D = c.n_heads, c.n_kv_heads, c.head_dim
         for i, blk in enumerate(self.layers):
             a = blk.self_attn
             h = blk.input_layernorm(x)
