@@ -4,8 +4,8 @@
         --configs "tw32:s3:r168,tw16:s3,tw32:s3"
     PYTHONPATH=/path/to/old/tree python benchmarks/decode_configs.py --tag old ...   # the same cells, other kernel
 
-A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np]` (f: fused merge; pf / np: the register
-prefetch on / off, else the kernel's default). Prints one line per cell:
+A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np][:u]` (f: fused merge; pf / np: the register
+prefetch on / off, else the kernel's default; u: the prefetching tile loop unrolled by two). Prints one line per cell:
 `cfg <tag> <scheme> <config> <graph-replayed median ms>` and the kvlab file it imported, so two runs in one
 session (one per tree, on one warm GPU) compare the kernels at equal configs.
 """
@@ -38,6 +38,8 @@ def parse_config(text: str):
             kw["fused_merge"] = True
         elif part in ("pf", "np"):
             kw["prefetch"] = part == "pf"
+        elif part == "u":  # the prefetching loop unrolled by two (implies the prefetch)
+            kw["unroll"], kw["prefetch"] = True, True
         else:
             raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np")
     return GluonDecodeConfig(**kw)

@@ -21,8 +21,8 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
-#   bash benchmarks/h200_run.sh s24   # issue 17 (prepared in session 23): cuDNN bottom-right causal probe, whole store
-#                                     # table with the family default tiles
+#   bash benchmarks/h200_run.sh s24   # prepared in session 23: cuDNN bottom-right causal probe (issue 17), the Gluon
+#                                     # decode's unrolled loop A/B (issue 16); s24b: the whole store table (default tiles)
 #   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
@@ -727,12 +727,24 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
-s24)  # prepared in session 23 (issues 17): the whole store table with the family default tiles (no autotuner on a
-  # first call since 684d3c0; lm4, iq4nl, nvfp4 not re-timed since the in-place stages / the reloading fallback), then
-  # the probe of one cuDNN call with a bottom-right causal chunk (the extend batch-1 / SmolLM2 / D 256 misses)
+s24)  # prepared in session 23 (issues 16, 17): the probe of one cuDNN call with a bottom-right causal chunk (the
+  # extend batch-1 / SmolLM2 / D 256 misses), the Gluon decode's unrolled loop; then s24b: the whole store table with
+  # the family default tiles (no autotuner on a first call since 684d3c0; lm4, iq4nl, nvfp4 not re-timed since the
+  # in-place stages / the reloading fallback)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout 120 python3 benchmarks/probe_cudnn_causal.py --out "$OUT" 2>&1 | tail -12
-  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-420}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+  # issue 16: the Gluon decode's prefetching loop unrolled by two (offline: q4_0 441 -> 405 loop instructions a tile,
+  # q8_0 474 -> 423, registers 147 -> 168 / 167 -> 182), GPU tests first, then A/B at fixed configs, B 32 x 32K
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k unrolled 2>&1 \
+    | tee "$OUT/pytest_unroll.log" | tail -2
+  timeout 200 python3 benchmarks/decode_configs.py --tag s24 --schemes q4_0,q8_0,fp8_e4m3,int2,int3,mxfp4,nf4 --shape b32 \
+    --configs "tw16:s4,tw16:s4:u,tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee "$OUT/decode_unroll.txt"
+  timeout 60 python3 benchmarks/decode_configs.py --tag s24 --schemes kivi4,kivi2 --shape b32 \
+    --configs "tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee -a "$OUT/decode_unroll.txt"
+  ;;
+s24b)  # prepared in session 23 (issue 17): the whole store table with the family default tiles
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     ${ST_SCHEMES:+--schemes "$ST_SCHEMES"} 2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;

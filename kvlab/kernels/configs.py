@@ -112,7 +112,10 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     else a separate merge kernel runs (the default: on the H200 the fused merge was 7-15% slower at batch 1 with 33
     splits and 11% faster at batch 32 x 1K with 3, sweeps/results/h200/runs/fused-f257f7d); prefetch: load the next
     tile's code words before the current tile's math (a register prefetch); None: `gluon.prefetches` decides (on,
-    except where two tiles of codes and scales leave no registers: channel-axis int4 / int3 keys at head_dim 256)."""
+    except where two tiles of codes and scales leave no registers: channel-axis int4 / int3 keys at head_dim 256);
+    unroll: with the prefetch, the tile loop unrolled by two so the two tiles' code registers swap roles instead of
+    being copied each tile (offline sm_90: q4_0 441 -> 405 loop instructions a tile, 147 -> 168 registers;
+    benchmarks/NOTES_decode.md, session 23; off until the H200 times it)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
@@ -120,10 +123,12 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     transpose_o: bool = True
     fused_merge: bool = False
     prefetch: bool | None = None
+    unroll: bool = False
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
+        _check(isinstance(self.unroll, bool), f"unroll={self.unroll!r}; allowed: True, False")
         _check(self.prefetch is None or isinstance(self.prefetch, bool),
                f"prefetch={self.prefetch!r}; allowed: None, True, False")
         _opt_int("num_splits", self.num_splits, 1, 256)

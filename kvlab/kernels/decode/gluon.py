@@ -285,6 +285,39 @@ def _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC: ttgl.conste
 
 
 @gluon.jit
+def _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
+                GK: ttgl.constexpr, GV: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr,
+                KCL: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr,
+                PS: ttgl.constexpr, KSD: ttgl.constexpr, VSD: ttgl.constexpr, KCHAN: ttgl.constexpr):
+    """Every code register of the tile from token t0: K words, second words, scales, zeros (`_k_tile`), then V's
+    (`v_load`), as one 12-tuple."""
+    kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL, NW, D,
+                              PS, KSD, KCHAN)
+    va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P,
+                                                  TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+    return kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb
+
+
+@gluon.jit
+def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr,
+                 B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr, D: ttgl.constexpr, GK: ttgl.constexpr,
+                 MMA: ttgl.constexpr, GP: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
+                 OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr):
+    """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the loop body of
+    `_decode_mma_kernel`, for its loop unrolled by two."""
+    kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = c
+    if KCHAN:
+        kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
+    else:
+        kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
+    s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
+    vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+    acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
+    return m_i, l_i, acc
+
+
+@gluon.jit
 def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
                        LAST, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
@@ -295,7 +328,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        KW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, OT: ttgl.constexpr,
                        GPN: ttgl.constexpr, D: ttgl.constexpr, KCHAN: ttgl.constexpr, KCL: ttgl.constexpr,
                        FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr,
-                       KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0, PF: ttgl.constexpr = True):
+                       KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0, PF: ttgl.constexpr = True,
+                       U2: ttgl.constexpr = False):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -304,7 +338,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     A split left without tokens writes only a -inf log2-sum-exp, which every merge skips. Writes OUT [B, Hq, D]
     (DIRECT) or OP [B, Hq, S, D] + LSE [B, Hq, S] (log2), merged into OUT by the last split program (FUSED; CNT
     [B * Hk] int32 counters, zero between calls). PF: the next tile's code words are loaded before this tile's
-    math (a register prefetch), else each tile loads its own."""
+    math (a register prefetch), else each tile loads its own. U2 (with PF): the loop unrolled by two, so the two
+    tiles' code registers swap roles instead of the prefetched ones being copied at the end of every tile."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -362,33 +397,53 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
         acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
-    if PF:
-        kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL, NW,
-                                  D, PS, KSD, KCHAN)
-        va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV,
-                                                      P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
-    for t0 in range(lo, hi, BN):
-        if PF:  # the next tile's codes are requested before this tile's math (software prefetch into registers)
-            nkw, nkw2, nks, nkz = _k_tile(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW,
-                                          KW, KCL, NW, D, PS, KSD, KCHAN)
-            nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0,
-                                                                  vs1, VCODEC, WV, GV, P, TW, VW, VWA, NW, D, KCHAN,
-                                                                  PS, VSD)
-        else:  # this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
-            kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL,
-                                      NW, D, PS, KSD, KCHAN)
-            va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV,
-                                                          GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
-        if KCHAN:
-            kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
-        else:
-            kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
-        acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
+    if PF and U2:  # two tiles an iteration: the code registers of tile i + 1 load while tile i is attended, those of
+        # tile i + 2 while tile i + 1 is (loads past hi read page 0: unused)
+        cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
+                          VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+        n_t = ttgl.cdiv(hi - lo, BN)
+        for i in range(0, n_t // 2):
+            t0 = lo + 2 * i * BN
+            nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                              KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+            m_i, l_i, acc = _attend_tile(q, cur, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
+                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+            cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
+                              vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+            m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B,
+                                         NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+        if n_t % 2 == 1:  # the last tile, whose codes `cur` holds
+            m_i, l_i, acc = _attend_tile(q, cur, lo + (n_t - 1) * BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC,
+                                         VCODEC, B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+    else:
         if PF:
-            kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, nvza, \
-                nvzb, nvpa, nvpb
+            kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL,
+                                      NW, D, PS, KSD, KCHAN)
+            va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV,
+                                                          GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+        for t0 in range(lo, hi, BN):
+            if PF:  # the next tile's codes are requested before this tile's math (software prefetch into registers)
+                nkw, nkw2, nks, nkz = _k_tile(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P,
+                                              TW, KW, KCL, NW, D, PS, KSD, KCHAN)
+                nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0,
+                                                                      vs1, VCODEC, WV, GV, P, TW, VW, VWA, NW, D,
+                                                                      KCHAN, PS, VSD)
+            else:  # this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill
+                # otherwise)
+                kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
+                                          KCL, NW, D, PS, KSD, KCHAN)
+                va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
+                                                              WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+            if KCHAN:
+                kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
+            else:
+                kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
+            s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
+            vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+            acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
+            if PF:
+                kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, \
+                    nvza, nvzb, nvpa, nvpb
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [ROWS]
@@ -594,7 +649,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, PF=pf, num_warps=NW, **launch_opts)
+            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, num_warps=NW, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
                           v_rot=hadamard(D, q.device) if rot_v else None)

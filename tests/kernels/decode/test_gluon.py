@@ -924,6 +924,41 @@ def test_emulated_prefetch_on_and_off(name, D, prefetch, monkeypatch):
     assert err < TOL, f"relative error {err:.2e}"
 
 
+@EMU
+@pytest.mark.parametrize("name,D", [("q4_0", 128), ("k=int4:g32:chan:asym,v=lm3:rot=had", 128), ("mxfp4", 64),
+                                    ("int3:g32:asym", 256)])
+@pytest.mark.parametrize("S_", [1, 2])
+def test_emulated_unrolled_loop(name, D, S_, monkeypatch):
+    """The prefetching tile loop unrolled by two (config `unroll`): splits of an even and an odd number of tiles (96
+    and 192 tokens at 64-token tiles: 2 and 3 with one split), with one and two splits, the same attention as the
+    reference (a wrong tail tile, or a skipped one, fails it)."""
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    P = 32 if "chan" in name else 16
+    sch, args, kw, q, ref = _case(name, [96, 192], 4, 1, P, seed=19, q_seed=6, D=D)
+    out = torch.full_like(q, float("nan"))
+    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=32, num_splits=S_, prefetch=True, unroll=True)
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+@GPU
+@pytest.mark.parametrize("name,tw", [("q4_0", 16), ("q8_0", 32), ("mxfp4", 16), ("nf4", 16), ("int3:g32:asym", 16),
+                                     ("kivi4", 32), ("int4_had", 16)])
+def test_gluon_unrolled_loop_on_the_gpu(name, tw):
+    """The unrolled tile loop compiled for the GPU: lengths of odd and even tile counts per split, against the
+    reference."""
+    P = 32 if "kivi" in name else 16
+    sch, args, kw, q, ref = _case(name, [1, 63, 1000, 4096, 4000], 32, 8, P, seed=6, q_seed=4, device="cuda")
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3,
+                 config=GluonDecodeConfig(tokens_per_warp=tw, prefetch=True, unroll=True))
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+
+
 def test_prefetch_default():
     """Channel-axis int4 / int3 keys at head_dim 256 load one tile at a time (two tiles of their code units, scales
     and zeros spill); every other codec and head dim prefetches; the config field checks its value."""
