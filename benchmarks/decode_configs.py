@@ -38,10 +38,14 @@ def parse_config(text: str):
             kw["fused_merge"] = True
         elif part in ("pf", "np"):
             kw["prefetch"] = part == "pf"
-        elif part == "u":  # the prefetching loop unrolled by two (implies the prefetch)
-            kw["unroll"], kw["prefetch"] = True, True
+        elif part == "u":  # the prefetching loop unrolled by two (needs the prefetch: pf is implied)
+            kw["unroll"] = True
         else:
-            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np")
+            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np, u")
+    if kw.get("unroll"):
+        if kw.get("prefetch") is False:
+            raise SystemExit(f"config {text!r}: u unrolls the prefetching loop; it cannot go with np")
+        kw["prefetch"] = True
     return GluonDecodeConfig(**kw)
 
 

@@ -115,7 +115,8 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     except where two tiles of codes and scales leave no registers: channel-axis int4 / int3 keys at head_dim 256);
     unroll: with the prefetch, the tile loop unrolled by two so the two tiles' code registers swap roles instead of
     being copied each tile (offline sm_90: q4_0 441 -> 405 loop instructions a tile, 147 -> 168 registers;
-    benchmarks/NOTES_decode.md, session 23; off until the H200 times it)."""
+    benchmarks/NOTES_decode.md, session 23; off until the H200 times it). It needs the prefetch (not prefetch=False);
+    with prefetch=None it applies where `gluon.prefetches` turns the prefetch on and is ignored elsewhere."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
@@ -129,6 +130,8 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
         _check(isinstance(self.unroll, bool), f"unroll={self.unroll!r}; allowed: True, False")
+        _check(not (self.unroll and self.prefetch is False), "unroll=True unrolls the prefetching loop; it needs "
+               "prefetch=True or None (not False)")
         _check(self.prefetch is None or isinstance(self.prefetch, bool),
                f"prefetch={self.prefetch!r}; allowed: None, True, False")
         _opt_int("num_splits", self.num_splits, 1, 256)

@@ -929,19 +929,32 @@ def test_emulated_prefetch_on_and_off(name, D, prefetch, monkeypatch):
                                     ("int3:g32:asym", 256)])
 @pytest.mark.parametrize("S_", [1, 2])
 def test_emulated_unrolled_loop(name, D, S_, monkeypatch):
-    """The prefetching tile loop unrolled by two (config `unroll`): splits of an even and an odd number of tiles (96
-    and 192 tokens at 64-token tiles: 2 and 3 with one split), with one and two splits, the same attention as the
-    reference (a wrong tail tile, or a skipped one, fails it)."""
+    """The prefetching tile loop unrolled by two (config `unroll`, constexpr U2 checked at the launch): splits of 0 to
+    5 tiles of 64 tokens (lengths 0, 96, 192, 256, 320: with one split 0, 2, 3, 4 and 5 tiles, so the loop runs zero
+    to two iterations, with and without a tail tile), with one and two splits, the same attention as the reference (a
+    wrong tail tile, a skipped one or a wrong stride between iterations fails it)."""
     from devtools.gluon_emu import emulate
-    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    emulated, seen = emulate(gluon._decode_mma_kernel), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw["U2"])
+                return emulated[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
     P = 32 if "chan" in name else 16
-    sch, args, kw, q, ref = _case(name, [96, 192], 4, 1, P, seed=19, q_seed=6, D=D)
+    sch, args, kw, q, ref = _case(name, [0, 96, 192, 256, 320], 4, 1, P, seed=19, q_seed=6, D=D)
     out = torch.full_like(q, float("nan"))
     cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=32, num_splits=S_, prefetch=True, unroll=True)
     got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert seen == [True], "the unrolled loop did not reach the kernel"
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert (got[0] == 0).all(), "an empty sequence attends nothing"
     err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
+    with pytest.raises(ValueError, match="unroll=True unrolls the prefetching loop"):
+        GluonDecodeConfig(unroll=True, prefetch=False)
 
 
 @GPU
