@@ -304,8 +304,8 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
                  B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr, D: ttgl.constexpr, GK: ttgl.constexpr,
                  MMA: ttgl.constexpr, GP: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
                  OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr):
-    """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the loop body of
-    `_decode_mma_kernel`, for its loop unrolled by two."""
+    """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the body of
+    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two)."""
     kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = c
     if KCHAN:
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
@@ -417,33 +417,20 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                                          VCODEC, B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
     else:
         if PF:
-            kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL,
-                                      NW, D, PS, KSD, KCHAN)
-            va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, lo, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV,
-                                                          GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+            c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
+                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
         for t0 in range(lo, hi, BN):
-            if PF:  # the next tile's codes are requested before this tile's math (software prefetch into registers)
-                nkw, nkw2, nks, nkz = _k_tile(KC, KS, KZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P,
-                                              TW, KW, KCL, NW, D, PS, KSD, KCHAN)
-                nva, nvb, nvsa, nvsb, nvza, nvzb, nvpa, nvpb = v_load(VC, VS, VZ, IDX, t0 + BN, hi, hk, vc0, vc1, vs0,
-                                                                      vs1, VCODEC, WV, GV, P, TW, VW, VWA, NW, D,
-                                                                      KCHAN, PS, VSD)
-            else:  # this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill
-                # otherwise)
-                kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW,
-                                          KCL, NW, D, PS, KSD, KCHAN)
-                va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC,
-                                                              WV, GV, P, TW, VW, VWA, NW, D, KCHAN, PS, VSD)
-            if KCHAN:
-                kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
-            else:
-                kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-            s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
-            vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
-            acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
+            # PF: the next tile's codes are requested before this tile's math (software prefetch into registers);
+            # else this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
+            nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
+                             vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
+                             KCHAN)
+            if not PF:
+                c = nc
+            m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
+                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
             if PF:
-                kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = nkw, nkw2, nks, nkz, nva, nvb, nvsa, nvsb, \
-                    nvza, nvzb, nvpa, nvpb
+                c = nc
 
     # merge the warps' softmax states
     m_all = ttgl.max(m_i, 0)  # [ROWS]

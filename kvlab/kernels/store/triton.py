@@ -134,7 +134,7 @@ def set_switches(**values) -> None:
             allowed = sorted(k for k, v in vars(here).items() if isinstance(v, tl.constexpr))
             raise ValueError(f"unknown store switch {name!r}; allowed: {', '.join(allowed)}")
         setattr(here, name, tl.constexpr(value))
-    default_config.cache_clear()  # it reads CHAN_HEADS
+    default_config.cache_clear()  # its candidates follow CHAN_HEADS (`_prune`)
 
 
 AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
@@ -1167,10 +1167,10 @@ def default_config(spec, D: int, Hk: int) -> StoreConfig:
     the tiles the autotuner and `store_variants.py` found fastest on the H200 for a 32K-token write at Hk 8, D 128
     (sweeps/results/h200/store.csv's config column, runs/s23b-5b4d313): 64 channel rows on one warp for channel-axis
     keys on the group-row path (kivi4 / kivi2), 16-row tiles for rotated specs (two warps; four for codebook and fp4
-    elements), 8 rows for 16-bit storage, 32 rows on four warps for every other family. Halved where the tile would
-    pass the autotuner's own bound (`_prune`), and always one of `candidates` (the nearest where the halving leaves
-    none). A first write no longer autotunes for a minute: `kvlab.tune(op="store", ...)`, or KVLAB_STORE_AUTOTUNE=1
-    (Triton's autotuner on a key's first call, as before), finds a shape's best and records it. Cached (spec, D, Hk):
+    elements), 8 rows for 16-bit storage, 32 rows on four warps for every other family; where the autotuner's own
+    bound (`_prune`) drops that tile, the largest of `candidates` up to its rows (its warp count first). A first
+    write no longer autotunes for a minute: `kvlab.tune(op="store", ...)`, or KVLAB_STORE_AUTOTUNE=1 (Triton's
+    autotuner on a key's first call, as before), finds a shape's best and records it. Cached (spec, D, Hk):
     `set_switches` clears it."""
     p = kernel_params(spec, D)
     if p["CHAN"] and p["FLAT"]:
@@ -1181,10 +1181,7 @@ def default_config(spec, D: int, Hk: int) -> StoreConfig:
         r, w = 8, 4
     else:
         r, w = 32, 4
-    rows = (D * (Hk if CHAN_HEADS and p["FLAT"] else 1)) if p["CHAN"] else 1 << 30
-    while r > 4 and (r > max(4, next_pow2(rows)) or r * p["GP"] * p["NGP"] > 8192):
-        r //= 2
-    cands = candidates(spec, D, Hk)
+    cands = candidates(spec, D, Hk)  # within the autotuner's bound (`_prune`)
     cfg = StoreConfig(block_r=r, num_warps=w)
     if cfg not in cands:  # the largest kept tile up to r rows, this warp count first
         cfg = max((c for c in cands if c.block_r <= r), key=lambda c: (c.num_warps == w, c.block_r), default=cands[0])
