@@ -36,7 +36,7 @@ from ..env import interpreting, on_gpu
 from ..key_fold import stored_chunk_keys, strip_key_fold
 from ..tuned import attention_key, lookup
 
-BACKENDS = ("auto", "triton", "dense", "reference")
+BACKENDS = ("auto", "triton", "dense", "onecall", "reference")
 DENSE_MIN_ROWS = 128    # chunk rows (tokens x query heads per KV head) below which the fused kernel is as fast
 DENSE_MIN_PREFIX = 2048  # prefix tokens below which the workspace pass and host planning cost more than they save
 DENSE_MIN_FLOPS = 5e10       # per sequence, for codecs the fused kernel reads fast (bf16, 2-6-bit ints, fp4, KIVI)
@@ -61,7 +61,9 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     k_pages ... page_size, k_fp, v_fp, fp_len, k/v_tensor_scale, sm_scale: the prefix, as in `decode`
     max_qo_len:   longest chunk (optional; saves a device->host read of qo_indptr on the fused path)
     backend:      "auto" (default), "triton" (fused kernel only), "dense" (dense prefix for every sequence with a
-                  prefix; needs a GPU, or TRITON_INTERPRET=1 on the CPU) or "reference" (float32 torch)
+                  prefix; needs a GPU, or TRITON_INTERPRET=1 on the CPU), "onecall" (prefix, buffer and chunk in one
+                  workspace and one cuDNN call with a bottom-right causal mask: chunks of one length, the cuDNN
+                  frontend on the GPU; `onecall.py`) or "reference" (float32 torch)
     dense_bucket: backend="dense" only: the dense part covers whole buckets of this many prefix tokens (auto: 2048)
     config:       an `ExtendConfig` or its dict (default: the tuned store's entry, else ExtendConfig())
     host_lens:    optional host copies (lists or CPU tensors) of (qo_indptr, kv_indptr, kv_last_page_len), equal to
@@ -99,7 +101,7 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
     if backend == "reference":
         from . import reference
         return reference.run(q, k_new, v_new, qo_indptr, kv, sm_scale)
-    from . import dense, triton
+    from . import dense, onecall, triton
     from . import graphs as graph_mod
     if config is not None:
         cfg = config_from_dict("extend", config)
@@ -115,6 +117,11 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
              f"{G}")
         why = dense.why_not(q, kv)
         need(why is None, why)
+    if backend == "onecall":
+        if host_lens is None:  # one synchronization: the workspace's size and the chunks' lengths come from the host
+            host_lens = dense._host_lists(qo_indptr, kv)
+        why = onecall.why_not(q, kv, host_lens[0])
+        need(why is None, why)
     static = (sm_scale, backend, cfg, max_qo_len, dense_bucket)
     if graph_mod.wanted(graphs, q, B, host_lens, backend):
         return graph_mod.call(_dispatch, q, k_new, v_new, qo_indptr, kv, host_lens, out, static,
@@ -124,10 +131,18 @@ def extend(q, k_new, v_new, qo_indptr, k_pages: dict, v_pages: dict, kv_indptr, 
 
 def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend, cfg, max_qo_len, dense_bucket):
     """The call after its checks: which parts go dense (cuDNN / flash) and the fused or merge launch."""
-    from . import dense, triton
+    from . import dense, onecall, triton
     from . import graphs as graph_mod
     Hq, Hk = q.shape[1], kv.n_kv_heads
     blocked = _capturing(q) and not graph_mod.building()  # another capture: the dense path would read lengths back
+    if backend == "onecall" or (backend == "auto" and onecall.ENABLED and host_lens is not None and on_gpu()
+                                and q.is_cuda and not blocked and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)
+                                and onecall.why_not(q, kv, host_lens[0]) is None):
+        res = onecall.run(q, k_new, v_new, qo_indptr, kv, sm_scale, host_lens, out, dense.BUCKET)
+        need(res is not None or backend == "auto", lambda: "backend='onecall': cuDNN refused this attention shape "
+             f"(Hq {Hq}, Hk {Hk}, D {q.shape[-1]}) or its workspace exceeds onecall.MAX_WORKSPACE")
+        if res is not None:
+            return res
     prefix = chunk = None
     host_qo = host_lens[0] if host_lens is not None else None
     # equal chunks to one cuDNN call from this many flops (inside a graph, where host time is replayed away: all)

@@ -98,8 +98,8 @@ def _copy_table(values: list, device) -> torch.Tensor:
 
 def wanted(graphs: bool, q: torch.Tensor, batch: int, host_lens, backend: str) -> bool:
     """The call is replayed through a graph: allowed (`graphs`, KVLAB_EXTEND_GRAPHS), batch 1 with host lengths, the
-    auto or dense backend, on a GPU outside the interpreter and outside another capture (or EMULATE on the CPU)."""
-    if not (graphs and enabled() and batch == 1 and host_lens is not None and backend in ("auto", "dense")):
+    auto, dense or onecall backend, on a GPU outside the interpreter and outside another capture (or EMULATE on the CPU)."""
+    if not (graphs and enabled() and batch == 1 and host_lens is not None and backend in ("auto", "dense", "onecall")):
         return False
     if EMULATE:
         return not q.is_cuda
