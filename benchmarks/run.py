@@ -302,8 +302,9 @@ def extend_peers(shape) -> tuple[float | None, float | None, str]:
 
 
 def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
-    """Max relative error of extend (backend "auto", "triton" or "dense" with 256-token buckets) against the float32
-    reference on an odd-shaped, ragged batch (prefixes 1000 / 4097 / 17 tokens, chunks 64 / 40 / 3)."""
+    """Max relative error of extend (backend "auto", "triton", "dense" with 256-token buckets, or "onecall") against the
+    float32 reference on an odd-shaped batch (prefixes 1000 / 4097 / 17 tokens; ragged chunks 64 / 40 / 3, or three of
+    40 tokens for "onecall", which takes chunks of one length)."""
     from kvlab.kernels.extend import extend
     from paged_cases import call_args, make_paged
     P = page_size(sch)
@@ -313,8 +314,10 @@ def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
                    device="cuda")
     args, kw = call_args(c)
     g = torch.Generator(device="cuda").manual_seed(0)
+    if backend == "onecall":
+        cl = [40, 40, 40]
     q, kn, vn = (torch.randn(sum(cl), h, D, device="cuda", generator=g, dtype=torch.bfloat16) for h in (Hq, Hk, Hk))
-    qo = torch.tensor([0, 64, 104, 107], dtype=torch.int32, device="cuda")
+    qo = torch.tensor([0] + torch.tensor(cl).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     ref = extend(q.float(), kn.float(), vn.float(), qo, *args, sch.k, sch.v, P, **kw, backend="reference")
     got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend=backend,
                  out=torch.full_like(q, float("nan")), **({"dense_bucket": 256} if backend == "dense" else {})).float()
