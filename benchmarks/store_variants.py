@@ -2,7 +2,8 @@
 
     python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4,32x4r64 [--packed 0|1] [--hw-rint 0|1]
 
-A config is ROWSxWARPS, optionally rMAXNREG (a register cap per thread).
+A config is ROWSxWARPS, optionally rMAXNREG (a register cap per thread); for channel-axis specs also "walk" (the token
+walk, `store.chan_walk`, with its own launch shape), "walkL" (its pass 2 a word at a time), either with rMAXNREG.
 
 --bound 0: the sorted brackets' rare check per element too. --lut 0: fixed codebooks by the bisection instead of the bin table. --two 0: the exact fallback inline (one launch) instead of the two-pass store. --rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
@@ -60,6 +61,7 @@ def main() -> None:
     import kvlab
     from kvlab.kernels.autotune import store_write
     from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import chan_walk
     from kvlab.kernels.store import triton as st
     from run import SCHEMES, page_size
     st.PACKED_LOADS = bool(a.packed)
@@ -78,9 +80,16 @@ def main() -> None:
         w = store_write(sch.k, 32768, 8, 128, page_size(sch), "cuda")
         ref = _oracle_pages(w, sch.k) if a.gate else None
         for c in a.configs.split(","):
-            br, _, rest = c.partition("x")  # ROWSxWARPS[rMAXNREG]
-            nw, _, nreg = rest.partition("r")
-            cfg = StoreConfig(block_r=int(br), num_warps=int(nw), maxnreg=int(nreg) if nreg else None)
+            if c.startswith("walk"):  # the channel-axis token walk (config None: its own launch shape)
+                head, _, nreg = c.partition("r")
+                chan_walk.ENABLED, chan_walk.WORD_LOOP = True, head.endswith("L")
+                chan_walk.MAXNREG = int(nreg) if nreg else None
+                cfg = None
+            else:
+                br, _, rest = c.partition("x")  # ROWSxWARPS[rMAXNREG]
+                nw, _, nreg = rest.partition("r")
+                cfg = StoreConfig(block_r=int(br), num_warps=int(nw), maxnreg=int(nreg) if nreg else None)
+                chan_walk.ENABLED = False
             for t in w.pages.values():  # poisoned first: a byte this config leaves unwritten cannot pass the gate
                 if t is not None:
                     t.view(torch.uint8).fill_(POISON)

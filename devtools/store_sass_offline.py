@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--rare-reload", type=int, default=None, help="`store.triton.RARE_RELOAD` (0 / 1 / 2)")
     ap.add_argument("--chan-heads", action="store_true", help="channel rows over (head, channel) (`CHAN_HEADS`)")
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
+    ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.chan_walk`)")
+    ap.add_argument("--word-loop", action="store_true", help="the token walk's pass 2 a word at a time (`WORD_LOOP`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
     ap.add_argument("--dump", metavar="DIR", help="also write each kernel's SASS to DIR/<scheme>.sass")
@@ -44,6 +46,7 @@ def main() -> None:
     from kvlab.cache.layout import PageLayout
     from kvlab.cache.paging import prerotate
     from kvlab.kernels.configs import StoreConfig
+    from kvlab.kernels.store import chan_walk
     from kvlab.kernels.store import triton as st
     from kvlab.spec import scheme
 
@@ -56,8 +59,8 @@ def main() -> None:
         return k
     driver.set_active(_StubDriver())
     JITFunction.run = run
-    st.interpreting = lambda: False  # compile for sm_90 instead of interpreting
-    st._hw_fp8 = lambda device: True  # as on an sm_90 GPU
+    st.interpreting = chan_walk.interpreting = lambda: False  # compile for sm_90 instead of interpreting
+    st._hw_fp8 = chan_walk._hw_fp8 = lambda device: True  # as on an sm_90 GPU
     st.set_switches(FWHT_IN_PLACE=bool(a.fwht_in_place), CHAN_J=a.chan_j, CHAN_HEADS=a.chan_heads)
     if a.rare_reload is not None:
         st.set_switches(RARE_RELOAD=a.rare_reload)
@@ -65,6 +68,7 @@ def main() -> None:
         st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:
         st.set_switches(RARE_PATHS=False)
+        chan_walk.RARE_PATHS = st.RARE_PATHS  # (imported by value there)
     D = 128
     for name in a.schemes:
         spec = scheme(name).k
@@ -78,9 +82,16 @@ def main() -> None:
         if spec.static_scale:
             kw["scale"] = torch.ones(1)
         kernels.clear()
-        st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,
-               config=StoreConfig(block_r=a.block_rows, num_warps=a.warps, maxnreg=a.maxnreg), **kw)
-        tile = a.block_rows * (G if spec.axis == "chan" else D)
+        if a.chan_walk:  # one program: G tokens x min(Hk, 1024 / D) heads of channels, 8 channels a thread
+            chan_walk.MAXNREG = a.maxnreg
+            chan_walk.WORD_LOOP = a.word_loop
+            chan_walk.run(x, pages, torch.arange(T), spec_r, P)
+            tile = G * 8 * D
+            a.warps = 4
+        else:
+            st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,
+                   config=StoreConfig(block_r=a.block_rows, num_warps=a.warps, maxnreg=a.maxnreg), **kw)
+            tile = a.block_rows * (G if spec.axis == "chan" else D)
         for k in kernels:
             ops, text = collections.Counter(), sass(k)
             if a.dump:
