@@ -22,8 +22,8 @@
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
 #   bash benchmarks/h200_run.sh s24c  # prepared in session 24: the one-call extend (carry .carry/cfe, see the mode)
-#   bash benchmarks/h200_run.sh s24   # prepared in session 23: cuDNN bottom-right causal probe (issue 17), the Gluon
-#                                     # decode's unrolled loop A/B (issue 16); s24b: the whole store table (default tiles)
+#   bash benchmarks/h200_run.sh s24   # prepared in sessions 23-24: the Gluon decode's unrolled loop A/B (issue 16), the
+#                                     # store's channel-axis token walk (issue 17); s24b: the whole store table
 #   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
@@ -735,12 +735,15 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
-s24)  # prepared in session 23 (issues 16, 17): the probe of one cuDNN call with a bottom-right causal chunk (the
-  # extend batch-1 / SmolLM2 / D 256 misses), the Gluon decode's unrolled loop; then s24b: the whole store table with
-  # the family default tiles (no autotuner on a first call since 684d3c0; lm4, iq4nl, nvfp4 not re-timed since the
-  # in-place stages / the reloading fallback)
+s24)  # prepared in sessions 23-24 (issues 16, 17): the Gluon decode's unrolled loop; the store's channel-axis token walk
+  # (store/chan_walk.py: GPU tests, then kivi4 / kivi2 against the group-row kernel's best tile, gated); then s24b: the
+  # whole store table with the family default tiles, s24c: the one-call extend. (The probe of torch's cuDNN causal
+  # alignment, benchmarks/probe_cudnn_causal.py, was dropped: its sources align top-left; NOTES_extend, session 24.)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout 120 python3 benchmarks/probe_cudnn_causal.py --out "$OUT" 2>&1 | tail -12
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_chan_walk.py 2>&1 \
+    | tee "$OUT/pytest_chan_walk.log" | tail -2
+  timeout 150 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 64x1,walk,walkL,walkr168,walkLr128 2>&1 \
+    | grep "^variant" | tee "$OUT/store_chan_walk.txt"
   # issue 16: the Gluon decode's prefetching loop unrolled by two (offline: q4_0 441 -> 405 loop instructions a tile,
   # q8_0 474 -> 423, registers 147 -> 168 / 167 -> 182), GPU tests first, then A/B at fixed configs, B 32 x 32K
   timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k unrolled 2>&1 \
