@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--chan-heads", action="store_true", help="channel rows over (head, channel) (`CHAN_HEADS`)")
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
     ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.chan_walk`)")
+    ap.add_argument("--row-walk", action="store_true", help="token-axis specs by the row walk (`store.row_walk`)")
     ap.add_argument("--word-loop", action="store_true", help="the token walk's pass 2 a word at a time (`WORD_LOOP`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
@@ -46,7 +47,7 @@ def main() -> None:
     from kvlab.cache.layout import PageLayout
     from kvlab.cache.paging import prerotate
     from kvlab.kernels.configs import StoreConfig
-    from kvlab.kernels.store import chan_walk
+    from kvlab.kernels.store import chan_walk, row_walk
     from kvlab.kernels.store import triton as st
     from kvlab.spec import scheme
 
@@ -60,7 +61,7 @@ def main() -> None:
     driver.set_active(_StubDriver())
     JITFunction.run = run
     st.interpreting = chan_walk.interpreting = lambda: False  # compile for sm_90 instead of interpreting
-    st._hw_fp8 = chan_walk._hw_fp8 = lambda device: True  # as on an sm_90 GPU
+    st._hw_fp8 = chan_walk._hw_fp8 = row_walk._hw_fp8 = lambda device: True  # as on an sm_90 GPU
     st.set_switches(FWHT_IN_PLACE=bool(a.fwht_in_place), CHAN_J=a.chan_j, CHAN_HEADS=a.chan_heads)
     if a.rare_reload is not None:
         st.set_switches(RARE_RELOAD=a.rare_reload)
@@ -68,7 +69,7 @@ def main() -> None:
         st.TWO_PASS, st.TWO_PASS_MIN_TOKENS = True, 0
     if a.hot:
         st.set_switches(RARE_PATHS=False)
-        chan_walk.RARE_PATHS = st.RARE_PATHS  # (imported by value there)
+        chan_walk.RARE_PATHS = row_walk.RARE_PATHS = st.RARE_PATHS  # (imported by value there)
     D = 128
     for name in a.schemes:
         spec = scheme(name).k
@@ -88,6 +89,10 @@ def main() -> None:
             chan_walk.run(x, pages, torch.arange(T), spec_r, P)
             tile = G * 8 * D
             a.warps = 4
+        elif a.row_walk:  # one program: 32 x WARPS groups, one a thread
+            row_walk.run(x, pages, torch.arange(T), spec_r, P, tensor_scale=kw.get("tensor_scale"))
+            tile = 32 * row_walk.WARPS * G
+            a.warps = row_walk.WARPS
         else:
             st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,
                    config=StoreConfig(block_r=a.block_rows, num_warps=a.warps, maxnreg=a.maxnreg), **kw)

@@ -136,9 +136,13 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
-        from . import chan_walk
+        from . import chan_walk, row_walk
         if chan_walk.ENABLED and cfg is None and chan_walk.why_not(spec_r, D) is None:  # KIVI keys by a token walk
             chan_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size)
+            return backend
+        if (row_walk.ENABLED and cfg is None and row_walk.why_not(spec_r, D) is None
+                and row_walk.worth(spec_r, D)):  # a group a thread
+            row_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size, tensor_scale=ts)
             return backend
         key = store_key(spec_r, Hk, D, T)
         tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,

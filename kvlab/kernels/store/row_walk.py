@@ -1,0 +1,228 @@
+"""Token-axis groups stored one group a thread: the group-row kernel's math with none of its per-group repeats.
+
+The group-row kernel (`triton._store_rows`) spreads a group's G elements over several lanes ([R, bytes] tiles whose
+bytes run across lanes), so each lane repeats the group's own steps (the extremes' shuffles, the division to the
+scale, its encoding to f16 / e8m0 / e4m3, the bracket's per-group constants, the checks) for the few elements it holds,
+and a two-plane format (int3) turns its bytes through shared memory. Here one thread holds a whole group: a program
+takes R = 32 x warps groups ([R, 8] chunk tiles of 8 consecutive elements, one 16-byte load each: Triton gives each
+thread one row), and every per-group value is an [R] tensor computed once.
+
+  * pass 1 loads the G / 8 chunks and keeps the NaN-propagating extremes (max |x|, or max and min);
+  * the per-group work runs once: statistics to scale (and zero), `_scales_out`, the rare-path check (`_odd`: per
+    group where the scale bounds x, else per element in a pass of its own);
+  * pass 2 loads the chunks again (L1 hits), codes them (`_codes`, the group-row kernel's own: same bytes) and packs
+    each bit plane's codes into 32-bit words in registers: a chunk's two halves of four elements each land in one word
+    (sequential or GGML-strided planes alike), their bits summed in the thread; the words leave as one vector store a
+    plane and group.
+A zero extreme (asymmetric specs: the first zero's sign, GGML's rule) takes one more pass over the chunks (rare).
+
+Where it runs (`why_not`): token-axis groups of 16, 32 or 64 (a power of two; D a multiple), int codes (sym absmax,
+asym min / max, GGML reciprocals included) or 16-entry codebooks and fp4 (absmax scales of any dtype, a tensor scale),
+one bit plane or two without a third, every plane a whole number of 32-bit words (int2 / int3 / int4 / int8 at g32,
+q4_0, q4_1, q8_0, mxfp4, nvfp4, nf4, iq4nl); GGML's signed extreme found in the thread (the largest magnitude, the
+first on ties); not rotated, static, calibrated or rms specs, nor outlier slots. `api.store` takes it only where the
+offline counts favour it (`worth`: two-plane ints) and only when ENABLED (KVLAB_STORE_ROW_WALK=1), off until the H200
+times it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tiles.exact import next_pow2
+from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
+                     _storage_view, _zero_signed, _DUMMY, kernel_params)
+
+ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "0") not in ("", "0")
+WARPS = 4  # warps a program: R = 32 x WARPS groups
+
+
+@triton.jit
+def _chunk(xr, c: tl.constexpr, sd, lm):
+    """Elements 8c .. 8c + 7 of every group row ([R, 8] float32; rows outside lm read 0): one 16-byte load a thread."""
+    i = tl.arange(0, 8)[None, :]
+    return tl.load(xr + (8 * c + i) * sd, mask=lm, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _group(xr, sd, lm, G: tl.constexpr):
+    """Every group row's G elements as [R, G] float32 in one thread: its G / 8 chunks joined (tl.join adds an axis
+    inside the thread) and put back in element order."""
+    R: tl.constexpr = xr.shape[0]
+    f0 = _chunk(xr, 0, sd, lm)
+    f1 = _chunk(xr, 1, sd, lm)
+    if G == 16:
+        f = tl.reshape(tl.permute(tl.join(f0, f1), [0, 2, 1]), [R, 16])  # [r, i, k] = chunk k
+    else:
+        f2 = _chunk(xr, 2, sd, lm)
+        f3 = _chunk(xr, 3, sd, lm)
+        q = tl.join(tl.join(f0, f1), tl.join(f2, f3))  # [r, i, k, m] = chunk 2 m + k
+        if G == 32:
+            f = tl.reshape(tl.permute(q, [0, 3, 2, 1]), [R, 32])
+        else:
+            f4 = _chunk(xr, 4, sd, lm)
+            f5 = _chunk(xr, 5, sd, lm)
+            f6 = _chunk(xr, 6, sd, lm)
+            f7 = _chunk(xr, 7, sd, lm)
+            o = tl.join(tl.join(f4, f5), tl.join(f6, f7))
+            f = tl.reshape(tl.permute(tl.join(q, o), [0, 4, 3, 2, 1]), [R, 64])  # [r, i, k, m, n]: chunk 4 n + 2 m + k
+    return f
+
+
+@triton.jit
+def _first_at(cond, G: tl.constexpr):
+    """Per row: the first element index where cond holds ([R]; G where none)."""
+    return tl.min(tl.where(cond, tl.arange(0, G)[None, :], G), axis=1)
+
+
+@triton.jit
+def _sign_at(f, j, G: tl.constexpr):
+    """Per row: 1 where element j of f ([R, G]) has its sign bit set."""
+    at = tl.arange(0, G)[None, :] == j[:, None]
+    return tl.max(tl.where(at, (f.to(tl.int32, bitcast=True) < 0).to(tl.int32), 0), axis=1)
+
+
+@triton.jit
+def _plane_words(u, G: tl.constexpr, SH: tl.constexpr, W: tl.constexpr, STR: tl.constexpr):
+    """One bit plane of the codes u [R, G] packed into its G W / 32 words ([R, NW] int32, in the thread): sequential
+    element e at bit W e; GGML-strided (e = k NBP + j, NBP = G W / 8 bytes) at byte j, bits W k."""
+    R: tl.constexpr = u.shape[0]
+    NW: tl.constexpr = G * W // 32
+    K: tl.constexpr = 8 // W
+    p = (u >> SH) & ((1 << W) - 1)
+    if STR:
+        NBP: tl.constexpr = G * W // 8
+        p = tl.reshape(tl.permute(tl.reshape(p, [R, K, NBP]), [0, 2, 1]), [R, G])  # byte-major: [j, k]
+        e = tl.arange(0, G)
+        pos = 8 * ((e // K) % 4) + W * (e % K)  # within the word: byte j mod 4, bits W k
+    else:
+        pos = (W * tl.arange(0, G)) % 32
+    return tl.sum(tl.reshape(p << pos[None, :], [R, NW, G // NW]), axis=2)
+
+
+@triton.jit
+def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, T, st, sh, sd,
+                     HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+                     R: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
+                     RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
+                     HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
+                     HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
+                     W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
+                     ST1: tl.constexpr):
+    """Group rows q of head h: token pid R / NG + q // NG, group q % NG (see the module docstring)."""
+    h = tl.program_id(1)
+    q = tl.arange(0, R)
+    t = tl.program_id(0) * (R // NG) + q // NG
+    g = q % NG
+    slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
+    live = (t < T) & (slot >= 0)
+    unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
+    xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+    f = _group(xr, sd, (t < T)[:, None], G)  # [R, G]
+    m_raw = tl.zeros([R], tl.float32)
+    if SYM:
+        a = tl.abs(f)
+        stat = tl.reduce(a, 1, _nanmax)  # NaN-propagating max |x|
+        bad = ~(stat < float("inf"))
+        if RULE == 1:  # GGML's signed extreme: the largest magnitude, the first one on ties, with its sign
+            neg = _sign_at(f, _first_at(a == stat[:, None], G), G)
+            stat = tl.where(neg > 0, _negated(stat), stat)
+    else:
+        mx = tl.reduce(f, 1, _nanmax)
+        mn = tl.reduce(f, 1, _nanmin)
+        mx = tl.where(mx != mx, float("nan"), mx)  # canonical NaN, as the oracle
+        mn = tl.where(mn != mn, float("nan"), mn)
+        if tl.max((((mx == 0) | (mn == 0)) & live).to(tl.int32)) > 0:  # rare: a zero extreme is the first zero
+            zero = _zero_signed(_sign_at(f, _first_at(f == 0, G), G), mx)
+            mx = tl.where(mx == 0, zero, mx)
+            mn = tl.where(mn == 0, zero, mn)
+        bad = ~((tl.abs(mx) < float("inf")) & (tl.abs(mn) < float("inf")))
+        stat = mx - mn
+        m_raw = mn
+    stat = tl.where(bad, float("nan"), stat)  # a non-finite element: the group's scale (and zero) NaN
+    m_raw = tl.where(bad, float("nan"), m_raw)
+    s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
+    if HAS_TS:
+        s_raw = tl.math.div_rn(s_raw, tl.full([R], 1.0, tl.float32) * tl.load(ts_ptr))
+    s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, False, RULE, SDT,
+                                      ELEM_INT, HAS_TS)
+    sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
+    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
+    if HAS_ODD:  # the fast codes, then one check a program for the rare exact path
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 1, LUT)
+        odd = _odd(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS, BOUND or FMT == 0)
+        if tl.max(tl.where(live[:, None], odd, 0)) > 0:  # rare: every group of the program by the exact path
+            u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
+    else:
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 0, LUT)
+    GB: tl.constexpr = G * (W0 + W1) // 8
+    NW0: tl.constexpr = G * W0 // 32
+    base = codes_ptr.to(tl.pointer_type(tl.int32)) + unit[:, None] * (GB // 4)
+    tl.store(base + tl.arange(0, NW0)[None, :], _plane_words(u, G, SH0, W0, ST0), mask=live[:, None])
+    if W1 > 0:
+        NW1: tl.constexpr = G * W1 // 32
+        tl.store(base + NW0 + tl.arange(0, NW1)[None, :], _plane_words(u, G, SH1, W1, ST1), mask=live[:, None])
+
+
+def why_not(spec, D: int) -> str | None:
+    """None when this kernel stores `spec` (the launched spec) at head_dim D; else why not."""
+    if spec.axis != "tok":
+        return "not a token-axis spec"
+    if spec.is_float_storage or spec.fmt.startswith("fp8"):
+        return f"{spec}: 16-bit and fp8 storage keep the group-row kernel"
+    if spec.calibrated or spec.static_scale or spec.rotation != "none" or spec.outliers or spec.rule not in (
+            "absmax", "full", "signed"):
+        return f"{spec}: no calibrated, static, rotated, outlier-slot or rms specs in the row walk"
+    if spec.rule in ("full", "signed") and not spec.sym:
+        return f"{spec}: rule {spec.rule} is symmetric"
+    G = spec.group_size(D)
+    if G not in (16, 32, 64) or D % G:
+        return f"{spec}: groups of 16, 32 or 64 elements dividing head_dim {D}"
+    p = kernel_params(spec, D)
+    if p["FMT"] not in (0, 3) or p["W2"] > 0 or (p["FMT"] == 3 and p["CBS"] < 1):
+        return f"{spec}: int codes or a sorted codebook, in one or two bit planes"
+    for w in (p["W0"], p["W1"]):
+        if w and (G * w) % 32:
+            return f"{spec}: every bit plane a whole number of 32-bit words (G x bits = {G * w})"
+    return None
+
+
+def worth(spec, D: int) -> bool:
+    """Where `api.store` takes the row walk when ENABLED (a spec it can store, `why_not`): int codes in two bit planes
+    (int3, int5, int6). Offline sm_90 hot paths, instructions an element, row walk against the group-row kernel at
+    32 x 4 (`python -m devtools.store_sass_offline SPEC --hot [--row-walk]`): int3 22.5 / 28.8 (41.0 / 53.8 with the
+    rare paths); one-plane ints no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed
+    extreme's first index costs more in one thread than the shuffles did); the codebooks more (nf4 44.6 / 33.8, mxfp4
+    60.2 / 38.8: their table gathers take a layout of their own, and the [R, G] tile turns through shared memory)."""
+    p = kernel_params(spec, D)
+    return p["FMT"] == 0 and p["W1"] > 0
+
+
+def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
+        tensor_scale: torch.Tensor | None = None) -> None:
+    """Launch the row walk: x [T, Hk, D] (16-bit or float32), pages of `PageLayout(spec, D, page_size, Hk)`,
+    slot_mapping [T] (-1 skips a token), tensor_scale float32 [1] for specs that need one (checked by `api.store`)."""
+    T, Hk, D = x.shape
+    if T == 0:
+        return
+    p = kernel_params(spec, D)
+    G = spec.group_size(D)
+    NG = D // G
+    R = max(32 * WARPS, next_pow2(NG))
+    codes = _storage_view(pages["codes"], None)
+    scales = _storage_view(pages.get("scales"), codes)
+    zeros = _storage_view(pages.get("zeros"), codes)
+    dummy = _DUMMY.get(x.device)
+    if dummy is None:
+        dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
+    ts = tensor_scale if tensor_scale is not None else dummy
+    _row_walk_kernel[(triton.cdiv(T * NG, R), Hk)](
+        x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device), T, *x.stride(),
+        HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
+        RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
+        QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"], BOUND=p["BOUND"],
+        W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
+        num_warps=WARPS, enable_fp_fusion=False)

@@ -1,0 +1,107 @@
+"""The token-axis row walk (`store/row_walk.py`, one group a thread) == the oracle bit for bit: the presets it takes
+(int2 / int3 / int4 / int8, q4_1, q8_0, mxfp4, nvfp4, nf4, iq4nl), a grid of int and codebook specs (sym / asym,
+groups 16-64, GGML packing, rounding modes, scale dtypes, two bit planes), edge values, skipped and partial tiles, odd
+head counts, 16-bit inputs; and what it refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+from store_cases import DEV, assert_same_pages, make_input, run_store, spec_of
+from test_store_edge import edge_input
+
+import kvlab
+from kvlab.cache.layout import PageLayout
+from kvlab.kernels.store import row_walk
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+WORTH = row_walk.worth  # the api's policy, before the fixture replaces it
+
+PRESETS = ["int2", "int3", "q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4", "nf4", "iq4nl", "int4:g32:asym"]
+GRID = sorted({str(s.k) for s in kvlab.grid([
+    "int{2,3,4,5,6,8}:g{16,32,64}:{sym,asym}", "int5:g32:asym:pack=ggml", "int4:g32:sym:rnd={away,up}:recip", "int4:g32:asym:recip:rnd=up:pack=ggml",
+    "int2:g32:asym:pack=ggml", "int4:g16:asym:s={bf16,f32}", "int8:g32:sym:rule=full", "int{4,8}:g32:sym:rule=signed:rnd={even,up}:pack=ggml", "nf4:g32:rule=signed",
+    "fp4_e2m1:g{16,32}:s={f16,e8m0,e4m3}", "nf4:g{32,64}:s={f16,bf16}", "iq4nl:g32", "fp4_e2m1:g16:s=e4m3:ts"])})
+
+
+@pytest.fixture(autouse=True)
+def _walk(monkeypatch):
+    """Every spec the kernel can store goes through it (the api's `worth` policy picks fewer)."""
+    monkeypatch.setattr(row_walk, "ENABLED", True)
+    monkeypatch.setattr(row_walk, "worth", lambda spec, D: True)
+
+
+def test_worth_picks_two_plane_ints():
+    assert WORTH(_spec("int3"), 128) and WORTH(spec_of("int5:g32:asym"), 128)
+    assert not any(WORTH(_spec(n), 128) for n in ("int2", "q4_0", "nf4", "mxfp4"))
+
+
+def _spec(text):
+    return spec_of(kvlab.scheme(text).k if ":" not in text else text)
+
+
+def _check(spec, T=33, Hk=2, D=64, seed=0, dtype=torch.float32, x=None):
+    xi, slots, lay, n_pages, kw = make_input(spec, T, Hk, D, seed=seed, dtype=dtype)
+    if x is not None:
+        xi, lay = x.to(DEV), PageLayout(spec, D, lay.page_size, x.shape[1])
+        slots = slots[:x.shape[0]]
+    ref, _ = run_store(xi, slots, lay, n_pages, spec, "reference", **kw)
+    got, used = run_store(xi, slots, lay, n_pages, spec, "triton", **kw)
+    assert used == "triton"
+    assert_same_pages(ref, got, str(spec))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_row_walk_presets_bit_exact(name):
+    spec = _spec(name)
+    assert row_walk.why_not(spec, 64) is None, row_walk.why_not(spec, 64)
+    _check(spec, seed=len(name))
+
+
+@pytest.mark.parametrize("text", GRID)
+def test_row_walk_grid_bit_exact(text):
+    spec = spec_of(text)
+    why = row_walk.why_not(spec, 64)
+    if why is not None:
+        pytest.skip(why)
+    _check(spec, T=19, seed=len(text))
+
+
+@pytest.mark.parametrize("Hk,D,T", [(3, 64, 5), (1, 128, 200), (8, 128, 130), (4, 256, 9), (2, 32, 64)])
+def test_row_walk_shapes(Hk, D, T):
+    _check(_spec("int3"), T=T, Hk=Hk, D=D, seed=Hk * D)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["int2", "mxfp4"])
+def test_row_walk_16_bit_inputs(name, dtype):
+    _check(_spec(name), T=40, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", ["int3", "int2", "q4_0", "q4_1", "mxfp4", "nvfp4", "nf4", "iq4nl", "q8_0"])
+def test_row_walk_edge_values(name):
+    """Zero groups, ties, NaN, inf, tiny and huge groups and signed extremes (`edge_input`), and zero extremes of
+    both signs first."""
+    spec = _spec(name)
+    x = edge_input(spec)
+    x[4, 0, :8] = torch.tensor([0.5, -0.0, 0.0, 1.0, 2.0, 3.0, 0.25, 4.0])  # min 0 (of -0 first) in group 0
+    x[5, 0, :8] = torch.tensor([-0.5, 0.0, -0.0, -1.0, -2.0, -3.0, -0.25, -4.0])  # max 0 (+0 first)
+    x[6, 0, :32] = 0.5
+    x[6, 0, 5], x[6, 0, 12] = -3.0, 3.0  # a tie of magnitudes across chunks: the first (negative) is the extreme
+    _check(spec, T=x.shape[0], Hk=1, D=64, x=x)
+
+
+def test_row_walk_skips_negative_slots():
+    spec = _spec("int3")
+    x, slots, lay, n_pages, kw = make_input(spec, 40, 2, 64)
+    slots = slots.clone()
+    slots[3:17] = -1
+    ref, _ = run_store(x, slots, lay, n_pages, spec, "reference", **kw)
+    got, _ = run_store(x, slots, lay, n_pages, spec, "triton", **kw)
+    assert_same_pages(ref, got, "skipped tokens")
+
+
+@pytest.mark.parametrize("text,why", [("lm4", "rms"), ("int4_had", "rotated"), ("kivi4", "token-axis"),
+                                      ("int3:g16:asym", "32-bit words"), ("fp8_e4m3:g32", "fp8"),
+                                      ("int4:g128:asym", "groups of 16, 32 or 64")])
+def test_row_walk_refuses_with_the_reason(text, why):
+    assert why in row_walk.why_not(_spec(text), 128)
