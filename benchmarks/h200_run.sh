@@ -746,7 +746,8 @@ s24)  # prepared in sessions 23-24 (issues 16, 17): the Gluon decode's unrolled 
     | grep "^variant" | tee "$OUT/store_chan_walk.txt"
   timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_row_walk.py 2>&1 \
     | tee "$OUT/pytest_row_walk.log" | tail -2
-  timeout 150 python3 benchmarks/store_variants.py int3 int2 q4_0 nf4 --configs 32x4,roww 2>&1 | grep "^variant" \
+  timeout 150 python3 benchmarks/store_variants.py int3 int4_had int2 q4_0 nf4 --configs 32x4,16x2,roww 2>&1 \
+    | grep "^variant" \
     | tee "$OUT/store_row_walk.txt"
   # issue 16: the Gluon decode's prefetching loop unrolled by two (offline: q4_0 441 -> 405 loop instructions a tile,
   # q8_0 474 -> 423, registers 147 -> 168 / 167 -> 182), GPU tests first, then A/B at fixed configs, B 32 x 32K

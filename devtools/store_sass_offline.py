@@ -91,7 +91,7 @@ def main() -> None:
             a.warps = 4
         elif a.row_walk:  # one program: 32 x WARPS groups, one a thread
             row_walk.run(x, pages, torch.arange(T), spec_r, P, tensor_scale=kw.get("tensor_scale"))
-            tile = 32 * row_walk.WARPS * G
+            tile = 32 * row_walk.WARPS * (min(D, 64) if st.kernel_params(spec_r, D)["ROT"] else G)
             a.warps = row_walk.WARPS
         else:
             st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,

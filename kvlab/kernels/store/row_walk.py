@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
                      _storage_view, _zero_signed, _DUMMY, kernel_params)
@@ -73,6 +74,46 @@ def _group(xr, sd, lm, G: tl.constexpr):
 
 
 @triton.jit
+def _piece(xr, sd, lm, E: tl.constexpr):
+    """E = 32 or 64 consecutive elements of every piece row as [R, E] float32 in its thread (`_group`'s joins)."""
+    R: tl.constexpr = xr.shape[0]
+    if E == 32:
+        f = _group(xr, sd, lm, 32)
+    else:
+        a = _group(xr, sd, lm, 32)
+        b = _group(xr + 32 * sd, sd, lm, 32)
+        f = tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [R, 64])
+    return f
+
+
+@triton.jit
+def _rotated_groups(x_ptr, pid, T, st, sh, sd, h, D: tl.constexpr, G: tl.constexpr, RP: tl.constexpr,
+                    LOG: tl.constexpr, RC: tl.constexpr, E: tl.constexpr, LOGE: tl.constexpr):
+    """The Hadamard-rotated group rows of RP / LPR tokens ([RP E / G, G] float32, E = min(D, 64) elements a thread,
+    LPR = D / E lanes a token row): each thread loads E consecutive elements of a row (a piece), runs the transform's
+    stages on the piece's own index bits in registers (the oracle's constant-geometry stage: pairs (2k, 2k + 1), sums
+    then differences), then the stages on the lane bits in place by a pair exchange (`fwht_rows_in_place`'s: the sum
+    at the clear bit, a + (-b) at the set one), and scales by RC = 1 / sqrt(D): the oracle's additions in its order,
+    so its bits. Returns (group rows, their mask of tokens < T)."""
+    LPR: tl.constexpr = D // E
+    p = tl.arange(0, RP)
+    t = pid * (RP // LPR) + p // LPR
+    xr = (x_ptr + t.to(tl.int64) * st + h * sh + (p % LPR) * E * sd)[:, None]
+    x = _piece(xr, sd, (t < T)[:, None], E)
+    for _ in tl.static_range(LOGE):  # the piece's own bits, constant geometry (the order comes back after LOGE)
+        a, b = tl.split(tl.reshape(x, [RP, E // 2, 2]))
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [RP, E])
+    for s in tl.static_range(LOG - LOGE):  # the lane bits: piece index bit s, in place
+        y = tl.reshape(x, [RP >> (s + 1), 2, 1 << s, E])
+        yb = y.to(tl.int32, bitcast=True)
+        pb = yb ^ tl.xor_sum(yb, axis=1, keep_dims=True)
+        hi = tl.arange(0, 2)[None, :, None, None]
+        x = tl.reshape(pb.to(tl.float32, bitcast=True) + (yb ^ (hi << 31)).to(tl.float32, bitcast=True), [RP, E])
+    x = x * RC
+    return tl.reshape(x, [RP * E // G, G])
+
+
+@triton.jit
 def _first_at(cond, G: tl.constexpr):
     """Per row: the first element index where cond holds ([R]; G where none)."""
     return tl.min(tl.where(cond, tl.arange(0, G)[None, :], G), axis=1)
@@ -111,8 +152,10 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
                      HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
                      HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
                      W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
-                     ST1: tl.constexpr):
-    """Group rows q of head h: token pid R / NG + q // NG, group q % NG (see the module docstring)."""
+                     ST1: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, RP: tl.constexpr, E: tl.constexpr,
+                     LOGE: tl.constexpr):
+    """Group rows q of head h: token pid R / NG + q // NG, group q % NG (see the module docstring). ROT = log2 D > 0:
+    the rows are rotated first (`_rotated_groups`: RP pieces, R = RP x min(D, 64) / G group rows)."""
     h = tl.program_id(1)
     q = tl.arange(0, R)
     t = tl.program_id(0) * (R // NG) + q // NG
@@ -120,8 +163,11 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
     slot = tl.load(slot_ptr + t, mask=t < T, other=-1).to(tl.int64)
     live = (t < T) & (slot >= 0)
     unit = ((slot // P * HK + h) * P + slot % P) * NG + g  # [R] group index in the pages
-    xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
-    f = _group(xr, sd, (t < T)[:, None], G)  # [R, G]
+    if ROT > 0:
+        f = _rotated_groups(x_ptr, tl.program_id(0), T, st, sh, sd, h, D, G, RP, ROT, RC, E, LOGE)  # [R, G]
+    else:
+        xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
+        f = _group(xr, sd, (t < T)[:, None], G)  # [R, G]
     m_raw = tl.zeros([R], tl.float32)
     if SYM:
         a = tl.abs(f)
@@ -173,9 +219,10 @@ def why_not(spec, D: int) -> str | None:
         return "not a token-axis spec"
     if spec.is_float_storage or spec.fmt.startswith("fp8"):
         return f"{spec}: 16-bit and fp8 storage keep the group-row kernel"
-    if spec.calibrated or spec.static_scale or spec.rotation != "none" or spec.outliers or spec.rule not in (
-            "absmax", "full", "signed"):
-        return f"{spec}: no calibrated, static, rotated, outlier-slot or rms specs in the row walk"
+    if spec.calibrated or spec.static_scale or spec.outliers or spec.rule not in ("absmax", "full", "signed"):
+        return f"{spec}: no calibrated, static, outlier-slot or rms specs in the row walk"
+    if spec.rotation != "none" and not (fuses_rotation(spec, D) and 32 <= D <= 256 and spec.group_size(D) <= min(D, 64)):
+        return f"{spec}: a rotated spec walks where the kernel rotates whole rows of 32-256 (one Hadamard block)"
     if spec.rule in ("full", "signed") and not spec.sym:
         return f"{spec}: rule {spec.rule} is symmetric"
     G = spec.group_size(D)
@@ -192,13 +239,16 @@ def why_not(spec, D: int) -> str | None:
 
 def worth(spec, D: int) -> bool:
     """Where `api.store` takes the row walk when ENABLED (a spec it can store, `why_not`): int codes in two bit planes
-    (int3, int5, int6). Offline sm_90 hot paths, instructions an element, row walk against the group-row kernel at
-    32 x 4 (`python -m devtools.store_sass_offline SPEC --hot [--row-walk]`): int3 22.5 / 28.8 (41.0 / 53.8 with the
-    rare paths); one-plane ints no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed
-    extreme's first index costs more in one thread than the shuffles did); the codebooks more (nf4 44.6 / 33.8, mxfp4
-    60.2 / 38.8: their table gathers take a layout of their own, and the [R, G] tile turns through shared memory)."""
+    (int3, int5, int6) or Hadamard-rotated (int4_had). Offline sm_90 hot paths, instructions an element, row walk
+    against the group-row kernel (`python -m devtools.store_sass_offline SPEC --hot [--row-walk]`; 32 x 4, rotated
+    16 x 2): int3 22.5 / 28.8 (41.0 / 53.8 with the rare paths); int4_had 35.8 / 76.8, int3:g32:asym:rot=had 39.1 /
+    95.2 (the transform's stages on a thread's 64 elements are plain adds, one pair exchange a lane bit); one-plane
+    unrotated ints no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's
+    first index costs more in one thread than the shuffles did); the codebooks more or no fewer (nf4 44.6 / 33.8,
+    mxfp4 60.2 / 38.8, nf4:g32:rot=had 55.8 / 57.0 with spills: their table gathers take a layout of their own, and
+    the [R, G] tile turns through shared memory)."""
     p = kernel_params(spec, D)
-    return p["FMT"] == 0 and p["W1"] > 0
+    return p["FMT"] == 0 and (p["W1"] > 0 or p["ROT"] > 0)
 
 
 def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
@@ -212,6 +262,9 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     G = spec.group_size(D)
     NG = D // G
     R = max(32 * WARPS, next_pow2(NG))
+    RP = 32 * WARPS  # rotated: pieces of min(D, 64) elements, one a thread
+    if p["ROT"]:
+        R = RP * min(D, 64) // G
     codes = _storage_view(pages["codes"], None)
     scales = _storage_view(pages.get("scales"), codes)
     zeros = _storage_view(pages.get("zeros"), codes)
@@ -225,4 +278,5 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
         RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"], BOUND=p["BOUND"],
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
-        num_warps=WARPS, enable_fp_fusion=False)
+        ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, num_warps=WARPS,
+        enable_fp_fusion=False)

@@ -16,11 +16,12 @@ from kvlab.kernels.store import row_walk
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 WORTH = row_walk.worth  # the api's policy, before the fixture replaces it
 
-PRESETS = ["int2", "int3", "q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4", "nf4", "iq4nl", "int4:g32:asym"]
+PRESETS = ["int2", "int3", "q4_0", "q4_1", "q8_0", "mxfp4", "nvfp4", "nf4", "iq4nl", "int4:g32:asym", "int4_had"]
 GRID = sorted({str(s.k) for s in kvlab.grid([
     "int{2,3,4,5,6,8}:g{16,32,64}:{sym,asym}", "int5:g32:asym:pack=ggml", "int4:g32:sym:rnd={away,up}:recip", "int4:g32:asym:recip:rnd=up:pack=ggml",
     "int2:g32:asym:pack=ggml", "int4:g16:asym:s={bf16,f32}", "int8:g32:sym:rule=full", "int{4,8}:g32:sym:rule=signed:rnd={even,up}:pack=ggml", "nf4:g32:rule=signed",
-    "fp4_e2m1:g{16,32}:s={f16,e8m0,e4m3}", "nf4:g{32,64}:s={f16,bf16}", "iq4nl:g32", "fp4_e2m1:g16:s=e4m3:ts"])})
+    "fp4_e2m1:g{16,32}:s={f16,e8m0,e4m3}", "nf4:g{32,64}:s={f16,bf16}", "iq4nl:g32", "fp4_e2m1:g16:s=e4m3:ts",
+    "int{3,4}:g32:asym:rot=had", "int4:g{16,64}:sym:rot=had", "nf4:g32:rot=had", "fp4_e2m1:g16:s=e4m3:ts:rot=had"])})
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +31,8 @@ def _walk(monkeypatch):
     monkeypatch.setattr(row_walk, "worth", lambda spec, D: True)
 
 
-def test_worth_picks_two_plane_ints():
-    assert WORTH(_spec("int3"), 128) and WORTH(spec_of("int5:g32:asym"), 128)
+def test_worth_picks_two_plane_and_rotated_ints():
+    assert WORTH(_spec("int3"), 128) and WORTH(spec_of("int5:g32:asym"), 128) and WORTH(_spec("int4_had"), 128)
     assert not any(WORTH(_spec(n), 128) for n in ("int2", "q4_0", "nf4", "mxfp4"))
 
 
@@ -67,8 +68,9 @@ def test_row_walk_grid_bit_exact(text):
 
 
 @pytest.mark.parametrize("Hk,D,T", [(3, 64, 5), (1, 128, 200), (8, 128, 130), (4, 256, 9), (2, 32, 64)])
-def test_row_walk_shapes(Hk, D, T):
-    _check(_spec("int3"), T=T, Hk=Hk, D=D, seed=Hk * D)
+@pytest.mark.parametrize("name", ["int3", "int4_had"])
+def test_row_walk_shapes(name, Hk, D, T):
+    _check(_spec(name), T=T, Hk=Hk, D=D, seed=Hk * D)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -100,8 +102,12 @@ def test_row_walk_skips_negative_slots():
     assert_same_pages(ref, got, "skipped tokens")
 
 
-@pytest.mark.parametrize("text,why", [("lm4", "rms"), ("int4_had", "rotated"), ("kivi4", "token-axis"),
+@pytest.mark.parametrize("text,why", [("lm4", "rms"), ("kivi4", "token-axis"),
                                       ("int3:g16:asym", "32-bit words"), ("fp8_e4m3:g32", "fp8"),
                                       ("int4:g128:asym", "groups of 16, 32 or 64")])
 def test_row_walk_refuses_with_the_reason(text, why):
     assert why in row_walk.why_not(_spec(text), 128)
+
+
+def test_row_walk_refuses_rotations_it_cannot_fuse():
+    assert "rotated" in row_walk.why_not(spec_of("int4:g32:asym:rot=had"), 96)  # not one power-of-two block
