@@ -39,6 +39,8 @@ from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
+LUT = False  # fixed codebooks by their bin table (three gathers an element, which turn the tile through shared
+# memory here) instead of the bisection (`triton._sorted_codes`: selects over broadcast levels; the same codes)
 
 
 @triton.jit
@@ -169,7 +171,11 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
         xr = (x_ptr + t.to(tl.int64) * st + h * sh + g * G * sd)[:, None]  # [R, 1]
         f = _group(xr, sd, (t < T)[:, None], G)  # [R, G]
     m_raw = tl.zeros([R], tl.float32)
-    if SYM:
+    if RULE == 3:  # rms (Lloyd-Max): sqrt(mean x^2), the squares summed in float64 and rounded once, as the oracle
+        xd = f.to(tl.float64)
+        stat = tl.sqrt(tl.sum(xd * xd, axis=1) / G).to(tl.float32)  # NaN with a NaN element, inf with an inf
+        bad = ~(stat < float("inf"))
+    elif SYM:
         a = tl.abs(f)
         stat = tl.reduce(a, 1, _nanmax)  # NaN-propagating max |x|
         bad = ~(stat < float("inf"))
@@ -219,8 +225,8 @@ def why_not(spec, D: int) -> str | None:
         return "not a token-axis spec"
     if spec.is_float_storage or spec.fmt.startswith("fp8"):
         return f"{spec}: 16-bit and fp8 storage keep the group-row kernel"
-    if spec.calibrated or spec.static_scale or spec.outliers or spec.rule not in ("absmax", "full", "signed"):
-        return f"{spec}: no calibrated, static, outlier-slot or rms specs in the row walk"
+    if spec.calibrated or spec.static_scale or spec.outliers or spec.rule not in ("absmax", "full", "signed", "rms"):
+        return f"{spec}: no calibrated, static, unit-scale or outlier-slot specs in the row walk"
     if spec.rotation != "none" and not (fuses_rotation(spec, D) and 32 <= D <= 256 and spec.group_size(D) <= min(D, 64)):
         return f"{spec}: a rotated spec walks where the kernel rotates whole rows of 32-256 (one Hadamard block)"
     if spec.rule in ("full", "signed") and not spec.sym:
@@ -276,7 +282,8 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
         x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device), T, *x.stride(),
         HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
         RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
-        QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"], BOUND=p["BOUND"],
+        QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
+        BOUND=p["BOUND"],
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
         ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, num_warps=WARPS,
         enable_fp_fusion=False)

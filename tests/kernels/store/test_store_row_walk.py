@@ -21,7 +21,8 @@ GRID = sorted({str(s.k) for s in kvlab.grid([
     "int{2,3,4,5,6,8}:g{16,32,64}:{sym,asym}", "int5:g32:asym:pack=ggml", "int4:g32:sym:rnd={away,up}:recip", "int4:g32:asym:recip:rnd=up:pack=ggml",
     "int2:g32:asym:pack=ggml", "int4:g16:asym:s={bf16,f32}", "int8:g32:sym:rule=full", "int{4,8}:g32:sym:rule=signed:rnd={even,up}:pack=ggml", "nf4:g32:rule=signed",
     "fp4_e2m1:g{16,32}:s={f16,e8m0,e4m3}", "nf4:g{32,64}:s={f16,bf16}", "iq4nl:g32", "fp4_e2m1:g16:s=e4m3:ts",
-    "int{3,4}:g32:asym:rot=had", "int4:g{16,64}:sym:rot=had", "nf4:g32:rot=had", "fp4_e2m1:g16:s=e4m3:ts:rot=had"])})
+    "int{3,4}:g32:asym:rot=had", "int4:g{16,64}:sym:rot=had", "nf4:g32:rot=had", "fp4_e2m1:g16:s=e4m3:ts:rot=had",
+    "lm{2,3,4}:g{32,64}", "lm{2,3,4}:g64:rot=had", "lm3:g32:s=bf16:rot=had"])})
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ def test_row_walk_grid_bit_exact(text):
 
 
 @pytest.mark.parametrize("Hk,D,T", [(3, 64, 5), (1, 128, 200), (8, 128, 130), (4, 256, 9), (2, 32, 64)])
-@pytest.mark.parametrize("name", ["int3", "int4_had"])
+@pytest.mark.parametrize("name", ["int3", "int4_had", "lm3:g32:rot=had"])
 def test_row_walk_shapes(name, Hk, D, T):
     _check(_spec(name), T=T, Hk=Hk, D=D, seed=Hk * D)
 
@@ -79,7 +80,8 @@ def test_row_walk_16_bit_inputs(name, dtype):
     _check(_spec(name), T=40, dtype=dtype)
 
 
-@pytest.mark.parametrize("name", ["int3", "int2", "q4_0", "q4_1", "mxfp4", "nvfp4", "nf4", "iq4nl", "q8_0"])
+@pytest.mark.parametrize("name", ["int3", "int2", "q4_0", "q4_1", "mxfp4", "nvfp4", "nf4", "iq4nl", "q8_0", "int4_had",
+                                  "lm2:rot=had", "lm4:rot=had"])
 def test_row_walk_edge_values(name):
     """Zero groups, ties, NaN, inf, tiny and huge groups and signed extremes (`edge_input`), and zero extremes of
     both signs first."""
@@ -102,7 +104,7 @@ def test_row_walk_skips_negative_slots():
     assert_same_pages(ref, got, "skipped tokens")
 
 
-@pytest.mark.parametrize("text,why", [("lm4", "rms"), ("kivi4", "token-axis"),
+@pytest.mark.parametrize("text,why", [("int4:g32:asym:cal", "calibrated"), ("kivi4", "token-axis"),
                                       ("int3:g16:asym", "32-bit words"), ("fp8_e4m3:g32", "fp8"),
                                       ("int4:g128:asym", "groups of 16, 32 or 64")])
 def test_row_walk_refuses_with_the_reason(text, why):
