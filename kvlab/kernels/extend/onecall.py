@@ -278,8 +278,12 @@ def _attend_cudnn(q4, wk, wv, skv, sm_scale: float, o4) -> bool:
         return False
     sq = torch.full((B, 1, 1, 1), C, dtype=torch.int32, device=q4.device)
     work = torch.empty(nbytes, dtype=torch.uint8, device=q4.device)
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q4.device).cuda_stream)
-    g.execute({tq: q4, tk: wk, tv: wv, tsq: sq, tskv: skv.view(B, 1, 1, 1), to: o4}, work, handle=handle)
+    try:
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q4.device).cuda_stream)
+        g.execute({tq: q4, tk: wk, tv: wv, tsq: sq, tskv: skv.view(B, 1, 1, 1), to: o4}, work, handle=handle)
+    except Exception:  # noqa: BLE001 - an execution cuDNN refuses (before it launches): this shape falls back
+        _REFUSED.add(key)
+        return False
     return True
 
 
