@@ -22,8 +22,8 @@
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
 #   bash benchmarks/h200_run.sh s24c  # prepared in session 24: the one-call extend (carry .carry/cfe, see the mode)
-#   bash benchmarks/h200_run.sh s24   # prepared in sessions 23-24: the Gluon decode's unrolled loop A/B (issue 16), the
-#                                     # store's channel-axis token walk (issue 17); s24b: the whole store table
+#   bash benchmarks/h200_run.sh s24   # prepared in session 23: the Gluon decode's unrolled loop A/B (issue 16); s24d
+#                                     # (session 24): the store's chan / row walks (issue 17); s24b: the store table
 #   bash benchmarks/h200_run.sh s23c  # issue 17: the store table with the packaged entries s23b measured, rotated-spec tests
 #   bash benchmarks/h200_run.sh s22c  # issue 17: cvt.rni int codes on the GPU (exact-helper + bit-exact store tests),
 #                                     # the store table of ST_SCHEMES (int2, int3, int4_had)
@@ -735,20 +735,10 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
-s24)  # prepared in sessions 23-24 (issues 16, 17): the Gluon decode's unrolled loop; the store's channel-axis token walk
-  # (store/chan_walk.py: GPU tests, then kivi4 / kivi2 against the group-row kernel's best tile, gated); then s24b: the
-  # whole store table with the family default tiles, s24c: the one-call extend. (The probe of torch's cuDNN causal
-  # alignment, benchmarks/probe_cudnn_causal.py, was dropped: its sources align top-left; NOTES_extend, session 24.)
+s24)  # prepared in session 23 (issue 16): the Gluon decode's unrolled loop. Then s24d: the store's walks; s24b: the whole
+  # store table with the family default tiles; s24c: the one-call extend. (The probe of torch's cuDNN causal alignment,
+  # benchmarks/probe_cudnn_causal.py, was dropped: its sources align top-left; NOTES_extend, session 24.)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_chan_walk.py 2>&1 \
-    | tee "$OUT/pytest_chan_walk.log" | tail -2
-  timeout 150 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 64x1,walk,walkL,walkr168,walkLr128 2>&1 \
-    | grep "^variant" | tee "$OUT/store_chan_walk.txt"
-  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_row_walk.py 2>&1 \
-    | tee "$OUT/pytest_row_walk.log" | tail -2
-  timeout 150 python3 benchmarks/store_variants.py int3 int4_had int2 q4_0 nf4 --configs 32x4,16x2,roww 2>&1 \
-    | grep "^variant" \
-    | tee "$OUT/store_row_walk.txt"
   # issue 16: the Gluon decode's prefetching loop unrolled by two (offline: q4_0 441 -> 405 loop instructions a tile,
   # q8_0 474 -> 423, registers 147 -> 168 / 167 -> 182), GPU tests first, then A/B at fixed configs, B 32 x 32K
   timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k unrolled 2>&1 \
@@ -757,6 +747,17 @@ s24)  # prepared in sessions 23-24 (issues 16, 17): the Gluon decode's unrolled 
     --configs "tw16:s4,tw16:s4:u,tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee "$OUT/decode_unroll.txt"
   timeout 60 python3 benchmarks/decode_configs.py --tag s24 --schemes kivi4,kivi2 --shape b32 \
     --configs "tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee -a "$OUT/decode_unroll.txt"
+  ;;
+s24d)  # prepared in session 24 (issue 17): the store's walks (store/chan_walk.py: KIVI keys a channel block a thread;
+  # store/row_walk.py: a token-axis group a thread, rotated rows in registers): their GPU tests (the GPU's own paths:
+  # bf16 extremes, cvt.rni), then each against the group-row kernel's tiles, gated against the oracle
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/kernels/store/test_store_chan_walk.py \
+    tests/kernels/store/test_store_row_walk.py 2>&1 | tee "$OUT/pytest_walks.log" | tail -3
+  timeout 150 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 64x1,walk,walkL,walkr168,walkLr128 2>&1 \
+    | grep "^variant" | tee "$OUT/store_chan_walk.txt"
+  timeout 180 python3 benchmarks/store_variants.py int3 int4_had lm2 int2 q4_0 nf4 --configs 32x4,16x2,roww 2>&1 \
+    | grep "^variant" | tee "$OUT/store_row_walk.txt"
   ;;
 s24c)  # prepared in session 24 (issue 17): the one-call extend (extend/onecall.py: one workspace launch + one cuDNN-frontend
   # SDPA with a bottom-right causal mask). Carry the frontend's wheel: `bash benchmarks/cudnn_fe_wheel.sh .carry/cfe`,
