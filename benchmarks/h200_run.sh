@@ -748,8 +748,8 @@ s24)  # prepared in session 23 (issue 16): the Gluon decode's unrolled loop. The
   timeout 60 python3 benchmarks/decode_configs.py --tag s24 --schemes kivi4,kivi2 --shape b32 \
     --configs "tw32:s4,tw32:s4:u" 2>&1 | grep "^cfg" | tee -a "$OUT/decode_unroll.txt"
   ;;
-s24d)  # prepared in session 24 (issue 17): the store's walks (store/chan_walk.py: KIVI keys a channel block a thread;
-  # store/row_walk.py: a token-axis group a thread, rotated rows in registers): their GPU tests (the GPU's own paths:
+s24d)  # prepared in session 24 (issue 17): the store's walks (store/triton_chan_walk.py: KIVI keys a channel block a thread;
+  # store/triton_row_walk.py: a token-axis group a thread, rotated rows in registers): their GPU tests (the GPU's own paths:
   # bf16 extremes, cvt.rni), then each against the group-row kernel's tiles, gated against the oracle
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/kernels/store/test_store_chan_walk.py \

@@ -3,8 +3,8 @@
     python benchmarks/store_variants.py int2 nf4 lm2 --configs 16x4,32x4,32x4r64 [--packed 0|1] [--hw-rint 0|1]
 
 A config is ROWSxWARPS, optionally rMAXNREG (a register cap per thread); for channel-axis specs also "walk" (the token
-walk, `store.chan_walk`, with its own launch shape), "walkL" (its pass 2 a word at a time), either with rMAXNREG; for
-token-axis specs "roww" (the row walk, `store.row_walk`: one group a thread, whatever its `worth` policy says).
+walk, `store.triton_chan_walk`, with its own launch shape), "walkL" (its pass 2 a word at a time), either with rMAXNREG; for
+token-axis specs "roww" (the row walk, `store.triton_row_walk`: one group a thread, whatever its `worth` policy says).
 
 --bound 0: the sorted brackets' rare check per element too. --lut 0: fixed codebooks by the bisection instead of the bin table. --two 0: the exact fallback inline (one launch) instead of the two-pass store. --rare 0: without the exact fallbacks of rare tiles (timing only). --packed 0: the group-row path's per-element loads instead of its word loads (`store.triton.PACKED_LOADS`). Prints one line
 per scheme and config: graph-replayed median ms of a 32K-token write (Hk 8, D 128) and its fraction of the copy
@@ -62,7 +62,7 @@ def main() -> None:
     import kvlab
     from kvlab.kernels.autotune import store_write
     from kvlab.kernels.configs import StoreConfig
-    from kvlab.kernels.store import chan_walk, row_walk
+    from kvlab.kernels.store import triton_chan_walk as chan_walk, triton_row_walk as row_walk
     from kvlab.kernels.store import triton as st
     worth = row_walk.worth
     from run import SCHEMES, page_size

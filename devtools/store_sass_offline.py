@@ -32,8 +32,8 @@ def main() -> None:
     ap.add_argument("--rare-reload", type=int, default=None, help="`store.triton.RARE_RELOAD` (0 / 1 / 2)")
     ap.add_argument("--chan-heads", action="store_true", help="channel rows over (head, channel) (`CHAN_HEADS`)")
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
-    ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.chan_walk`)")
-    ap.add_argument("--row-walk", action="store_true", help="token-axis specs by the row walk (`store.row_walk`)")
+    ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.triton_chan_walk`)")
+    ap.add_argument("--row-walk", action="store_true", help="token-axis specs by the row walk (`store.triton_row_walk`)")
     ap.add_argument("--word-loop", action="store_true", help="the token walk's pass 2 a word at a time (`WORD_LOOP`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
@@ -47,7 +47,7 @@ def main() -> None:
     from kvlab.cache.layout import PageLayout
     from kvlab.cache.paging import prerotate
     from kvlab.kernels.configs import StoreConfig
-    from kvlab.kernels.store import chan_walk, row_walk
+    from kvlab.kernels.store import triton_chan_walk as chan_walk, triton_row_walk as row_walk
     from kvlab.kernels.store import triton as st
     from kvlab.spec import scheme
 

@@ -27,6 +27,12 @@ KERNEL_LEAVES = {"checks", "configs", "env", "paged", "tiles"}  # what a backend
 BACKENDS = {"reference.py", "triton.py", "gluon.py", "gluon_codecs.py"}
 
 
+def _is_backend(name: str) -> bool:
+    """A backend file: one of BACKENDS, or a Triton backend's own further kernels beside it (`triton_*.py`, which may
+    use its `triton.py`'s helpers: the same backend in two files, not two backends)."""
+    return name in BACKENDS or name.startswith("triton_")
+
+
 def _modules() -> dict[str, pathlib.Path]:
     mods = {}
     for p in ROOT.rglob("*.py"):
@@ -132,7 +138,7 @@ def test_backends_import_only_shared_leaves():
     """Backend files never import each other, an api.py, the tuned store or the autotune driver."""
     bad = []
     for mod, path in MODS.items():
-        if not mod.startswith("kvlab.kernels.") or path.name not in BACKENDS:
+        if not mod.startswith("kvlab.kernels.") or not _is_backend(path.name):
             continue
         folder = mod.rsplit(".", 1)[0]
         for d in GRAPH[mod]:
@@ -140,7 +146,8 @@ def test_backends_import_only_shared_leaves():
                 continue
             leaf = d.split(".")[2] if d.count(".") >= 2 else ""
             same_folder_codecs = d == f"{folder}.gluon_codecs" and path.name == "gluon.py"
-            if leaf not in KERNEL_LEAVES and not same_folder_codecs:
+            own_triton = d == f"{folder}.triton" and path.name.startswith("triton_")
+            if leaf not in KERNEL_LEAVES and not same_folder_codecs and not own_triton:
                 bad.append(f"{mod} -> {d}")
     assert not bad, "backend imports beyond the shared leaves:\n" + "\n".join(sorted(bad))
 
@@ -159,8 +166,10 @@ def test_only_api_and_the_driver_reach_backends():
     bad = []
     for mod, deps in GRAPH.items():
         for d in deps:
-            if d.startswith("kvlab.kernels.") and MODS[d].name in BACKENDS - {"gluon_codecs.py"}:
+            if d.startswith("kvlab.kernels.") and _is_backend(MODS[d].name) and MODS[d].name != "gluon_codecs.py":
                 ok = mod == d.rsplit(".", 1)[0] + ".api" or mod == "kvlab.kernels.autotune"
+                ok = ok or (MODS.get(mod) is not None and MODS[mod].name.startswith("triton_")
+                            and d == mod.rsplit(".", 1)[0] + ".triton")  # a Triton backend's own further kernels
                 if not ok:
                     bad.append(f"{mod} -> {d}")
     assert not bad, bad

@@ -136,7 +136,7 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
-        from . import chan_walk, row_walk
+        from . import triton_chan_walk as chan_walk, triton_row_walk as row_walk
         if chan_walk.ENABLED and cfg is None and chan_walk.why_not(spec_r, D) is None:  # KIVI keys by a token walk
             chan_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size)
             return backend

@@ -1,4 +1,4 @@
-"""The channel-axis token walk (`store/chan_walk.py`) == the oracle bit for bit: KIVI's presets, a grid of int
+"""The channel-axis token walk (`store/triton_chan_walk.py`) == the oracle bit for bit: KIVI's presets, a grid of int
 channel-axis specs (sym / asym, 2 / 4 / 8 bits, groups 16-128, GGML packing, rounding modes, bf16 scales), edge
 values (zero extremes with both signs of zero, NaN, inf, tiny and huge groups), skipped groups, odd head counts and
 head_dims, 16-bit inputs; and what it refuses."""
@@ -11,7 +11,7 @@ from test_store_edge import edge_input
 
 import kvlab
 from kvlab.cache.layout import PageLayout
-from kvlab.kernels.store import chan_walk
+from kvlab.kernels.store import triton_chan_walk as chan_walk
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

@@ -1,4 +1,4 @@
-"""The token-axis row walk (`store/row_walk.py`, one group a thread) == the oracle bit for bit: the presets it takes
+"""The token-axis row walk (`store/triton_row_walk.py`, one group a thread) == the oracle bit for bit: the presets it takes
 (int2 / int3 / int4 / int8, q4_1, q8_0, mxfp4, nvfp4, nf4, iq4nl), a grid of int and codebook specs (sym / asym,
 groups 16-64, GGML packing, rounding modes, scale dtypes, two bit planes), edge values, skipped and partial tiles, odd
 head counts, 16-bit inputs; and what it refuses."""
@@ -11,7 +11,7 @@ from test_store_edge import edge_input
 
 import kvlab
 from kvlab.cache.layout import PageLayout
-from kvlab.kernels.store import row_walk
+from kvlab.kernels.store import triton_row_walk as row_walk
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 WORTH = row_walk.worth  # the api's policy, before the fixture replaces it
