@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
     ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.triton_chan_walk`)")
     ap.add_argument("--row-walk", action="store_true", help="token-axis specs by the row walk (`store.triton_row_walk`)")
+    ap.add_argument("--one", action="store_true", help="the row walk in one launch (its exact path inline)")
     ap.add_argument("--word-loop", action="store_true", help="the token walk's pass 2 a word at a time (`WORD_LOOP`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
@@ -89,7 +90,8 @@ def main() -> None:
             chan_walk.run(x, pages, torch.arange(T), spec_r, P)
             tile = G * 8 * D
             a.warps = 4
-        elif a.row_walk:  # one program: 32 x WARPS groups, one a thread
+        elif a.row_walk:  # one program: 32 x WARPS groups, one a thread; two launches (main, fixup) unless --one
+            row_walk.TWO_PASS_MIN_TOKENS = 10 ** 9 if a.one else 0
             row_walk.run(x, pages, torch.arange(T), spec_r, P, tensor_scale=kw.get("tensor_scale"))
             tile = 32 * row_walk.WARPS * (min(D, 64) if st.kernel_params(spec_r, D)["ROT"] else G)
             a.warps = row_walk.WARPS

@@ -39,6 +39,11 @@ from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
+# writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
+# pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
+# a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
+TWO_PASS = True
+TWO_PASS_MIN_TOKENS = 512
 LUT = False  # fixed codebooks by their bin table (three gathers an element, which turn the tile through shared
 # memory here) instead of the bisection (`triton._sorted_codes`: selects over broadcast levels; the same codes)
 
@@ -147,7 +152,7 @@ def _plane_words(u, G: tl.constexpr, SH: tl.constexpr, W: tl.constexpr, STR: tl.
 
 
 @triton.jit
-def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, T, st, sh, sd,
+def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, T, st, sh, sd,
                      HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
                      R: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
                      RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
@@ -155,7 +160,27 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
                      HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
                      W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                      ST1: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, RP: tl.constexpr, E: tl.constexpr,
-                     LOGE: tl.constexpr):
+                     LOGE: tl.constexpr, PASS: tl.constexpr):
+    """PASS 0: one launch (a program with a rare element recodes itself by the exact path); 1: the main pass of two
+    (fast codes only, flag_ptr[program] = whether it has a rare element), so the exact path's registers are not the
+    kernel's; 2: the fixup pass, entered by flagged programs only (the exact codes)."""
+    prog = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if PASS != 2 or tl.load(flag_ptr + prog) != 0:
+        _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st, sh,
+                       sd, HK, D, P, G, NG, R, FMT, SYM, RULE, RND, RECIP, SDT, SDIV, ELEM_INT, HAS_TS, OFF, QMAX, XORC,
+                       HW, CBS, LUT, BOUND, W0, SH0, ST0, W1, SH1, ST1, ROT, RC, RP, E, LOGE, PASS)
+
+
+@triton.jit
+def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st, sh, sd,
+                   HK: tl.constexpr, D: tl.constexpr, P: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+                   R: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
+                   RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
+                   HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
+                   HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
+                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
+                   ST1: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, RP: tl.constexpr, E: tl.constexpr,
+                   LOGE: tl.constexpr, PASS: tl.constexpr):
     """Group rows q of head h: token pid R / NG + q // NG, group q % NG (see the module docstring). ROT = log2 D > 0:
     the rows are rotated first (`_rotated_groups`: RP pieces, R = RP x min(D, 64) / G group rows)."""
     h = tl.program_id(1)
@@ -203,10 +228,15 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
-    if HAS_ODD:  # the fast codes, then one check a program for the rare exact path
+    if HAS_ODD and PASS == 2:  # the fixup pass of a flagged program: the exact codes
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
+    elif HAS_ODD:  # the fast codes, then one check a program for the rare exact path
         u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 1, LUT)
-        odd = _odd(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS, BOUND or FMT == 0)
-        if tl.max(tl.where(live[:, None], odd, 0)) > 0:  # rare: every group of the program by the exact path
+        odd = tl.max(tl.where(live[:, None], _odd(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS,
+                                                  BOUND or FMT == 0), 0))
+        if PASS == 1:
+            tl.store(flag_ptr + prog, odd)
+        elif odd > 0:  # rare: every group of the program by the exact path
             u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
     else:
         u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 0, LUT)
@@ -245,16 +275,20 @@ def why_not(spec, D: int) -> str | None:
 
 def worth(spec, D: int) -> bool:
     """Where `api.store` takes the row walk when ENABLED (a spec it can store, `why_not`): int codes in two bit planes
-    (int3, int5, int6) or Hadamard-rotated (int4_had). Offline sm_90 hot paths, instructions an element, row walk
-    against the group-row kernel (`python -m devtools.store_sass_offline SPEC --hot [--row-walk]`; 32 x 4, rotated
-    16 x 2): int3 22.5 / 28.8 (41.0 / 53.8 with the rare paths); int4_had 35.8 / 76.8, int3:g32:asym:rot=had 39.1 /
-    95.2 (the transform's stages on a thread's 64 elements are plain adds, one pair exchange a lane bit); one-plane
-    unrotated ints no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's
-    first index costs more in one thread than the shuffles did); the codebooks more or no fewer (nf4 44.6 / 33.8,
-    mxfp4 60.2 / 38.8, nf4:g32:rot=had 55.8 / 57.0 with spills: their table gathers take a layout of their own, and
-    the [R, G] tile turns through shared memory)."""
+    (int3, int5, int6), Hadamard-rotated ints (int4_had) and rotated codebooks of 4 or 8 levels (lm2, lm3 with
+    rot=had). Offline sm_90, instructions an element, the walk's main pass (two launches, as a prefill's write runs it)
+    against the group-row kernel's hot path (`python -m devtools.store_sass_offline SPEC [--row-walk | --hot]`; 32 x 4,
+    rotated 16 x 2 / 16 x 4): int3 23.2 / 28.8; int4_had 39.6 (140 registers) / 76.8; int3:g32:asym:rot=had 39.1 /
+    95.2; lm2:rot=had 44.2 (104 registers) / 82.5; lm3:rot=had 54.6 (145) / 94.0 (the transform's stages on a thread's
+    64 elements are plain adds, one pair exchange a lane bit). Not the others: one-plane unrotated ints run no fewer
+    (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's first index costs more in one
+    thread than the shuffles did); codebooks by their bin table more (nf4 44.6 / 33.8, mxfp4 60.2 / 38.8: the gathers
+    take a layout of their own and the tile turns through shared memory), and 16-level ones by bisection are too many
+    registers (lm4:rot=had 73.8 at 195 registers / 85.0; nf4:g32:rot=had spills)."""
     p = kernel_params(spec, D)
-    return p["FMT"] == 0 and (p["W1"] > 0 or p["ROT"] > 0)
+    if p["FMT"] == 0:
+        return p["W1"] > 0 or p["ROT"] > 0
+    return p["FMT"] == 3 and p["ROT"] > 0 and 2 <= p["CBS"] <= 8
 
 
 def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,
@@ -278,12 +312,22 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     if dummy is None:
         dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
-    _row_walk_kernel[(triton.cdiv(T * NG, R), Hk)](
-        x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device), T, *x.stride(),
+    grid = (triton.cdiv(T * NG, R), Hk)
+    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1))
+    two = TWO_PASS and rare and T >= TWO_PASS_MIN_TOKENS
+    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
+    for pas in ((1, 2) if two else (0,)):
+        _launch(grid, pas, x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device),
+                flags, T, Hk, D, page_size, G, NG, R, RP, p)
+
+
+def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, page_size, G, NG, R, RP, p):
+    _row_walk_kernel[grid](
+        x, codes, scales, zeros, slots, ts, cb, flags, T, *x.stride(),
         HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
         RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
         BOUND=p["BOUND"],
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
-        ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, num_warps=WARPS,
+        ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, PASS=pas, num_warps=WARPS,
         enable_fp_fusion=False)

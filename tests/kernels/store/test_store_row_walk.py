@@ -32,9 +32,11 @@ def _walk(monkeypatch):
     monkeypatch.setattr(row_walk, "worth", lambda spec, D: True)
 
 
-def test_worth_picks_two_plane_and_rotated_ints():
-    assert WORTH(_spec("int3"), 128) and WORTH(spec_of("int5:g32:asym"), 128) and WORTH(_spec("int4_had"), 128)
-    assert not any(WORTH(_spec(n), 128) for n in ("int2", "q4_0", "nf4", "mxfp4"))
+def test_worth_picks_two_plane_and_rotated_ints_and_small_rotated_codebooks():
+    assert all(WORTH(spec_of(t) if ":" in t else _spec(t), 128)
+               for t in ("int3", "int5:g32:asym", "int4_had", "lm2:rot=had", "lm3:rot=had"))
+    assert not any(WORTH(spec_of(t) if ":" in t else _spec(t), 128)
+                   for t in ("int2", "q4_0", "nf4", "mxfp4", "lm4:rot=had", "nf4:g32:rot=had", "lm2"))
 
 
 def _spec(text):
@@ -113,3 +115,15 @@ def test_row_walk_refuses_with_the_reason(text, why):
 
 def test_row_walk_refuses_rotations_it_cannot_fuse():
     assert "rotated" in row_walk.why_not(spec_of("int4:g32:asym:rot=had"), 96)  # not one power-of-two block
+
+
+@pytest.mark.parametrize("name", ["int3", "int4_had", "lm2:rot=had", "nf4", "mxfp4"])
+def test_row_walk_two_launches(name, monkeypatch):
+    """A prefill-sized write codes in two launches (`TWO_PASS`): the main pass flags programs with a rare element,
+    the fixup pass recodes only those by the exact path. Forced on a small write with edge groups (tiny scales, NaN,
+    inf: rare elements) and a write with none: the bytes equal the oracle's either way."""
+    monkeypatch.setattr(row_walk, "TWO_PASS_MIN_TOKENS", 0)
+    spec = _spec(name)
+    x = edge_input(spec)
+    _check(spec, T=x.shape[0], Hk=1, D=64, x=x)
+    _check(spec, T=40, seed=3)
