@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--chan-j", action="store_true", help="channel tiles loaded as [bytes, channels] (`CHAN_J`)")
     ap.add_argument("--chan-walk", action="store_true", help="channel-axis specs by the token walk (`store.triton_chan_walk`)")
     ap.add_argument("--row-walk", action="store_true", help="token-axis specs by the row walk (`store.triton_row_walk`)")
-    ap.add_argument("--one", action="store_true", help="the row walk in one launch (its exact path inline)")
+    ap.add_argument("--one", action="store_true", help="the walks in one launch (their exact paths inline)")
     ap.add_argument("--word-loop", action="store_true", help="the token walk's pass 2 a word at a time (`WORD_LOOP`)")
     ap.add_argument("--two", action="store_true", help="the two-pass store (`TWO_PASS`): main pass and fixup pass")
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (spills show as LOCAL)")
@@ -86,6 +86,7 @@ def main() -> None:
         kernels.clear()
         if a.chan_walk:  # one program: G tokens x min(Hk, 1024 / D) heads of channels, 8 channels a thread
             chan_walk.MAXNREG = a.maxnreg
+            chan_walk.TWO_PASS_MIN_TOKENS = 10 ** 9 if a.one else 0
             chan_walk.WORD_LOOP = a.word_loop
             chan_walk.run(x, pages, torch.arange(T), spec_r, P)
             tile = G * 8 * D

@@ -43,6 +43,11 @@ ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "0") not in ("", "0")
 LANE_ELEMS = 8  # channels a thread holds: one 16-byte load of a 16-bit token row
 MAXNREG = None  # a register cap per thread (None: the compiler's choice)
 WORD_LOOP = False  # pass 2 a packed word at a time, each word stored alone (fewer registers; constexpr WL)
+# writes of TWO_PASS_MIN_TOKENS tokens or more code in two launches: the main pass without the IEEE-division path's
+# registers (offline kivi4: 255 registers and a 120-byte stack with it compiled in, 210 without), then a fixup pass
+# that only programs with an out-of-range scale enter; shorter writes keep one launch
+TWO_PASS = True
+TWO_PASS_MIN_TOKENS = 512
 
 
 @triton.jit
@@ -121,12 +126,50 @@ def _words(xb, lm, st, sr, sv, mr, mv, se, cb_ptr, NW: tl.constexpr, W: tl.const
 
 
 @triton.jit
-def _chan_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, st, sh, sd,
+def _chan_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, st, sh, sd,
                       HK: tl.constexpr, HB: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, P: tl.constexpr,
                       G: tl.constexpr, W: tl.constexpr, STR: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr,
                       RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr, SDT: tl.constexpr,
                       SDIV: tl.constexpr, ELEM_INT: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr,
-                      XORC: tl.constexpr, HW: tl.constexpr, NATIVE: tl.constexpr, WL: tl.constexpr):
+                      XORC: tl.constexpr, HW: tl.constexpr, NATIVE: tl.constexpr, WL: tl.constexpr,
+                      PASS: tl.constexpr):
+    """PASS 0: one launch (a program whose scale is out of Markstein's range codes by IEEE division itself); 1: the
+    main pass of two (fast codes only; flag_ptr[program] = whether it needs the exact path), so the exact path's
+    registers are not the kernel's; 2: the fixup pass, entered by flagged programs only."""
+    prog = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if PASS != 2 or tl.load(flag_ptr + prog) != 0:
+        _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, st, sh, sd,
+                        HK, HB, D, DP, P, G, W, STR, FMT, SYM, RULE, RND, RECIP, SDT, SDIV, ELEM_INT, OFF, QMAX, XORC,
+                        HW, NATIVE, WL, PASS)
+
+
+@triton.jit
+def _emit(xb, rok, live, unit, codes_ptr, st, sr, sv, mr, mv, se, cb_ptr, NW: tl.constexpr, W: tl.constexpr,
+          NB: tl.constexpr, STR: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
+          RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
+          HW: tl.constexpr, WL: tl.constexpr, MODE: tl.constexpr):
+    """Pass 2 with codes by MODE: every channel's packed words, made and stored (whole, or WL a word at a time)."""
+    if WL:  # a word at a time (fewer registers live), each stored as it is made
+        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + unit * NW
+        for wi in tl.range(NW, loop_unroll_factor=1):
+            wd = _word_at(xb, rok, st, wi, sr, sv, mr, mv, se, cb_ptr, W, NB, STR, FMT, SYM, RULE, RND, RECIP, OFF,
+                          QMAX, XORC, HW, MODE)
+            tl.store(wp + wi, wd, mask=live)
+    else:
+        words = _words(xb, rok, st, sr, sv, mr, mv, se, cb_ptr, NW, W, NB, STR, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
+                       XORC, HW, MODE)
+        wptr = codes_ptr.to(tl.pointer_type(tl.int32)) + unit[:, :, None] * NW + tl.arange(0, NW)[None, None, :]
+        tl.store(wptr, words, mask=live[:, :, None])
+
+
+@triton.jit
+def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, st, sh, sd,
+                    HK: tl.constexpr, HB: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, P: tl.constexpr,
+                    G: tl.constexpr, W: tl.constexpr, STR: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr,
+                    RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr, SDT: tl.constexpr,
+                    SDIV: tl.constexpr, ELEM_INT: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr,
+                    XORC: tl.constexpr, HW: tl.constexpr, NATIVE: tl.constexpr, WL: tl.constexpr,
+                    PASS: tl.constexpr):
     """Group grp (tokens grp G .. grp G + G - 1, one slot block), heads hb HB .. hb HB + HB - 1: scales, zeros and
     packed codes of every channel (see the module docstring)."""
     grp = tl.program_id(0)
@@ -177,29 +220,24 @@ def _chan_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr,
                                       ELEM_INT, False)
     NB: tl.constexpr = G * W // 8  # bytes of a channel's group
     NW: tl.constexpr = NB // 4
-    words_ptr = codes_ptr.to(tl.pointer_type(tl.int32)) + unit[:, :, None] * NW + tl.arange(0, NW)[None, None, :]
-    exact = 0
-    if RARE_PATHS and not RECIP:  # one check a program: a reciprocal out of Markstein's range
-        exact = tl.max(tl.where(live, _odd(s_val, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT, SYM, RECIP, OFF, 0),
-                                0))
-    if WL:  # a word at a time (fewer registers live), each stored as it is made
-        wp = codes_ptr.to(tl.pointer_type(tl.int32)) + unit * NW
-        for wi in tl.range(NW, loop_unroll_factor=1):
-            if exact > 0:
-                wd = _word_at(xb, rok, st, wi, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, W, NB, STR, FMT, SYM, RULE,
-                              RND, RECIP, OFF, QMAX, XORC, HW, 2)
-            else:
-                wd = _word_at(xb, rok, st, wi, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, W, NB, STR, FMT, SYM, RULE,
-                              RND, RECIP, OFF, QMAX, XORC, HW, 1)
-            tl.store(wp + wi, wd, mask=live)
+    if PASS == 2:  # the fixup pass of a flagged program: IEEE division
+        _emit(xb, rok, live, unit, codes_ptr, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT, SYM,
+              RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 2)
     else:
-        if exact > 0:  # rare: the whole group by IEEE division
-            words = _words(xb, rok, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT, SYM, RULE, RND,
-                           RECIP, OFF, QMAX, XORC, HW, 2)
+        exact = 0
+        if RARE_PATHS and not RECIP:  # one check a program: a reciprocal out of Markstein's range
+            exact = tl.max(tl.where(live, _odd(s_val, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT, SYM, RECIP, OFF,
+                                               0), 0))
+        if PASS == 1:
+            tl.store(flag_ptr + prog, exact)
+            _emit(xb, rok, live, unit, codes_ptr, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT,
+                  SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 1)
+        elif exact > 0:  # rare: the whole group by IEEE division
+            _emit(xb, rok, live, unit, codes_ptr, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT,
+                  SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 2)
         else:
-            words = _words(xb, rok, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT, SYM, RULE, RND,
-                           RECIP, OFF, QMAX, XORC, HW, 1)
-        tl.store(words_ptr, words, mask=live[:, :, None])
+            _emit(xb, rok, live, unit, codes_ptr, st, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, NW, W, NB, STR, FMT,
+                  SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 1)
 
 
 def why_not(spec, D: int) -> str | None:
@@ -238,10 +276,14 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     dummy = _DUMMY.get(x.device)
     if dummy is None:
         dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
-    _chan_walk_kernel[(T // G, triton.cdiv(Hk, HB))](
-        x, codes, scales, zeros, slot_mapping.contiguous(), dummy, dummy, *x.stride(),
-        HK=Hk, HB=HB, D=D, DP=DP, P=page_size, G=G, W=spec.bits, STR=bool(p["ST0"]), FMT=p["FMT"], SYM=p["SYM"],
-        RULE=p["RULE"], RND=p["RND"], RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"],
-        OFF=p["OFF"], QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), NATIVE=not interpreting(), WL=bool(WORD_LOOP),
-        num_warps=warps,
-        enable_fp_fusion=False, **({} if MAXNREG is None or interpreting() else {"maxnreg": MAXNREG}))
+    grid = (T // G, triton.cdiv(Hk, HB))
+    two = TWO_PASS and RARE_PATHS and not p["RECIP"] and T >= TWO_PASS_MIN_TOKENS
+    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
+    for pas in ((1, 2) if two else (0,)):
+        _chan_walk_kernel[grid](
+            x, codes, scales, zeros, slot_mapping.contiguous(), dummy, dummy, flags, *x.stride(),
+            HK=Hk, HB=HB, D=D, DP=DP, P=page_size, G=G, W=spec.bits, STR=bool(p["ST0"]), FMT=p["FMT"], SYM=p["SYM"],
+            RULE=p["RULE"], RND=p["RND"], RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"],
+            OFF=p["OFF"], QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), NATIVE=not interpreting(),
+            WL=bool(WORD_LOOP), PASS=pas, num_warps=warps, enable_fp_fusion=False,
+            **({} if MAXNREG is None or interpreting() else {"maxnreg": MAXNREG}))

@@ -90,3 +90,17 @@ def test_walk_word_at_a_time_bit_exact(text, monkeypatch):
     monkeypatch.setattr(chan_walk, "WORD_LOOP", True)
     spec = spec_of(kvlab.scheme(text).k if text.startswith("kivi") else text)
     _check(spec, T=2 * spec.group, Hk=3, D=64, seed=7)
+
+
+@pytest.mark.parametrize("word_loop", [False, True])
+@pytest.mark.parametrize("text", ["int4:g32:chan:asym", "int2:g32:chan:asym", "int4:g32:chan:sym:rnd=away"])
+def test_walk_two_launches(text, word_loop, monkeypatch):
+    """A prefill-sized write codes in two launches (`TWO_PASS`): the main pass flags programs whose scale is out of
+    Markstein's range, the fixup pass recodes those by IEEE division. Forced on a small write with edge groups (tiny
+    and huge scales) and on one without: the oracle's bytes either way."""
+    monkeypatch.setattr(chan_walk, "TWO_PASS_MIN_TOKENS", 0)
+    monkeypatch.setattr(chan_walk, "WORD_LOOP", word_loop)
+    spec = spec_of(text)
+    x = edge_input(spec)
+    _check(spec, T=x.shape[0], Hk=1, D=64, x=x)
+    _check(spec, T=64, seed=5)
