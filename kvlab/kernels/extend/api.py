@@ -138,9 +138,16 @@ def _dispatch(q, k_new, v_new, qo_indptr, kv, host_lens, out, sm_scale, backend,
     if backend == "onecall" or (backend == "auto" and onecall.ENABLED and host_lens is not None and on_gpu()
                                 and q.is_cuda and not blocked and _worth_dense(kv, qo_indptr, Hq // Hk, max_qo_len)
                                 and onecall.why_not(q, kv, host_lens[0]) is None):
-        res = onecall.run(q, k_new, v_new, qo_indptr, kv, sm_scale, host_lens, out, dense.BUCKET)
-        need(res is not None or backend == "auto", lambda: "backend='onecall': cuDNN refused this attention shape "
-             f"(Hq {Hq}, Hk {Hk}, D {q.shape[-1]}) or its workspace exceeds onecall.MAX_WORKSPACE")
+        if backend == "onecall":
+            res = onecall.run(q, k_new, v_new, qo_indptr, kv, sm_scale, host_lens, out, dense.BUCKET)
+            need(res is not None, lambda: "backend='onecall': cuDNN refused this attention shape "
+                 f"(Hq {Hq}, Hk {Hk}, D {q.shape[-1]}) or its workspace exceeds onecall.MAX_WORKSPACE")
+            return res
+        try:  # auto: anything the one-call path cannot do (a refused shape, memory) falls back to the dense path
+            res = onecall.run(q, k_new, v_new, qo_indptr, kv, sm_scale, host_lens, out, dense.BUCKET)
+        except Exception as e:  # noqa: BLE001 - said once (`onecall.fell_back`), never silently per call
+            onecall.fell_back(e)
+            res = None
         if res is not None:
             return res
     prefix = chunk = None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 import triton
@@ -59,7 +60,7 @@ _REFUSED: set = set()     # attention-call keys cuDNN refused: those calls fall 
 
 @triton.jit
 def _workspace_kernel(WK, WV, SKV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IND, INDPTR, LAST,
-                      KFP, VFP, FPLEN, KN, VN, QO,
+                      KFP, VFP, FPLEN, KN, VN, QO, SA,
                       kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, sw0, sw1, sw2,
                       kf0, kf1, kf2, vf0, vf1, vf2, skn0, skn1, svn0, svn1, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1,
                       KCFG: tl.constexpr, VCFG: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
@@ -68,7 +69,7 @@ def _workspace_kernel(WK, WV, SKV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM,
                       RC: tl.constexpr):
     """Workspace tokens t0..t0+BT of sequence n, KV head hk -> WK / WV [n, hk, t, :] (strides sw0, sw1, sw2): the
     dequantized pages for t < L, the full-precision buffer for L <= t < L + F, the chunk's keys / values (KN / VN rows
-    QO[n] + j) for L + F <= t < S = L + F + C; nothing past S. Pages' tiles come in the tile column order and, for a
+    QO[n] + j) for L + F <= t < S = L + F + C; zeros from S to SA (the workspace's tokens). Pages' tiles come in the tile column order and, for a
     Hadamard spec, the rotated space: (KM, KH) / (VM, VH) put the columns back in registers (`tiles.permute`; M 0:
     scattered through the perm), KROT / VROT = log2 D un-rotate (`fwht_rows`, H symmetric, RC = 1 / sqrt(D)). The
     program (0, 0, n) writes S to SKV[n] (cuDNN's seq_len_kv)."""
@@ -119,7 +120,7 @@ def _workspace_kernel(WK, WV, SKV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM,
         tm = (t < L)[:, None]
         tl.store(WK + t[:, None] * sw2 + kcol[None, :], k.to(WK.dtype.element_ty), mask=tm)
         tl.store(WV + t[:, None] * sw2 + vcol[None, :], v.to(WV.dtype.element_ty), mask=tm)
-    if (t0 + BT > L) & (t0 < S):  # the buffer and the chunk, in the model's space already
+    if t0 + BT > L:  # the buffer and the chunk, in the model's space already; zeros past S
         j = t - L
         fm = (j >= 0) & (j < F)
         jc = j - F
@@ -133,9 +134,21 @@ def _workspace_kernel(WK, WV, SKV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM,
             vf = tl.load(VFP + n * vf0 + hk * vf1 + j[:, None] * vf2 + d[None, :], mask=fm[:, None], other=0.0)
             k = tl.where(fm[:, None], kf.to(WK.dtype.element_ty), k)
             v = tl.where(fm[:, None], vf.to(WV.dtype.element_ty), v)
-        wm = (fm | cm)[:, None]
-        tl.store(WK + t[:, None] * sw2 + d[None, :], k, mask=wm)
+        wm = ((t >= L) & (t < SA))[:, None]  # past S: zeros (cuDNN masks those scores, but a tile that straddles S
+        tl.store(WK + t[:, None] * sw2 + d[None, :], k, mask=wm)  # still multiplies its values: 0 x NaN would be NaN)
         tl.store(WV + t[:, None] * sw2 + d[None, :], v, mask=wm)
+
+
+_WARNED: list = []  # the first exception the auto dispatch caught (`fell_back`)
+
+
+def fell_back(err: Exception) -> None:
+    """The auto dispatch caught `err` from `run` and takes the dense path instead: said once a process as a warning
+    (the dense path's result is right; what is lost is the one call's speed)."""
+    if not _WARNED:
+        _WARNED.append(err)
+        warnings.warn(f"extend: the one-call path failed ({err!r}); the auto dispatch falls back to the dense path",
+                      RuntimeWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -171,6 +184,8 @@ def why_not(q: torch.Tensor, kv: PagedKV, qo_host: list | None) -> str | None:
         lens = [e - a for a, e in zip(qo_host, qo_host[1:])]
         if not lens or lens[0] == 0 or any(n != lens[0] for n in lens):
             return f"the one-call extend takes chunks of one nonzero length; got {lens[:8]}"
+        if qo_host[0] != 0 or qo_host[-1] != C:
+            return f"the one-call extend takes chunks that cover q's {C} rows exactly; qo_indptr ends at {qo_host[-1]}"
     return None
 
 
@@ -185,8 +200,8 @@ def workspace_tokens(host_lens, kv: PagedKV, bucket: int) -> int:
 
 
 def build_workspace(q, k_new, v_new, qo_indptr, kv: PagedKV, S: int, wk=None, wv=None) -> tuple:
-    """One launch: every sequence's keys and values (pages, buffer, chunk) -> (wk, wv [B, Hk, S, D] in q's dtype,
-    seq_kv [B] int32: the tokens written per sequence). wk / wv: preallocated [B, Hk, S, D] (tests poison them)."""
+    """One launch: every sequence's keys and values (pages, buffer, chunk, then zeros to S) -> (wk, wv [B, Hk, S, D] in
+    q's dtype, seq_kv [B] int32: each sequence's tokens). wk / wv: preallocated [B, Hk, S, D] (tests poison them)."""
     D = q.shape[-1]
     B, Hk = qo_indptr.shape[0] - 1, kv.n_kv_heads
     if wk is None:
@@ -203,7 +218,7 @@ def build_workspace(q, k_new, v_new, qo_indptr, kv: PagedKV, S: int, wk=None, wv
     _workspace_kernel[(triton.cdiv(S, BT), Hk, B)](
         wk, wv, skv, K["c"], K["s"], K["z"], K["lut"], K["perm"], V["c"], V["s"], V["z"], V["lut"], V["perm"],
         wk if K["ts"] is None else K["ts"], wk if V["ts"] is None else V["ts"], kv.kv_indices, kv.kv_indptr,
-        kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else skv, k_new, v_new, qo_indptr,
+        kv.kv_last_page_len, kf, vf, kv.fp_len if has_fp else skv, k_new, v_new, qo_indptr, wk.shape[2],
         *K["cs"], *K["ss"], *V["cs"], *V["ss"], wk.stride(0), wk.stride(1), wk.stride(2),
         *(kf.stride()[:3] if has_fp else (0, 0, 0)), *(vf.stride()[:3] if has_fp else (0, 0, 0)),
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), *slot_args(K, V),
@@ -261,15 +276,18 @@ def _graph(cudnn, key, q4, wk, skv4, o4, sm_scale: float):
     return ent
 
 
-def _attend_cudnn(q4, wk, wv, skv, sm_scale: float, o4) -> bool:
+def _call_key(q4, ws_shape: tuple, o4, sm_scale: float) -> tuple:
+    """What a cuDNN graph of the attention call is built for: shapes, strides, dtype, scale, device and the 16-byte
+    alignment of q and out (a plan built for aligned pointers is not taken for others)."""
+    return (str(q4.device), tuple(q4.shape), q4.stride(), ws_shape, o4.stride(), q4.dtype, float(sm_scale),
+            q4.data_ptr() % 16 == 0, o4.data_ptr() % 16 == 0)
+
+
+def _attend_cudnn(q4, wk, wv, skv, sm_scale: float, o4, key: tuple) -> bool:
     """The cuDNN frontend's SDPA with padding masks and the bottom-right causal diagonal into o4; False where cuDNN
-    refused the shape (remembered)."""
+    refused the shape (remembered under `key`, `_call_key`)."""
     cudnn = frontend()
     B, Hq, C, D = q4.shape
-    key = (str(q4.device), tuple(q4.shape), q4.stride(), tuple(wk.shape), wk.stride(), o4.stride(), q4.dtype,
-           float(sm_scale))
-    if key in _REFUSED:
-        return False
     try:
         g, (tq, tk, tv, tsq, tskv, to), nbytes, handle = _graph(cudnn, key, q4, wk, skv.view(B, 1, 1, 1), o4,
                                                                  sm_scale)
@@ -298,14 +316,17 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, host_lens, out
     S = workspace_tokens(host_lens, kv, bucket)
     if 2 * B * Hk * S * D * q.element_size() > MAX_WORKSPACE:
         return None
-    wk, wv, skv = build_workspace(q, k_new, v_new, qo_indptr, kv, S)
     direct = out is not None and out.stride(-1) == 1
     o = out if direct else torch.empty_like(q)
     q4 = q.unflatten(0, (B, C)).transpose(1, 2)  # [B, Hq, C, D] views of the model's [B C, Hq, D]
     o4 = o.unflatten(0, (B, C)).transpose(1, 2)
+    key = _call_key(q4, (B, Hk, S, D), o4, sm_scale)
+    if key in _REFUSED:  # cuDNN refused this shape before: no workspace pass
+        return None
+    wk, wv, skv = build_workspace(q, k_new, v_new, qo_indptr, kv, S)
     if not q.is_cuda:
         _attend_emulated(q4, wk, wv, skv, sm_scale, o4)
-    elif not _attend_cudnn(q4, wk, wv, skv, sm_scale, o4):
+    elif not _attend_cudnn(q4, wk, wv, skv, sm_scale, o4, key):
         return None
     if out is not None and not direct:
         out.copy_(o)

@@ -137,11 +137,12 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
         from . import triton_chan_walk as chan_walk, triton_row_walk as row_walk
-        if chan_walk.ENABLED and cfg is None and chan_walk.why_not(spec_r, D) is None:  # KIVI keys by a token walk
+        if (chan_walk.ENABLED and cfg is None and chan_walk.why_not(spec_r, D) is None
+                and chan_walk.fits(pages)):  # KIVI keys by a token walk
             chan_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size)
             return backend
         if (row_walk.ENABLED and cfg is None and row_walk.why_not(spec_r, D) is None
-                and row_walk.worth(spec_r, D)):  # a group a thread
+                and row_walk.worth(spec_r, D) and row_walk.fits(pages)):  # a group a thread
             row_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size, tensor_scale=ts)
             return backend
         key = store_key(spec_r, Hk, D, T)

@@ -258,6 +258,11 @@ def why_not(spec, D: int) -> str | None:
     return None
 
 
+def fits(pages: dict) -> bool:
+    """The pages' codes start on a 4-byte boundary (the packed words are stored as int32)."""
+    return pages["codes"].data_ptr() % 4 == 0
+
+
 def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int) -> None:
     """Launch the token walk: x [T, Hk, D] (T a multiple of the group), pages of `PageLayout(spec, D, page_size, Hk)`,
     slot_mapping [T] (whole groups of consecutive slots from a multiple of G; -1 skips a group), as `triton.run`

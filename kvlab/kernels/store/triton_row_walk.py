@@ -264,6 +264,8 @@ def why_not(spec, D: int) -> str | None:
     G = spec.group_size(D)
     if G not in (16, 32, 64) or D % G:
         return f"{spec}: groups of 16, 32 or 64 elements dividing head_dim {D}"
+    if (D // G) & (D // G - 1):
+        return f"{spec}: a power-of-two count of groups a row (head_dim {D} / {G} = {D // G}): a program's rows are whole"
     p = kernel_params(spec, D)
     if p["FMT"] not in (0, 3) or p["W2"] > 0 or (p["FMT"] == 3 and p["CBS"] < 1):
         return f"{spec}: int codes or a sorted codebook, in one or two bit planes"
@@ -271,6 +273,11 @@ def why_not(spec, D: int) -> str | None:
         if w and (G * w) % 32:
             return f"{spec}: every bit plane a whole number of 32-bit words (G x bits = {G * w})"
     return None
+
+
+def fits(pages: dict) -> bool:
+    """The pages' codes start on a 4-byte boundary (the packed words are stored as int32)."""
+    return pages["codes"].data_ptr() % 4 == 0
 
 
 def worth(spec, D: int) -> bool:

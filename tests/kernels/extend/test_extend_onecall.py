@@ -77,8 +77,9 @@ def test_onecall_matches_reference(c):
 
 @pytest.mark.parametrize("c", [CASES[i] for i in (0, 2, 3, 7, 10)], ids=[_id(CASES[i]) for i in (0, 2, 3, 7, 10)])
 def test_workspace_holds_each_sequences_keys_in_the_models_space(c):
-    """The workspace launch writes, per sequence, exactly its S = L + F + C tokens: the oracle's dequantized pages (in
-    the model's space and channel order), the buffer, then the chunk; positions past S keep their poison."""
+    """The workspace launch writes, per sequence, its S = L + F + C tokens: the oracle's dequantized pages (in the
+    model's space and channel order), the buffer, then the chunk; and zeros past S to the workspace's end (a value
+    left there would meet cuDNN's masked scores in a tile that straddles S: 0 x NaN)."""
     if DEV == "cuda":
         pytest.skip("float32 workspace equality: checked on the CPU")
     sch, P, q, kn, vn, qo, args, kw = _setup(c)
@@ -100,7 +101,7 @@ def test_workspace_holds_each_sequences_keys_in_the_models_space(c):
         assert int(skv[b]) == n
         torch.testing.assert_close(wk[b, :, :n], k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(wv[b, :, :n], v, rtol=1e-5, atol=1e-5)
-        assert torch.isnan(wk[b, :, n:]).all() and torch.isnan(wv[b, :, n:]).all(), "wrote past the sequence"
+        assert (wk[b, :, n:] == 0).all() and (wv[b, :, n:] == 0).all(), "the workspace past the sequence is not zero"
 
 
 def test_workspace_tokens_cover_the_bucket():
@@ -142,6 +143,7 @@ def test_why_not_names_what_is_missing(monkeypatch):
     kv = check_prefix(q, *args, sch.k, sch.v, P, None, None, None, None, None, 1)
     assert onecall.why_not(q, kv, [0, 5]) is None
     assert "nonzero length" in onecall.why_not(q, kv, [0, 0])
+    assert "cover q's 5 rows" in onecall.why_not(q, kv, [0, 4])  # a padded q: chunks end before its rows do
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     if DEV == "cpu":
         assert "needs a CUDA GPU" in onecall.why_not(q, kv, [0, 5])

@@ -117,6 +117,19 @@ def test_row_walk_refuses_rotations_it_cannot_fuse():
     assert "rotated" in row_walk.why_not(spec_of("int4:g32:asym:rot=had"), 96)  # not one power-of-two block
 
 
+def test_row_walk_refuses_a_non_power_of_two_group_count():
+    """Head_dim 96 in groups of 32 (3 a row) would leave a program's last token split across programs."""
+    assert "power-of-two count of groups" in row_walk.why_not(_spec("int3"), 96)
+
+
+def test_walks_need_word_aligned_codes():
+    spec = _spec("int3")
+    x, slots, lay, n_pages, kw = make_input(spec, 33, 2, 64)
+    pages = lay.allocate(n_pages, DEV)
+    assert row_walk.fits(pages)
+    assert not row_walk.fits(dict(pages, codes=pages["codes"].view(-1)[1:]))
+
+
 @pytest.mark.parametrize("name", ["int3", "int4_had", "lm2:rot=had", "nf4", "mxfp4"])
 def test_row_walk_two_launches(name, monkeypatch):
     """A prefill-sized write codes in two launches (`TWO_PASS`): the main pass flags programs with a rare element,
