@@ -47,7 +47,7 @@ from ..env import interpreting
 from ..tiles.exact import (as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, rint_i32_hw,
                            round_away)
 from ..tiles.rotate import byte_tiles, fwht_rows, fwht_rows_in_place
-from ..tiles.bracket import bins_for, bracket_table, lut_codes
+from ..tiles.bracket import bins_for, bracket_table, lut_codes, wide_table
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -246,7 +246,8 @@ def _rounded(v, RND: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr):
 @triton.jit
 def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr,
            RND: tl.constexpr, RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-           HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0, LUT: tl.constexpr = 0):
+           HW: tl.constexpr, CBS: tl.constexpr, MODE: tl.constexpr = 0, LUT: tl.constexpr = 0,
+           WIDE: tl.constexpr = False):
     """Unsigned int32 codes of x (per-group tensors broadcast against x). HW: the GPU's conversions (fp8 codes, and
     round-half-even int codes by `cvt.rni`), sm_90+ GPUs only.
     CBS: how a codebook code is found: 0 the 16-entry search, 1 fp4 e2m1 in GGML order (a binary search over its
@@ -254,7 +255,7 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
     calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
     exact path only. LUT > 0: a fixed codebook's two levels around x come from its bin table of LUT bins
-    (`tiles.bracket.lut_codes`), not the bisection (the same codes)."""
+    (`tiles.bracket.lut_codes`), not the bisection (the same codes); WIDE (with HW): in one 16-byte PTX load."""
     if FMT == 0 and CBS >= 2:  # a calibrated int: the nearest of its CBS levels scaled by the stored scale, as the
         num = x if SYM else x - m_val  # codebooks (the oracle's |s * t_j - (x - m)|; no offset, no two's complement)
         if MODE == 2:
@@ -317,7 +318,7 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
     elif CBS == 1:  # fp4 e2m1 (GGML index order): the magnitude by the binary search over the 8 ascending scaled
         # magnitudes cb[0..7] (a tie keeps the smaller, as the search's first index), the sign as index + 8 (-0 is 0)
         if LUT > 0:
-            mag = lut_codes(tl.abs(x), s_eff, cb_ptr, 8, LUT)
+            mag = lut_codes(tl.abs(x), s_eff, cb_ptr, 8, LUT, HW and WIDE)
         else:
             mag = _sorted_codes(tl.abs(x), s_eff, cb_ptr, 8)
         u = tl.where((x < 0) & (mag > 0), mag + 8, mag)
@@ -326,7 +327,7 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
                 u = _cb_search(x, s_eff, cb_ptr)
     elif CBS >= 2:  # an ascending codebook of CBS levels (nf4, iq4nl, Lloyd-Max): a binary search, as the search picks
         if LUT > 0:
-            u = lut_codes(x, s_eff, cb_ptr, CBS, LUT)
+            u = lut_codes(x, s_eff, cb_ptr, CBS, LUT, HW and WIDE)
         else:
             u = _sorted_codes(x, s_eff, cb_ptr, CBS)
         if RARE_PATHS and MODE == 0:
@@ -1063,13 +1064,18 @@ def lut_bins(fmt: str) -> int:
 
 
 def _codebook(fmt: str, device) -> torch.Tensor:
-    """float32 [16 (+ K)]: the format's 16 codebook entries, then its bracket table's K int32 bins (`tiles.bracket`)."""
+    """float32 [16 (+ 5 K)]: the format's 16 codebook entries, then its bracket table's K int32 bins and the same bins
+    as K 16-byte entries (`tiles.bracket.wide_table`)."""
     key = (fmt, str(device), lut_bins(fmt))
     if key not in _CODEBOOKS:
         t = torch.tensor(codebook16(fmt) if fmt in CODEBOOKS else (0.0,) * 16, dtype=torch.float32)
-        if key[2]:
-            lut = torch.tensor(bracket_table(_levels(fmt)), dtype=torch.int32).view(torch.float32)
-            t = torch.cat([t, lut])
+        if key[2]:  # the K int32 bins, then the same bins as 16-byte (index, level, next level, 0) entries
+            table = bracket_table(_levels(fmt))
+            lut = torch.tensor(table, dtype=torch.int32).view(torch.float32)
+            wide = torch.zeros(len(table), 4, dtype=torch.float32)
+            wide[:, 1:3] = torch.tensor([e[1:] for e in wide_table(_levels(fmt), table)], dtype=torch.float32)
+            wide[:, 0] = torch.tensor(table, dtype=torch.int32).view(torch.float32)
+            t = torch.cat([t, lut, wide.reshape(-1)])
         _CODEBOOKS[key] = t.to(device)
     return _CODEBOOKS[key]
 

@@ -44,8 +44,9 @@ WARPS = 4  # warps a program: R = 32 x WARPS groups
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
 TWO_PASS = True
 TWO_PASS_MIN_TOKENS = 512
-LUT = False  # fixed codebooks by their bin table (three gathers an element, which turn the tile through shared
-# memory here) instead of the bisection (`triton._sorted_codes`: selects over broadcast levels; the same codes)
+LUT = True  # fixed codebooks by their bin table, read on the GPU by one 16-byte PTX load an element that keeps the
+# tile's layout (`tiles.bracket.lut_codes` WIDE; Triton's own gathers took a layout of their own and turned the tile
+# through shared memory); False: the bisection (`triton._sorted_codes`: selects over broadcast levels; the same codes)
 
 
 @triton.jit
@@ -229,17 +230,17 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
     if HAS_ODD and PASS == 2:  # the fixup pass of a flagged program: the exact codes
-        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT, True)
     elif HAS_ODD:  # the fast codes, then one check a program for the rare exact path
-        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 1, LUT)
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 1, LUT, True)
         odd = tl.max(tl.where(live[:, None], _odd(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS,
                                                   BOUND or FMT == 0), 0))
         if PASS == 1:
             tl.store(flag_ptr + prog, odd)
         elif odd > 0:  # rare: every group of the program by the exact path
-            u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT)
+            u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT, True)
     else:
-        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 0, LUT)
+        u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 0, LUT, True)
     GB: tl.constexpr = G * (W0 + W1) // 8
     NW0: tl.constexpr = G * W0 // 32
     base = codes_ptr.to(tl.pointer_type(tl.int32)) + unit[:, None] * (GB // 4)
@@ -282,20 +283,22 @@ def fits(pages: dict) -> bool:
 
 def worth(spec, D: int) -> bool:
     """Where `api.store` takes the row walk when ENABLED (a spec it can store, `why_not`): int codes in two bit planes
-    (int3, int5, int6), Hadamard-rotated ints (int4_had) and rotated codebooks of 4 or 8 levels (lm2, lm3 with
-    rot=had). Offline sm_90, instructions an element, the walk's main pass (two launches, as a prefill's write runs it)
-    against the group-row kernel's hot path (`python -m devtools.store_sass_offline SPEC [--row-walk | --hot]`; 32 x 4,
-    rotated 16 x 2 / 16 x 4): int3 23.2 / 28.8; int4_had 39.6 (140 registers) / 76.8; int3:g32:asym:rot=had 39.1 /
-    95.2; lm2:rot=had 44.2 (104 registers) / 82.5; lm3:rot=had 54.6 (145) / 94.0 (the transform's stages on a thread's
-    64 elements are plain adds, one pair exchange a lane bit). Not the others: one-plane unrotated ints run no fewer
-    (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's first index costs more in one
-    thread than the shuffles did); codebooks by their bin table more (nf4 44.6 / 33.8, mxfp4 60.2 / 38.8: the gathers
-    take a layout of their own and the tile turns through shared memory), and 16-level ones by bisection are too many
-    registers (lm4:rot=had 73.8 at 195 registers / 85.0; nf4:g32:rot=had spills)."""
+    (int3, int5, int6), and every Hadamard-rotated int or codebook spec (int4_had, lm2-lm4 and nf4 / fp4 with rot=had).
+    Offline sm_90, instructions an element, the walk's main pass (two launches, as a prefill's write runs it) against
+    the group-row kernel's hot path at its tiles (`python -m devtools.store_sass_offline SPEC [--row-walk | --hot]`;
+    32 x 4, rotated 16 x 2 / 16 x 4):
+      int3 23.2 / 28.8; int4_had 39.6 (140 registers) / 76.8; int3:g32:asym:rot=had 39.1 / 95.2;
+      lm2 / lm3 / lm4 rot=had 44.2 / 54.6 / 43.2 against 82.5 / 94.0 / 85.0; nf4:g32:rot=had 40.1 / 57.0;
+      fp4 rot=had (e8m0 g32; e4m3 g16 with a tensor scale) 45.9 / 86.5 and 50.6 / 76.5
+    (the transform's stages on a thread's 64 elements are plain adds, one pair exchange a lane bit; the codebooks' bin
+    table read by one 16-byte PTX load an element that keeps the tile's layout). Not the unrotated one-plane specs:
+    ints run no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's first index
+    costs more in one thread than the shuffles did), codebooks about as many at twice the registers (nf4 28.6 at 121
+    registers / 33.8 at 55, mxfp4 38.5 / 38.8, iq4nl 40.2 / 35.5, nvfp4 49.0 / 41.2)."""
     p = kernel_params(spec, D)
     if p["FMT"] == 0:
         return p["W1"] > 0 or p["ROT"] > 0
-    return p["FMT"] == 3 and p["ROT"] > 0 and 2 <= p["CBS"] <= 8
+    return p["FMT"] == 3 and p["ROT"] > 0
 
 
 def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int, *,

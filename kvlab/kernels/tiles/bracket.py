@@ -58,11 +58,20 @@ def bins_for(levels: tuple[float, ...]) -> int:
     return 0 if t is None else len(t)
 
 
+def wide_table(levels: tuple[float, ...], table: tuple[int, ...]) -> list[tuple[int, float, float]]:
+    """The K bins again as 16-byte entries (c_g, levels[c_g], levels[c_g + 1], 0), after the K int32 bins: `lut_codes`
+    with WIDE reads a bin's index and both its levels in one vector load."""
+    return [(c, levels[c], levels[c + 1]) for c in table]
+
+
 @triton.jit
-def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr):
+def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr, WIDE: tl.constexpr = False):
     """Index of the nearest s * cb[j] over the first N entries of an ascending codebook whose bracket table (K bins)
     follows its 16 entries: equal to `_sorted_codes` (and so to the full search where `_sorted_odd` is 0). A
-    negative s flips x and s as there. x [..], s [.., 1]."""
+    negative s flips x and s as there. x [..], s [.., 1]. WIDE (GPU only: inline PTX): the bin's index and its two
+    levels in one 16-byte load an element from the wide entries (`wide_table`), an elementwise asm that keeps x's
+    layout: a kernel holding a group in one thread (`store.triton_row_walk`) then needs no layout turn for the
+    gathers, which Triton gives a layout of their own."""
     neg = s < 0
     sa = tl.abs(s)
     xs = tl.where(neg, -x, x)
@@ -71,7 +80,15 @@ def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr):
     gf = tl.fma(xs, kr / sa, -(c0 * kr))  # the bin of x / |s|, fractional
     gf = tl.where(gf == gf, gf, 0.0)  # NaN x (or 0 / 0): bin 0, whose two errors are NaN: code 0
     g = tl.minimum(tl.maximum(gf, 0.0), K - 1.0).to(tl.int32)
-    c = tl.load((cb_ptr + LUT_OFFSET).to(tl.pointer_type(tl.int32)) + g)
-    lo = sa * tl.load(cb_ptr + c)
-    hi = sa * tl.load(cb_ptr + c + 1)
+    if WIDE:
+        w = (cb_ptr + LUT_OFFSET + K).to(tl.pointer_type(tl.int32)) + g * 4  # 16-byte aligned: (16 + K) x 4 bytes in
+        c, lob, hib, _ = tl.inline_asm_elementwise(
+            "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [w],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+        lo = sa * lob.to(tl.float32, bitcast=True)
+        hi = sa * hib.to(tl.float32, bitcast=True)
+    else:
+        c = tl.load((cb_ptr + LUT_OFFSET).to(tl.pointer_type(tl.int32)) + g)
+        lo = sa * tl.load(cb_ptr + c)
+        hi = sa * tl.load(cb_ptr + c + 1)
     return c + (tl.abs(hi - xs) < tl.abs(lo - xs)).to(tl.int32)

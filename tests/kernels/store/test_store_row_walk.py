@@ -32,11 +32,12 @@ def _walk(monkeypatch):
     monkeypatch.setattr(row_walk, "worth", lambda spec, D: True)
 
 
-def test_worth_picks_two_plane_and_rotated_ints_and_small_rotated_codebooks():
+def test_worth_picks_two_plane_ints_and_every_rotated_spec():
     assert all(WORTH(spec_of(t) if ":" in t else _spec(t), 128)
-               for t in ("int3", "int5:g32:asym", "int4_had", "lm2:rot=had", "lm3:rot=had"))
+               for t in ("int3", "int5:g32:asym", "int4_had", "lm2:rot=had", "lm3:rot=had", "lm4:rot=had",
+                         "nf4:g32:rot=had", "fp4_e2m1:g16:s=e4m3:ts:rot=had"))
     assert not any(WORTH(spec_of(t) if ":" in t else _spec(t), 128)
-                   for t in ("int2", "q4_0", "nf4", "mxfp4", "lm4:rot=had", "nf4:g32:rot=had", "lm2"))
+                   for t in ("int2", "q4_0", "nf4", "mxfp4", "nvfp4", "iq4nl", "lm2"))
 
 
 def _spec(text):
