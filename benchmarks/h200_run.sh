@@ -756,7 +756,7 @@ s24d)  # prepared in session 24 (issue 17): the store's walks (store/triton_chan
     tests/kernels/store/test_store_row_walk.py 2>&1 | tee "$OUT/pytest_walks.log" | tail -3
   timeout 150 python3 benchmarks/store_variants.py kivi4 kivi2 --configs 64x1,walk,walkL,walkr168,walkLr128 2>&1 \
     | grep "^variant" | tee "$OUT/store_chan_walk.txt"
-  timeout 180 python3 benchmarks/store_variants.py int3 int4_had lm2 int2 q4_0 nf4 --configs 32x4,16x2,roww 2>&1 \
+  timeout 200 python3 benchmarks/store_variants.py int3 int4_had lm2 lm3 lm4 nf4 --configs 32x4,16x2,16x4,roww 2>&1 \
     | grep "^variant" | tee "$OUT/store_row_walk.txt"
   ;;
 s24c)  # prepared in session 24 (issue 17): the one-call extend (extend/onecall.py: one workspace launch + one cuDNN-frontend
