@@ -11,7 +11,7 @@ q4_0 (`benchmarks/NOTES_store.md`), and the H200 ran kivi4 keys at 0.32 of the c
 Here a program takes one group of G tokens for HB heads, as a [HB, D] tile of channels that every load shares: the
 tile's last axis is the token row's contiguous channels, so Triton gives each thread 8 of them (one 16-byte load per
 token) and the same 8 channels for every token of the group. Everything per channel then stays in that thread:
-  * pass 1 walks the G tokens, keeping the NaN-propagating max and min (two FMNMX an element);
+  * pass 1 walks the G tokens, keeping the NaN-propagating max and min (on the GPU in x's own 16-bit dtype);
   * the per-group work (statistics to scale and zero, their encoding and stores, the rare checks) runs once per
     channel, on [HB, D] tensors: the same helpers as the group-row kernel (`_scales_out`, `_odd`, `_codes`), so the
     bytes are the same;
@@ -20,7 +20,8 @@ token) and the same 8 channels for every token of the group. Everything per chan
     the words go out as one vector store per channel (16 bytes for int4 at G 32).
 A zero extreme (the oracle takes the first zero's sign, GGML's rule) sends the program through one more walk for the
 first zero (rare); a scale whose reciprocal is out of Markstein's range (past 2^+-100) codes the whole group by IEEE
-division (rare, one check per program).
+division (rare, one check per program; a second launch for writes of TWO_PASS_MIN_TOKENS tokens or more, so that path's
+registers are not the main pass's).
 
 Where it runs (`why_not`): int codes of 2, 4 or 8 bits on one bit plane (asym, or sym with absmax statistics), a
 group's packed bytes a whole number of 32-bit words up to eight (G x bits in 32..256), no rotation, static, tensor or

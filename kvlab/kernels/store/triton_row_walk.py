@@ -1,28 +1,29 @@
-"""Token-axis groups stored one group a thread: the group-row kernel's math with none of its per-group repeats.
+"""Token-axis groups stored one group a thread: the group-row kernel's math without its lanes' repeats and turns.
 
 The group-row kernel (`triton._store_rows`) spreads a group's G elements over several lanes ([R, bytes] tiles whose
 bytes run across lanes), so each lane repeats the group's own steps (the extremes' shuffles, the division to the
-scale, its encoding to f16 / e8m0 / e4m3, the bracket's per-group constants, the checks) for the few elements it holds,
-and a two-plane format (int3) turns its bytes through shared memory. Here one thread holds a whole group: a program
-takes R = 32 x warps groups ([R, 8] chunk tiles of 8 consecutive elements, one 16-byte load each: Triton gives each
-thread one row), and every per-group value is an [R] tensor computed once.
+scale, its encoding, the checks) for the few elements it holds; a two-plane format (int3) turns its bytes through
+shared memory, and a rotated spec spreads a token row over 16 lanes and exchanges four of the transform's seven stages
+by shuffles. Here one thread holds a whole group: a program takes R = 32 x warps group rows, each loaded as G / 8
+chunks of 8 consecutive elements (one 16-byte load each: Triton gives each thread one row) and joined in the thread
+into the [R, G] tile (`_group`); every per-group value is an [R] tensor computed once.
 
-  * pass 1 loads the G / 8 chunks and keeps the NaN-propagating extremes (max |x|, or max and min);
-  * the per-group work runs once: statistics to scale (and zero), `_scales_out`, the rare-path check (`_odd`: per
-    group where the scale bounds x, else per element in a pass of its own);
-  * pass 2 loads the chunks again (L1 hits), codes them (`_codes`, the group-row kernel's own: same bytes) and packs
-    each bit plane's codes into 32-bit words in registers: a chunk's two halves of four elements each land in one word
-    (sequential or GGML-strided planes alike), their bits summed in the thread; the words leave as one vector store a
-    plane and group.
-A zero extreme (asymmetric specs: the first zero's sign, GGML's rule) takes one more pass over the chunks (rare).
+  * statistics by in-thread reductions: max |x|, min / max with GGML's first-zero sign for a zero extreme, GGML's
+    signed extreme (the largest magnitude, the first on ties), or the rms summed in float64;
+  * the per-group work once (`_scales_out`), the rare-path check (`_odd`), the codes (`_codes`: the group-row kernel's
+    own, same bytes; codebooks read their bin table by one 16-byte PTX load an element on the GPU, `lut_codes` WIDE,
+    which keeps the tile's layout);
+  * each bit plane packed into 32-bit words by in-thread sums of shifted codes (sequential or GGML-strided), one
+    vector store a plane and group.
+Rotated specs (ROT): a thread takes min(D, 64) elements of a token row (a piece), runs the Hadamard stages on the
+piece's own index bits in registers and the lane bits by one pair exchange each (`_rotated_groups`), then cuts the
+piece into its groups. Writes of TWO_PASS_MIN_TOKENS tokens or more run the rare exact path in a second launch.
 
-Where it runs (`why_not`): token-axis groups of 16, 32 or 64 (a power of two; D a multiple), int codes (sym absmax,
-asym min / max, GGML reciprocals included) or 16-entry codebooks and fp4 (absmax scales of any dtype, a tensor scale),
-one bit plane or two without a third, every plane a whole number of 32-bit words (int2 / int3 / int4 / int8 at g32,
-q4_0, q4_1, q8_0, mxfp4, nvfp4, nf4, iq4nl); GGML's signed extreme found in the thread (the largest magnitude, the
-first on ties); not rotated, static, calibrated or rms specs, nor outlier slots. `api.store` takes it only where the
-offline counts favour it (`worth`: two-plane ints) and only when ENABLED (KVLAB_STORE_ROW_WALK=1), off until the H200
-times it.
+Where it runs (`why_not`): token-axis groups of 16, 32 or 64 dividing D in a power-of-two count, int codes or sorted
+codebooks and fp4 (any scale dtype, a tensor scale), one bit plane or two, every plane a whole number of 32-bit words;
+Hadamard rotations the kernel fuses; not static or calibrated scales, nor outlier slots. `api.store` takes it only where
+the offline counts favour it (`worth`: two-plane ints and every rotated spec) and only when ENABLED
+(KVLAB_STORE_ROW_WALK=1), off until the H200 times it (`benchmarks/NOTES_store.md`, session 24).
 """
 from __future__ import annotations
 
