@@ -274,11 +274,13 @@ def case_store(out: Path, h: dict, names, args) -> None:
             g = triton.testing.do_bench_cudagraph(w, rep=30, return_mode="median")
             ms = triton.testing.do_bench(w, warmup=5, rep=30, return_mode="median")
             kspec = dataclasses.replace(sch.k, rotation="none") if pre else store_kernel_spec(sch.k, 128)
-            cfg = store_api.launch_config(kspec, 8, 128, w.tokens) or tuned.lookup(  # what the api launched, or the
-                tuned.store_key(kspec, 8, 128, w.tokens))  # autotuner's recorded pick (KVLAB_STORE_AUTOTUNE=1)
+            walk = store_api.walk_of(kspec, 128, w.pages)  # a walk kernel (switched on) has a launch shape of its own
+            cfg = None if walk else store_api.launch_config(kspec, 8, 128, w.tokens) or tuned.lookup(  # what the api
+                tuned.store_key(kspec, 8, 128, w.tokens))  # launched, or the autotuner's recorded pick
             row.update(tokens=w.tokens, graph_ms=g, eager_ms=ms, bytes=w.bytes, graph_gbps=w.bytes / g / 1e6,
                        fraction_of_copy=w.bytes / g / 1e9 / h["copy_tbps_read_plus_write"],
-                       backend=backend + ("_prerotated" if pre else ""), config=json.dumps(cfg.to_dict()) if cfg else "")
+                       backend=backend + ("_prerotated" if pre else ""),
+                       config=json.dumps({"kernel": walk}) if walk else json.dumps(cfg.to_dict()) if cfg else "")
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         finally:

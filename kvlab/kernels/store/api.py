@@ -136,14 +136,14 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
         # rotated specs: the kernel rotates the tokens itself where it can (`fuses_rotation`), else they are
         # rotated here by the same fixed-order transform
         xr, spec_r = (x, spec) if fuses_rotation(spec, D) else prerotate(x, spec)
-        from . import triton_chan_walk as chan_walk, triton_row_walk as row_walk
-        if (chan_walk.ENABLED and cfg is None and chan_walk.why_not(spec_r, D) is None
-                and chan_walk.fits(pages)):  # KIVI keys by a token walk
-            chan_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size)
+        walk = None if cfg is not None else walk_of(spec_r, D, pages)  # a given config is the group-row kernel's
+        if walk == "chan_walk":  # KIVI keys by a token walk
+            from . import triton_chan_walk
+            triton_chan_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size)
             return backend
-        if (row_walk.ENABLED and cfg is None and row_walk.why_not(spec_r, D) is None
-                and row_walk.worth(spec_r, D) and row_walk.fits(pages)):  # a group a thread
-            row_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size, tensor_scale=ts)
+        if walk == "row_walk":  # a group a thread
+            from . import triton_row_walk
+            triton_row_walk.run(xr, pages, slot_mapping, spec_r, lay.page_size, tensor_scale=ts)
             return backend
         key = store_key(spec_r, Hk, D, T)
         tuned = triton.run(xr, pages, slot_mapping, spec_r, lay.page_size, scale=s, tensor_scale=ts,
@@ -154,6 +154,20 @@ def store(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, *, pag
     from . import reference
     reference.run(x, pages, slot_mapping, spec, lay.page_size, scale=s, tensor_scale=ts)
     return backend
+
+
+def walk_of(kernel_spec, D: int, pages: dict) -> str | None:
+    """The walk kernel `store` runs for the launched spec (`configs.store_kernel_spec`) when no config is given:
+    "chan_walk" (`triton_chan_walk`: channel-axis int keys) or "row_walk" (`triton_row_walk`: where its `worth` policy
+    takes the spec), each only while switched on (ENABLED) and on word-aligned pages; else None (the group-row kernel,
+    `store.triton`)."""
+    from . import triton_chan_walk as chan_walk, triton_row_walk as row_walk
+    if chan_walk.ENABLED and chan_walk.why_not(kernel_spec, D) is None and chan_walk.fits(pages):
+        return "chan_walk"
+    if (row_walk.ENABLED and row_walk.why_not(kernel_spec, D) is None and row_walk.worth(kernel_spec, D)
+            and row_walk.fits(pages)):
+        return "row_walk"
+    return None
 
 
 def store_autotunes() -> bool:

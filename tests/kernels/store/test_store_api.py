@@ -234,3 +234,23 @@ def test_kernel_spec_names_the_launched_kernel():
     chan = kvlab.scheme("int4:g32:chan:asym:rot=had").k
     assert kernel_spec(chan, 128) == dataclasses.replace(chan, rotation="none")
     assert kernel_spec(plain, 128) == plain
+
+
+def test_walk_of_follows_the_switches_the_policy_and_the_alignment(monkeypatch):
+    """`api.walk_of` names the walk `store` runs (what the store table records as its config): none while both are off;
+    KIVI keys to the channel walk, rotated and two-plane ints to the row walk, one-plane ints to neither; none on codes
+    that do not start on a word."""
+    from kvlab.kernels.store import api as store_api
+    from kvlab.kernels.store import triton_chan_walk, triton_row_walk
+
+    def pages(spec):
+        return PageLayout(spec, 128, max(16, spec.group), 2).allocate(4, "cpu")
+    kivi, had, q4 = (kvlab.scheme(n).k for n in ("kivi4", "int4_had", "q4_0"))
+    assert all(store_api.walk_of(s, 128, pages(s)) is None for s in (kivi, had, q4))
+    monkeypatch.setattr(triton_chan_walk, "ENABLED", True)
+    monkeypatch.setattr(triton_row_walk, "ENABLED", True)
+    assert store_api.walk_of(kivi, 128, pages(kivi)) == "chan_walk"
+    assert store_api.walk_of(had, 128, pages(had)) == "row_walk"
+    assert store_api.walk_of(q4, 128, pages(q4)) is None
+    p = pages(had)
+    assert store_api.walk_of(had, 128, dict(p, codes=p["codes"].view(-1)[1:])) is None
