@@ -53,6 +53,18 @@ ATTN_ORDER = "cudnn,flash"  # tried in this order; KVLAB_DENSE_ATTN overrides (e
 
 
 @triton.jit
+def scaled_rows(kt, v, KTS, VTS, HAS_KTS: tl.constexpr, HAS_VTS: tl.constexpr):
+    """`kv_tiles`' K^T [D, BT] and V [BT, D] -> float32 rows [BT, D] each, the per-tensor scales applied."""
+    k = tl.trans(kt).to(tl.float32)
+    v = v.to(tl.float32)
+    if HAS_KTS:
+        k = k * tl.load(KTS)
+    if HAS_VTS:
+        v = v * tl.load(VTS)
+    return k, v
+
+
+@triton.jit
 def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, VTS, IND, IOFF, L,
                     kc0, kc1, kc2, kc3, ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, son, so0, so1,
                     KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1,
@@ -72,12 +84,7 @@ def _dequant_kernel(OK, OV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM, KTS, V
     vperm = tl.load(VPERM + d)
     kt, v = kv_tiles(OK, KC, KS, KZ, KL, VC, VS, VZ, VL, IDX, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
                      ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BT, D, 0, 0, KSI, KSV, VSI, VSV, kso0, kso1, vso0, vso1)  # [D, BT], [BT, D]
-    k = tl.trans(kt).to(tl.float32)
-    v = v.to(tl.float32)
-    if HAS_KTS:
-        k = k * tl.load(KTS)
-    if HAS_VTS:
-        v = v * tl.load(VTS)
+    k, v = scaled_rows(kt, v, KTS, VTS, HAS_KTS, HAS_VTS)
     t = t0 + tl.arange(0, BT)
     tm = (t < L)[:, None]
     tl.store(OK + hk * so0 + t[:, None] * so1 + d[None, :], k.to(OK.dtype.element_ty), mask=tm)

@@ -50,7 +50,7 @@ from ..tiles.operands import fused_unrotation, slot_args
 from ..tiles.permute import to_natural_order
 from ..tiles.rotate import fwht_rows
 from ...quant.rotation import norm_constant
-from .dense import page_inputs
+from .dense import page_inputs, scaled_rows
 
 ENABLED = os.environ.get("KVLAB_EXTEND_ONECALL", "0") not in ("", "0")  # auto tries this path first (untimed: off)
 BLOCK_T = 64              # workspace tokens per program
@@ -97,12 +97,7 @@ def _workspace_kernel(WK, WV, SKV, KC, KS, KZ, KL, KPERM, VC, VS, VZ, VL, VPERM,
         kt, v = kv_tiles(WK, KC, KS, KZ, KL, VC, VS, VZ, VL, IND + p0, t0, L, hk, kperm, vperm, kc0, kc1, kc2, kc3,
                          ks0, ks1, ks2, vc0, vc1, vc2, vc3, vs0, vs1, vs2, KCFG, VCFG, P, BT, D, 0, 0, KSI, KSV, VSI,
                          VSV, kso0, kso1, vso0, vso1)  # [D, BT], [BT, D]
-        k = tl.trans(kt).to(tl.float32)
-        v = v.to(tl.float32)
-        if HAS_KTS:
-            k = k * tl.load(KTS)
-        if HAS_VTS:
-            v = v * tl.load(VTS)
+        k, v = scaled_rows(kt, v, KTS, VTS, HAS_KTS, HAS_VTS)
         kcol = d
         vcol = d
         if KM == 0:

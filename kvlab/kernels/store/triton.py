@@ -196,6 +196,18 @@ def _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, mask, SYM: tl
 
 
 @triton.jit
+def _raw_scale(stat, m_raw, bad, ts_ptr, SDIV: tl.constexpr, HAS_TS: tl.constexpr):
+    """The group statistic to (raw scale, raw zero): a non-finite element (bad) makes both NaN, as the oracle does (no
+    per-element work); the scale is stat / SDIV (IEEE), under the tensor scale where the spec has one."""
+    stat = tl.where(bad, float("nan"), stat)
+    m_raw = tl.where(bad, float("nan"), m_raw)
+    s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
+    if HAS_TS:
+        s_raw = tl.math.div_rn(s_raw, tl.full(stat.shape, 1.0, tl.float32) * tl.load(ts_ptr))
+    return s_raw, m_raw
+
+
+@triton.jit
 def _group_stats(x, m, i, SYM: tl.constexpr, RULE: tl.constexpr, SDIV: tl.constexpr, GP: tl.constexpr):
     """Per-group raw scale and zero ([.., 1] keep-dims) from a [BR, NGP, GP] tile; a non-finite element (NaN,
     +-inf) makes its group's scale NaN, as the oracle does."""
@@ -791,11 +803,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
         if SYM and RULE != 3:  # the NaN-propagating |x| max (or signed extreme) is non-finite iff an element is
             bad = ~(tl.abs(stat) < float("inf"))
         # a non-finite element makes the group's scale (and zero) NaN, as the oracle does (no per-element work)
-        stat = tl.where(bad, float("nan"), stat)
-        m_raw = tl.where(bad, float("nan"), m_raw)
-        s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
-        if HAS_TS:
-            s_raw = tl.math.div_rn(s_raw, one * tl.load(ts_ptr))
+        s_raw, m_raw = _raw_scale(stat, m_raw, bad, ts_ptr, SDIV, HAS_TS)
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, STATIC, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
@@ -1087,6 +1095,16 @@ def _hw_fp8(device) -> bool:
     return (not interpreting()) and torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
+def kernel_pages(pages: dict, device) -> tuple:
+    """(codes, scales, zeros, dummy) as the store kernels take them: the page tensors in their storage views (a spec
+    without scales or zeros passes the codes in their place) and a float32 [1] stand-in for absent scalar operands."""
+    codes = _storage_view(pages["codes"], None)
+    dummy = _DUMMY.get(device)
+    if dummy is None:
+        dummy = _DUMMY[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return codes, _storage_view(pages.get("scales"), codes), _storage_view(pages.get("zeros"), codes), dummy
+
+
 def _storage_view(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
     """Pages as the kernel stores them: 16-bit floats as int16 bits, fp8 as uint8 bytes."""
     if t is None:
@@ -1121,12 +1139,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     if T == 0:
         return None
     p = kernel_params(spec, D, flat)
-    codes = _storage_view(pages["codes"], None)
-    scales = _storage_view(pages.get("scales"), codes)
-    zeros = _storage_view(pages.get("zeros"), codes)
-    dummy = _DUMMY.get(x.device)
-    if dummy is None:
-        dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
+    codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     static = scale if scale is not None else dummy
     ts = tensor_scale if tensor_scale is not None else dummy
     slots = slot_mapping.contiguous()

@@ -37,8 +37,8 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..tiles.exact import next_pow2
-from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _scales_out, _storage_view, _zero_signed,
-                     _DUMMY, kernel_params)
+from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
+                     kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "0") not in ("", "0")
 LANE_ELEMS = 8  # channels a thread holds: one 16-byte load of a 16-bit token row
@@ -214,9 +214,7 @@ def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, c
         bad = ~((tl.abs(mx) < float("inf")) & (tl.abs(mn) < float("inf")))
         stat = mx - mn
         m_raw = mn
-    stat = tl.where(bad, float("nan"), stat)  # a non-finite element: the group's scale (and zero) NaN
-    m_raw = tl.where(bad, float("nan"), m_raw)
-    s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
+    s_raw, m_raw = _raw_scale(stat, m_raw, bad, ts_ptr, SDIV, False)  # a non-finite element: both NaN
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, False, RULE, SDT,
                                       ELEM_INT, False)
     NB: tl.constexpr = G * W // 8  # bytes of a channel's group
@@ -276,12 +274,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     DP = next_pow2(D)
     HB = max(1, min(next_pow2(Hk), 1024 // DP))
     warps = max(1, min(8, HB * DP // (32 * LANE_ELEMS)))
-    codes = _storage_view(pages["codes"], None)
-    scales = _storage_view(pages.get("scales"), codes)
-    zeros = _storage_view(pages.get("zeros"), codes)
-    dummy = _DUMMY.get(x.device)
-    if dummy is None:
-        dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
+    codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     grid = (T // G, triton.cdiv(Hk, HB))
     two = TWO_PASS and RARE_PATHS and not p["RECIP"] and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy

@@ -36,7 +36,7 @@ import triton.language as tl
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
-                     _storage_view, _zero_signed, _DUMMY, kernel_params)
+                     _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
@@ -221,11 +221,7 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
         bad = ~((tl.abs(mx) < float("inf")) & (tl.abs(mn) < float("inf")))
         stat = mx - mn
         m_raw = mn
-    stat = tl.where(bad, float("nan"), stat)  # a non-finite element: the group's scale (and zero) NaN
-    m_raw = tl.where(bad, float("nan"), m_raw)
-    s_raw = tl.math.div_rn(stat, tl.full(stat.shape, SDIV, tl.float32))
-    if HAS_TS:
-        s_raw = tl.math.div_rn(s_raw, tl.full([R], 1.0, tl.float32) * tl.load(ts_ptr))
+    s_raw, m_raw = _raw_scale(stat, m_raw, bad, ts_ptr, SDIV, HAS_TS)  # a non-finite element: both NaN
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, False, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
@@ -316,12 +312,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     RP = 32 * WARPS  # rotated: pieces of min(D, 64) elements, one a thread
     if p["ROT"]:
         R = RP * min(D, 64) // G
-    codes = _storage_view(pages["codes"], None)
-    scales = _storage_view(pages.get("scales"), codes)
-    zeros = _storage_view(pages.get("zeros"), codes)
-    dummy = _DUMMY.get(x.device)
-    if dummy is None:
-        dummy = _DUMMY[x.device] = torch.ones(1, dtype=torch.float32, device=x.device)
+    codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
     rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1))
