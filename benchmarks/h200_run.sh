@@ -21,6 +21,8 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh limits  # prepared in session 25 (issues 16, 17): ncu over the default dispatch of every
+#                                       # committed row that misses its target; limits_*.csv (benchmarks/limits.py)
 #   bash benchmarks/h200_run.sh s24c  # prepared in session 24: the one-call extend (carry .carry/cfe, see the mode)
 #   bash benchmarks/h200_run.sh s24   # prepared in session 23: the Gluon decode's unrolled loop A/B (issue 16); s24d
 #                                     # (session 24): the store's chan / row walks (issue 17); s24b: the store table
@@ -734,6 +736,24 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
+  ;;
+limits)  # prepared in session 25 (issues 16, 17): what limits each row of the committed tables that misses its target
+  # (benchmarks/limits.py): one ncu pass over the public API's default dispatch per part, each part's driver stopping
+  # in time for ncu to write its CSV; then one summary row a case (limiter, pipes, stalls, DRAM, issue, kernel times)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  # (about 2 minutes a part: a second call takes LIMITS_PARTS="decode:smollm2 decode:d256")
+  read -ra ncu_args <<< "$(python3 benchmarks/limits.py --print-ncu-args)"  # (an array: no globbing of the regexes)
+  for part in ${LIMITS_PARTS:-decode:b32 store decode:b1 extend}; do
+    sel="--misses $part"
+    [ "$part" = extend ] && sel="--cases ${LIMITS_EXTEND:-extend:p8k_b1:bf16,extend:p8k_b1:q4_0,extend:p8k_b1:kivi4,\
+extend:smollm2_p8k:bf16,extend:smollm2_p8k:q4_0,extend:smollm2_p8k:mxfp4,extend:d256_p8k:q4_0,extend:d256_p8k:kivi2}"
+    tag=$(echo "$part" | tr ':,' '__')
+    timeout "${LIMITS_S:-135}" ncu --clock-control none --profile-from-start off "${ncu_args[@]}" --csv --page details \
+      python3 benchmarks/limits.py --run $sel --budget "${LIMITS_BUDGET:-80}" > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"
+    grep -h "^failed\|budget" "$OUT/ncu_$tag.csv" "$OUT/ncu_$tag.err" | head -5
+    python3 benchmarks/limits.py --summarize "$OUT/ncu_$tag.csv" $sel --out "$OUT/limits_$tag.csv" \
+      && cut -d, -f1,3,6-8,12-14 "$OUT/limits_$tag.csv"
+  done
   ;;
 s24)  # prepared in session 23 (issue 16): the Gluon decode's unrolled loop. Then s24d: the store's walks; s24b: the whole
   # store table with the family default tiles; s24c: the one-call extend. (The probe of torch's cuDNN causal alignment,

@@ -22,19 +22,20 @@ DEFAULT_CASES = ("p32k_b1:bf16:auto", "p32k_b1:bf16:auto_host", "p32k_b1:q4_0:au
                  "p32k_b8:q4_0:auto_host", "smollm2_p8k:q4_0:auto_host", "p32k_b1:q4_0:triton")
 
 
-def extend_case(sname: str, name: str, backend: str, out=None):
-    """A no-argument callable running one default-dispatch `extend` call of benchmarks/run.py's shape `sname` and scheme
-    `name` on a synthetic cache; backend auto / triton / dense, with "_host" the lengths passed on the host."""
+def extend_case(sname: str, name: str, backend: str, out=None, device: str = "cuda", shape: dict | None = None):
+    """A no-argument callable running one default-dispatch `extend` call of benchmarks/run.py's shape `sname` (or
+    `shape`: a dict of the same keys) and scheme `name` on a synthetic cache on `device`; backend auto / triton / dense,
+    with "_host" the lengths passed on the host."""
     import kvlab
     from run import EXTEND_SHAPES, SCHEMES, chunk_inputs, page_size
     from kvlab.kernels.autotune import synthetic_cache
     from kvlab.kernels.extend import extend
-    shape = EXTEND_SHAPES[sname]
+    shape = shape or EXTEND_SHAPES[sname]
     sch = kvlab.scheme(SCHEMES[name])
     B, L, C, Hq, Hk, D = (shape[k] for k in ("batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim"))
     P = page_size(sch)
-    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, "cuda")
-    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D)
+    c = synthetic_cache(sch.k, sch.v, B, Hk, D, P, L, device)
+    q, kn, vn, qo = chunk_inputs(B, C, Hq, Hk, D, device)
     eager = backend.endswith("_eager")  # graphs=False (batch 1 with host lengths otherwise replays a graph)
     backend = backend[:-len("_eager")] if eager else backend
     host = backend.endswith("_host")

@@ -328,11 +328,11 @@ def extend_gate(sch, Hq: int, Hk: int, D: int, backend: str) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()
 
 
-def chunk_inputs(B: int, C: int, Hq: int, Hk: int, D: int) -> tuple:
-    """B chunks of C tokens on the GPU, bf16: q [B C, Hq, D] (scaled by 0.3), k_new / v_new [B C, Hk, D], qo_indptr."""
-    q = torch.randn(B * C, Hq, D, device="cuda", dtype=torch.bfloat16) * 0.3
-    kn, vn = (torch.randn(B * C, Hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return q, kn, vn, torch.arange(0, B * C + 1, C, dtype=torch.int32, device="cuda")
+def chunk_inputs(B: int, C: int, Hq: int, Hk: int, D: int, device: str = "cuda") -> tuple:
+    """B chunks of C tokens on `device`, bf16: q [B C, Hq, D] (scaled by 0.3), k_new / v_new [B C, Hk, D], qo_indptr."""
+    q = torch.randn(B * C, Hq, D, device=device, dtype=torch.bfloat16) * 0.3
+    kn, vn = (torch.randn(B * C, Hk, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+    return q, kn, vn, torch.arange(0, B * C + 1, C, dtype=torch.int32, device=device)
 
 
 def extend_cell(sch, shape: dict, backend: str, config=None, host: bool = False, graphs: bool = True) -> float:
