@@ -21,6 +21,8 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
+#                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
 #   bash benchmarks/h200_run.sh limits  # prepared in session 25 (issues 16, 17): ncu over the default dispatch of every
 #                                       # committed row that misses its target; limits_*.csv (benchmarks/limits.py)
 #   bash benchmarks/h200_run.sh s24c  # prepared in session 24: the one-call extend (carry .carry/cfe, see the mode)
@@ -736,6 +738,21 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
+  ;;
+s25)  # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch (config l2_prefetch: each tile asks L2 for the
+  # lines of the tile n ahead, one line a lane, no registers held) and session 23's unrolled loop (s24's A/B, folded
+  # in here): GPU tests, then A/B at fixed configs where the loop waits on DRAM latency (B 1 x 32K: 2 programs an SM)
+  # and where it is issue-bound (B 32 x 32K)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "l2_prefetch or unrolled" 2>&1 | tee "$OUT/pytest_l2.log" | tail -2
+  timeout 200 python3 benchmarks/decode_configs.py --tag s25 --schemes q4_0,q8_0,fp8_e4m3,int2,int3,mxfp4,nf4,kivi4 \
+    --shape b1 --configs "tw32:s33,tw32:s33:l2,tw32:s33:l4,tw32:s33:l6,tw32:s33:u:l4" 2>&1 | grep "^cfg" \
+    | tee "$OUT/decode_l2_b1.txt"
+  timeout 180 python3 benchmarks/decode_configs.py --tag s25 --schemes q4_0,q8_0,fp8_e4m3,int2,int3,mxfp4,nf4 --shape b32 \
+    --configs "tw16:s4,tw16:s4:u,tw16:s4:l2,tw16:s4:u:l2" 2>&1 | grep "^cfg" | tee "$OUT/decode_l2_b32.txt"
+  timeout 60 python3 benchmarks/decode_configs.py --tag s25 --schemes kivi4,kivi2 --shape b32 \
+    --configs "tw32:s4,tw32:s4:u,tw32:s4:l2" 2>&1 | grep "^cfg" | tee -a "$OUT/decode_l2_b32.txt"
   ;;
 limits)  # prepared in session 25 (issues 16, 17): what limits each row of the committed tables that misses its target
   # (benchmarks/limits.py): one ncu pass over the public API's default dispatch per part, each part's driver stopping

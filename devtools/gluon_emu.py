@@ -132,6 +132,26 @@ def run_ptx(asm: str, constraints: str, args: list[np.ndarray]) -> list[np.ndarr
 
 
 # ---- torch-backed ttgl ------------------------------------------------------------------------------
+TRACE: list | None = None  # a list: loads and L2 prefetches are recorded in program order (`traced`)
+
+
+def traced():
+    """Within: every emulated load appends ("ld", byte addresses [n] int64, element bytes) to TRACE, every L2
+    prefetch asm ("pf", addresses of its active lanes [n] int64, 0) and every program's start ("prog", its ids, 0), in
+    program order."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        global TRACE
+        TRACE = []
+        try:
+            yield TRACE
+        finally:
+            TRACE = None
+    return cm()
+
+
 class Ptr:
     """A pointer tensor: flat storage + element offsets."""
 
@@ -157,12 +177,20 @@ def _namespace() -> types.SimpleNamespace:
     def arange(start, end, layout=None):
         return torch.arange(_t(start), _t(end))
 
+    def _trace_ld(ptr, off, mask=None):
+        if TRACE is not None:
+            o = off.reshape(-1) if mask is None else off[mask]
+            es = ptr.flat.element_size()
+            TRACE.append(("ld", ptr.flat.data_ptr() + o.long().numpy() * es, es))
+
     def load(ptr, mask=None, other=None, **_):
         off = torch.as_tensor(ptr.off)
         if mask is None:
+            _trace_ld(ptr, off)
             return ptr.flat[off.long()]
         mask = torch.as_tensor(mask)
         off, mask = torch.broadcast_tensors(off, mask)
+        _trace_ld(ptr, off, mask)
         safe = torch.where(mask, off, torch.zeros_like(off)).long()
         v = ptr.flat[safe]
         return torch.where(mask, v, torch.as_tensor(other if other is not None else 0, dtype=v.dtype))
@@ -177,6 +205,10 @@ def _namespace() -> types.SimpleNamespace:
     def inline_asm_elementwise(asm, constraints, args, dtype, is_pure=True, pack=1):
         assert _t(pack) == 1, "the emulator runs pack=1 asm only"
         args = torch.broadcast_tensors(*args)
+        if "prefetch.global" in _t(asm):  # a hint with no result: recorded ($1 address, $2 != 0 active)
+            if TRACE is not None:
+                TRACE.append(("pf", args[0][args[1] != 0].long().numpy(), 0))
+            return torch.zeros(args[0].shape, dtype=torch.int32)
         np_args = []
         for a in args:
             if a.dtype in (torch.float16, torch.bfloat16):
@@ -239,7 +271,7 @@ def _namespace() -> types.SimpleNamespace:
         expand_dims=lambda x, d: x.unsqueeze(_t(d)),
         broadcast=lambda a, b: torch.broadcast_tensors(a, b),
         convert_layout=lambda x, layout, assert_trivial=False: x,
-        inline_asm_elementwise=inline_asm_elementwise, static_print=lambda *a: None,
+        inline_asm_elementwise=inline_asm_elementwise, static_print=lambda *a: None, static_range=range,
         atomic_add=atomic_add, atomic_xchg=atomic_xchg, barrier=lambda **k: None, thread_barrier=lambda: None,
     )
     return ns, mma_v2
@@ -290,6 +322,8 @@ def emulate(kernel):
                     for y in range(grid[1]):
                         for z in range(grid[2]):
                             _State.pid = (x, y, z)
+                            if TRACE is not None:
+                                TRACE.append(("prog", (x, y, z), 0))
                             f(*args, **kw)
             return run
     return _Launcher()

@@ -116,7 +116,10 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     unroll: with the prefetch, the tile loop unrolled by two so the two tiles' code registers swap roles instead of
     being copied each tile (offline sm_90: q4_0 441 -> 405 loop instructions a tile, 147 -> 168 registers;
     benchmarks/NOTES_decode.md, session 23; off until the H200 times it). It needs the prefetch (not prefetch=False);
-    with prefetch=None it applies where `gluon.prefetches` turns the prefetch on and is ignored elsewhere."""
+    with prefetch=None it applies where `gluon.prefetches` turns the prefetch on and is ignored elsewhere.
+    l2_prefetch: 0 (off), or n > 0: each tile also asks L2 for the code / scale / zero lines of the tile n tiles ahead
+    (`prefetch.global.L2`, one line a lane; no registers held for it), so a loop whose loads wait on DRAM latency
+    (few programs an SM: batch 1) finds them in L2 (off until the H200 times it; `gluon.l2_lines`)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
@@ -125,9 +128,12 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     fused_merge: bool = False
     prefetch: bool | None = None
     unroll: bool = False
+    l2_prefetch: int = 0
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
+        _check(isinstance(self.l2_prefetch, int) and not isinstance(self.l2_prefetch, bool)
+               and 0 <= self.l2_prefetch <= 8, f"l2_prefetch={self.l2_prefetch!r}; allowed: an int in [0, 8]")
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
         _check(isinstance(self.unroll, bool), f"unroll={self.unroll!r}; allowed: True, False")
         _check(not (self.unroll and self.prefetch is False), "unroll=True unrolls the prefetching loop; it needs "

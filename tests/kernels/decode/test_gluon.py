@@ -6,6 +6,7 @@ by value, and the kernel is compiled for sm_90 offline (no spills, no shared mem
 On a GPU: the compiled kernel against the reference."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -955,6 +956,155 @@ def test_emulated_unrolled_loop(name, D, S_, monkeypatch):
     assert err < TOL, f"relative error {err:.2e}"
     with pytest.raises(ValueError, match="unroll=True unrolls the prefetching loop"):
         GluonDecodeConfig(unroll=True, prefetch=False)
+
+
+def _prefetch_coverage(trace, tensors) -> tuple[int, int, int, int, int, int]:
+    """Summed over the programs of an emulated launch's trace (`gluon_emu.traced`): (lines loaded from the page tensors
+    after the program's first tile, of those not prefetched before their load, lines prefetched, of those outside
+    every page tensor, of those never loaded by the program, programs). Page 0 is left out of the loaded lines: tiles past a split's end read it
+    (its rows' scores are masked), and the prefetch skips them. A program's first tile is what it loads before its
+    first prefetch that follows a load (the loop's; the prologue prefetches come before any load)."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes(), t.data_ptr() + t.stride(0) * t.element_size())
+             for t in tensors]
+
+    def ours(a):
+        return any(lo <= a < hi for lo, hi, _ in spans)
+
+    def page0(a):
+        return any(lo <= a < p0 for lo, _, p0 in spans)
+    stats = [0, 0, 0, 0, 0, 0]
+    segs, cur = [], None
+    for kind, val, es in trace:
+        if kind == "prog":
+            cur = []
+            segs.append(cur)
+        elif cur is not None:
+            cur.append((kind, val, es))
+    for seg in segs:
+        pf, loaded, first, pf_all = set(), [], True, []
+        for kind, val, es in seg:
+            if kind == "pf":
+                lines = {int(a) // 128 for a in val}
+                pf |= lines
+                pf_all.append(lines)
+                first = first and not loaded  # the loop's first prefetch ends the first tile
+                continue
+            for a in val:
+                a = int(a)
+                if not ours(a):
+                    continue
+                loaded.append(a // 128)
+                if not first and not page0(a):
+                    stats[0] += 1
+                    stats[1] += (a // 128) not in pf
+        ld_lines = set(loaded)
+        stats[5] += 1
+        for lines in pf_all:
+            stats[2] += len(lines)
+            stats[3] += sum(1 for ln in lines if not (ours(ln * 128) or ours(ln * 128 + 127)))
+            stats[4] += sum(1 for ln in lines if ln not in ld_lines)
+    return tuple(stats)
+
+
+@EMU
+@pytest.mark.parametrize("name,D,P,tw,l2,unroll", [
+    ("q4_0", 128, 16, 16, 2, False),              # a page a warp tile, rows r0.. of it
+    ("q8_0", 128, 16, 32, 1, False),              # a warp's 32 tokens over two pages; more than 32 lines a warp
+    ("int4:g32:asym", 128, 64, 16, 3, True),      # zeros; rows 16 k of 64-token pages; the unrolled loop
+    ("mxfp4", 64, 16, 16, 2, False),              # e8m0 scale bytes: 32-byte tiles off the 128-byte lines
+    ("kivi4", 128, 32, 32, 2, False),             # channel-axis keys: a token group's block a part
+    ("k=int4:g64:chan:asym,v=nf4", 128, 64, 32, 2, True),  # groups of 64 tokens read by two warps
+])
+def test_emulated_l2_prefetch(name, D, P, tw, l2, unroll, monkeypatch):
+    """The L2 prefetch (config `l2_prefetch`): the same attention as without it, and, from the emulated trace, every
+    code / scale / zero line a program loads after its first tile was prefetched before (none is missed: a wrong
+    page, row, stride or unit fails it), no prefetched line lies outside the page tensors, and at most the masked
+    value-scale rows of a split's last tile are prefetched without being read."""
+    from devtools import gluon_emu
+    from devtools.gluon_emu import emulate
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", emulate(gluon._decode_mma_kernel))
+    chan = "chan" in name or "kivi" in name
+    lens = [0, 128, 256, 640] if chan else [0, 17, 300, 645]  # (channel-axis keys: whole token groups)
+    sch, args, kw, q, ref = _case(name, lens, 4, 2, P, seed=23, q_seed=8, D=D)
+    kvp = _kv(q, sch, args, kw, P)
+    outs = []
+    for pf in (0, l2):
+        cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=tw, num_splits=2, prefetch=True, unroll=unroll,
+                                l2_prefetch=pf)
+        with gluon_emu.traced() as trace:
+            outs.append(gluon.run(q, kvp, D ** -0.5, cfg, out=torch.full_like(q, float("nan"))))
+    assert torch.isfinite(outs[1]).all()
+    assert torch.equal(outs[0], outs[1]), "the prefetch changed the attention"
+    assert _rel_err(outs[1], ref) < TOL
+    pages = [t for p in (kvp.k_pages, kvp.v_pages) for n, t in p.items()
+             if n in ("codes", "scales", "zeros") and t is not None]
+    loaded, missed, issued, outside, unread, progs = _prefetch_coverage(trace, pages)
+    assert loaded > 100 and issued > 50
+    assert missed == 0, f"{missed} of {loaded} lines loaded after a program's first tile were not prefetched before"
+    assert outside == 0, f"{outside} of {issued} prefetched lines lie outside the page tensors"
+    # a split's last warp tile reads its rows past the end with masked value scales: at most those lines go unread
+    assert unread <= 2 * progs, f"{unread} of {issued} prefetched lines are never loaded by their program"
+
+
+def test_l2_prefetch_config_and_tables():
+    """The config's range, and the tables for one pool: a line per 128 bytes of each part, one more for a part off
+    the lines, padding to a power of two."""
+    for bad in (-1, 9, True, 1.0, None):
+        with pytest.raises(ValueError, match="l2_prefetch"):
+            GluonDecodeConfig(l2_prefetch=bad)
+    def aligned(shape, dtype):  # a tensor starting on a 128-byte line (CPU allocations need not)
+        n = math.prod(shape)
+        buf = torch.zeros(n + 128, dtype=dtype)
+        off = (-buf.data_ptr()) % 128 // buf.element_size()
+        return buf[off:off + n].view(shape)
+    codes = aligned((8, 2, 16, 16), torch.int32)  # 64 bytes a token: 1 KB a 16-token part, 8 lines
+    scales = aligned((8, 2, 16, 2), torch.float16)  # 4 bytes a token: 64-byte parts, at 64-byte steps
+    gluon._L2_TABLES.clear()
+    pft, pfb, nlp = gluon.l2_lines([(codes, 1), (None, 1), (None, 1), (codes, 1), (scales, 1), (None, 1)], 16, 16,
+                                   "cpu")
+    rows = pft.reshape(-1, 3).tolist()
+    assert nlp == 32 and len(rows) == 32
+    assert [r[0] for r in rows].count(0) == 8 and [r[0] for r in rows].count(3) == 8
+    assert [r for r in rows if r[0] == 4] == [[4, 0, 0], [4, 0, 63]]  # 64 bytes off the lines: two, clamped
+    assert rows[-1] == [-1, 0, 0]
+    info = pfb.reshape(6, 5).tolist()
+    assert info[0][1:] == [2 * 16 * 16 * 4, 16 * 16 * 4, 64, 0] and info[1] == [0] * 5
+    two_pages = gluon.l2_lines([(codes, 1)] + [(None, 1)] * 5, 16, 32, "cpu")[0].reshape(-1, 3).tolist()
+    assert sorted({r[1] for r in two_pages if r[0] == 0}) == [0, 1]  # a 32-token warp tile over 16-token pages
+
+
+@GPU
+@pytest.mark.parametrize("name,tw,l2,unroll", [("q4_0", 16, 2, False), ("q4_0", 32, 4, False), ("q8_0", 32, 2, True),
+                                               ("fp8_e4m3", 32, 3, False), ("nf4", 16, 2, False),
+                                               ("kivi4", 32, 2, False), ("int4_had", 16, 1, True)])
+def test_gluon_l2_prefetch_on_the_gpu(name, tw, l2, unroll):
+    """The L2 prefetch compiled for the GPU (its asm, the tables' addresses): the same attention as without it, and
+    as the reference, over odd lengths and splits."""
+    P = 32 if "kivi" in name else 16
+    sch, args, kw, q, ref = _case(name, [1, 63, 1000, 4096, 4000], 32, 8, P, seed=6, q_seed=4, device="cuda")
+    outs = [decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3,
+                   config=GluonDecodeConfig(tokens_per_warp=tw, prefetch=True, unroll=unroll, l2_prefetch=n))
+            for n in (0, l2)]
+    assert torch.isfinite(outs[1]).all(), "unwritten, NaN or inf output elements"
+    assert torch.equal(outs[0], outs[1]), "the prefetch changed the attention"
+    err = _rel_err(outs[1], ref)
+    assert err < TOL, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("scheme,tw,page", [("q4_0", 16, 16), ("kivi4", 32, 32), ("q8_0", 32, 16)])
+def test_l2_prefetch_compiles_for_sm90(scheme, tw, page):
+    """Offline sm_90: the L2 prefetch is one CCTL (prefetch) a lane line in the main loop (not removed as unused),
+    without spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60", "--tw",
+                        str(tw), "--page", str(page), "--no-fp", "--l2", "2"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    if "ptxas" in p.stderr and "No such file" in p.stderr:
+        pytest.skip("this Triton wheel has no ptxas")
+    head = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:")]
+    assert p.returncode == 0 and len(head) == 1, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "STACK:0" in head[0] and "LOCAL:0" in head[0], f"spills: {head[0]}"
+    assert int(re.search(r"CCTL:(\d+)", head[0]).group(1)) >= 1, head[0]
 
 
 @GPU
