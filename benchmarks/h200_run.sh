@@ -740,7 +740,7 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
 s25)  # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch (config l2_prefetch: each tile asks L2 for the
-  # lines of the tile n ahead, one line a lane, no registers held) and session 23's unrolled loop (s24's A/B, folded
+  # lines of the tile n ahead, one line a lane, no registers for the data) and session 23's unrolled loop (s24's A/B, folded
   # in here): GPU tests, then A/B at fixed configs where the loop waits on DRAM latency (B 1 x 32K: 2 programs an SM)
   # and where it is issue-bound (B 32 x 32K)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -163,6 +163,11 @@ class Ptr:
         return Ptr(self.flat, self.off + o)
     __radd__ = __add__
 
+    def to(self, dtype, bitcast=False):
+        """The pointer's byte address as an int64 tensor (Gluon's `ptr.to(int64, bitcast=True)`)."""
+        assert dtype == torch.int64 and bitcast, "the emulator casts pointers only to int64 by bitcast"
+        return torch.as_tensor(self.off, dtype=torch.int64) * self.flat.element_size() + self.flat.data_ptr()
+
 
 def _t(x):
     return getattr(x, "value", x)

@@ -118,8 +118,9 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     benchmarks/NOTES_decode.md, session 23; off until the H200 times it). It needs the prefetch (not prefetch=False);
     with prefetch=None it applies where `gluon.prefetches` turns the prefetch on and is ignored elsewhere.
     l2_prefetch: 0 (off), or n > 0: each tile also asks L2 for the code / scale / zero lines of the tile n tiles ahead
-    (`prefetch.global.L2`, one line a lane; no registers held for it), so a loop whose loads wait on DRAM latency
-    (few programs an SM: batch 1) finds them in L2 (off until the H200 times it; `gluon.l2_lines`)."""
+    of its load (`prefetch.global.L2`, one line a lane: registers for the lines' addresses, none for the data), so a
+    loop whose loads wait on DRAM latency (few programs an SM: batch 1) finds them in L2 (off until the H200 times it;
+    ignored where a warp tile would cross a page mid-tile: `gluon.l2_parts`)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None

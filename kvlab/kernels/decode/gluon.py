@@ -31,6 +31,7 @@ Backend contract (called by `api.py` only): `why_not(q, kv, config)`, `run(q, kv
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from triton.experimental import gluon
@@ -199,33 +200,55 @@ def _prefetch_layout(NW: int, NLP: int):
 # one L2 line prefetch a lane where $2 != 0 (`_l2_issue`); the result is a dummy, the asm is kept (not pure)
 PF_ASM = ttgl.constexpr("{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }")
 L2_LINE = 128
+LINE = ttgl.constexpr(L2_LINE)
+
+
+@gluon.jit
+def _l2_take(lane, acc, X, xs0, xs1, hk, C: ttgl.constexpr, N: ttgl.constexpr, NPW: ttgl.constexpr,
+             PB: ttgl.constexpr, UB: ttgl.constexpr, SH: ttgl.constexpr, ES: ttgl.constexpr, PS: ttgl.constexpr):
+    """acc = (base, page stride, unit bytes, unit shift, page part) of each prefetch line [NLP]; lines C ..
+    C + NPW N take tensor X's: N lines a page part of PB bytes (units of UB bytes, 2^SH tokens; element bytes ES,
+    strides xs0 (pages, in PS elements) and xs1 (heads)), base = X's (page 0, head hk) tile + the line's offset
+    (the last line clamped to the part's last byte: a part that may start off a line has one line more)."""
+    base, pstr, unit, shift, pj = acc
+    if N > 0:
+        rel = lane - C
+        inr = (rel >= 0) & (rel < NPW * N)
+        part = rel // N
+        off = ttgl.minimum((rel - part * N) * LINE, PB - 1)
+        xb = X.to(ttgl.int64, bitcast=True) + hk.to(ttgl.int64) * (xs1 * ES)
+        base = ttgl.where(inr, xb + off.to(ttgl.int64), base)
+        pstr = ttgl.where(inr, xs0 * (PS * ES), pstr)
+        unit = ttgl.where(inr, UB, unit)
+        shift = ttgl.where(inr, SH, shift)
+        pj = ttgl.where(inr, part, pj)
+    return base, pstr, unit, shift, pj
 
 
 @gluon.jit
 def _l2_pages(IDX, tp, hi, pj, P: ttgl.constexpr, TW: ttgl.constexpr, NW: ttgl.constexpr, PFL: ttgl.constexpr):
-    """[NW, NLP] page of each prefetch line of the tile from token tp: warp w's tokens tp + w TW .., page pj of them
-    (pj > 0 where a warp's tokens span pages); 0 where those tokens start at or past `hi` (not prefetched)."""
+    """[NW, NLP] page of each prefetch line of the tile from token tp: warp w's tokens tp + w TW .., page part pj of
+    them (pj > 0 where a warp's tokens span pages); 0 where that part starts at or past `hi` (not prefetched)."""
     tb = tp + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, PFL)) * TW
     tj = tb[:, None] + (pj * P)[None, :]  # first token of the line's page part
     return ttgl.load(IDX + (tb // P)[:, None] + pj[None, :], mask=tj < hi, other=0)
 
 
 @gluon.jit
-def _l2_issue(tp, hi, pg, pbase, pstr, punit, pshift, pj, off, ok, P: ttgl.constexpr, TW: ttgl.constexpr,
+def _l2_issue(tp, hi, pg, lines, lane, NL: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
               NW: ttgl.constexpr, PFL: ttgl.constexpr):
-    """Prefetch into L2 the lines the tile from token tp will read, a line a lane (`l2_lines` laid them out): per
-    line its tensor's (page, head) tile base pbase (int64, this program's head included), page stride pstr (bytes),
-    bytes a unit punit (a token's row; for channel-axis keys a 2^pshift-token group's block), its page part pj and
-    its offset in the part off; pg (`_l2_pages`) its page. Parts at or past `hi` and padding lanes (not ok) are
-    skipped."""
+    """Prefetch into L2 the lines the tile from token tp will read, a line a lane (`_l2_take` laid them out, NL of
+    them): the line's base + its page (pg, `_l2_pages`) x page stride + the warp's first unit x unit bytes. Parts at
+    or past `hi` and lanes past NL are skipped."""
+    base, pstr, unit, shift, pj = lines
     tb = tp + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, PFL)) * TW
     if P >= TW:
-        r0 = tb % P  # first row of the warp's tokens in its page
+        r0 = tb % P  # first row of the warp's tokens in its page (P % TW == 0: they stay in it)
     else:
         r0 = tb * 0  # whole pages
-    rel = (r0[:, None] >> pshift[None, :]) * punit[None, :] + off[None, :]  # bytes from the tile's start
-    addr = pbase[None, :] + wide(pg, pg * 0 + pstr[None, :]) + rel.to(ttgl.int64)
-    go = ok[None, :] & ((tb[:, None] + (pj * P)[None, :]) < hi)
+    rel = (r0[:, None] >> shift[None, :]) * unit[None, :]  # bytes from the tile's start
+    addr = base[None, :] + wide(pg, pg * 0 + pstr[None, :]) + rel.to(ttgl.int64)
+    go = (lane < NL)[None, :] & ((tb[:, None] + (pj * P)[None, :]) < hi)
     ttgl.inline_asm_elementwise(PF_ASM, "=r,l,r", [addr, go.to(ttgl.int32)], dtype=ttgl.int32, is_pure=False,
                                 pack=1)
 
@@ -360,7 +383,7 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
 
 @gluon.jit
 def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, KPERM, VPERM, TAB, INDPTR, INDICES,
-                       LAST, PFT, PFB, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
+                       LAST, qk_scale, num_splits, sq0, sq1, so0, so1, kc0, kc1, ks0, ks1, vc0, vc1,
                        vs0, vs1, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                        GK: ttgl.constexpr, GV: ttgl.constexpr,
                        HAS_KTS: ttgl.constexpr, HAS_VTS: ttgl.constexpr,
@@ -371,7 +394,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        FUSED: ttgl.constexpr, ML: ttgl.constexpr, SR: ttgl.constexpr, PS: ttgl.constexpr,
                        KSD: ttgl.constexpr = 0, VSD: ttgl.constexpr = 0, PF: ttgl.constexpr = True,
                        U2: ttgl.constexpr = False, L2PF: ttgl.constexpr = 0, PFL: ttgl.constexpr = None,
-                       NLP: ttgl.constexpr = 32):
+                       NLP: ttgl.constexpr = 32, L2N: ttgl.constexpr = (0,) * 6, L2B: ttgl.constexpr = (0,) * 6,
+                       L2U: ttgl.constexpr = (0,) * 6, L2S: ttgl.constexpr = (0,) * 6,
+                       L2E: ttgl.constexpr = (0,) * 6):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -382,8 +407,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     [B * Hk] int32 counters, zero between calls). PF: the next tile's code words are loaded before this tile's
     math (a register prefetch), else each tile loads its own. U2 (with PF): the loop unrolled by two, so the two
     tiles' code registers swap roles instead of the prefetched ones being copied at the end of every tile.
-    L2PF > 0: each tile also prefetches into L2 the lines of the tile L2PF tiles ahead (`_l2_issue`; PFT int32
-    [NLP, 3] and PFB int64 [6, 5]: `l2_lines`' tables; layout PFL [NW, NLP])."""
+    L2PF > 0: each tile also prefetches into L2 the lines of the tile L2PF tiles ahead of its load (`_l2_issue`;
+    L2N / L2B / L2U / L2S / L2E: per tensor (K codes, scales, zeros, V codes, scales, zeros) lines, bytes, unit
+    bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP])."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -441,21 +467,29 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
         acc = ttgl.zeros([NW, GP, D], ttgl.float32, layout=MMA)
-    if L2PF > 0:  # each prefetch line's tensor, page part and line (`l2_lines`), and its tensor's strides
+    if L2PF > 0:  # each prefetch line's tensor, page part and offset (`_l2_take`, once)
+        NPW: ttgl.constexpr = TW // P if TW > P else 1  # page parts a warp's tile
+        AHEAD: ttgl.constexpr = L2PF + (1 if PF else 0)  # (with the register prefetch, a tile loads one tile early)
+        C1: ttgl.constexpr = NPW * L2N[0]
+        C2: ttgl.constexpr = C1 + NPW * L2N[1]
+        C3: ttgl.constexpr = C2 + NPW * L2N[2]
+        C4: ttgl.constexpr = C3 + NPW * L2N[3]
+        C5: ttgl.constexpr = C4 + NPW * L2N[4]
+        NL: ttgl.constexpr = C5 + NPW * L2N[5]
         lane = ttgl.arange(0, NLP, layout=ttgl.SliceLayout(0, PFL))
-        tid = ttgl.load(PFT + 3 * lane)
-        p_j = ttgl.load(PFT + 3 * lane + 1)
-        p_off = ttgl.load(PFT + 3 * lane + 2)
-        p_ok = tid >= 0
-        ti = ttgl.where(p_ok, tid, 0)
-        p_base = ttgl.load(PFB + 5 * ti) + hk.to(ttgl.int64) * ttgl.load(PFB + 5 * ti + 2)
-        p_str = ttgl.load(PFB + 5 * ti + 1).to(ttgl.int32)
-        p_unit = ttgl.load(PFB + 5 * ti + 3).to(ttgl.int32)
-        p_shift = ttgl.load(PFB + 5 * ti + 4).to(ttgl.int32)
-        for k in ttgl.static_range(1, L2PF):  # the tiles before the loop's first prefetch
-            _l2_issue(lo + k * BN, hi, _l2_pages(IDX, lo + k * BN, hi, p_j, P, TW, NW, PFL), p_base, p_str, p_unit,
-                      p_shift, p_j, p_off, p_ok, P, TW, NW, PFL)
-        pgp = _l2_pages(IDX, lo + L2PF * BN, hi, p_j, P, TW, NW, PFL)  # (loaded a tile before its use)
+        z = lane * 0
+        ln = (z.to(ttgl.int64), z, z, z, z)
+        ln = _l2_take(lane, ln, KC, kc0, kc1, hk, 0, L2N[0], NPW, L2B[0], L2U[0], L2S[0], L2E[0], PS)
+        ln = _l2_take(lane, ln, KS, ks0, ks1, hk, C1, L2N[1], NPW, L2B[1], L2U[1], L2S[1], L2E[1], PS)
+        ln = _l2_take(lane, ln, KZ, ks0, ks1, hk, C2, L2N[2], NPW, L2B[2], L2U[2], L2S[2], L2E[2], PS)
+        ln = _l2_take(lane, ln, VC, vc0, vc1, hk, C3, L2N[3], NPW, L2B[3], L2U[3], L2S[3], L2E[3], PS)
+        ln = _l2_take(lane, ln, VS, vs0, vs1, hk, C4, L2N[4], NPW, L2B[4], L2U[4], L2S[4], L2E[4], PS)
+        ln = _l2_take(lane, ln, VZ, vs0, vs1, hk, C5, L2N[5], NPW, L2B[5], L2U[5], L2S[5], L2E[5], PS)
+        p_j = ln[4]
+        for k in ttgl.static_range(1, AHEAD):  # the tiles the loop's first prefetches would come too late for
+            _l2_issue(lo + k * BN, hi, _l2_pages(IDX, lo + k * BN, hi, p_j, P, TW, NW, PFL), ln, lane, NL, P, TW, NW,
+                      PFL)
+        pgp = _l2_pages(IDX, lo + AHEAD * BN, hi, p_j, P, TW, NW, PFL)  # (loaded a tile before its use)
     if PF and U2:  # two tiles an iteration: the code registers of tile i + 1 load while tile i is attended, those of
         # tile i + 2 while tile i + 1 is (loads past hi read page 0: unused)
         cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
@@ -464,16 +498,15 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         for i in range(0, n_t // 2):
             t0 = lo + 2 * i * BN
             if L2PF > 0:
-                _l2_issue(t0 + L2PF * BN, hi, pgp, p_base, p_str, p_unit, p_shift, p_j, p_off, p_ok, P, TW, NW, PFL)
-                pgq = _l2_pages(IDX, t0 + (L2PF + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                pgq = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
             nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                               KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, cur, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
                                          D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
             if L2PF > 0:
-                _l2_issue(t0 + (L2PF + 1) * BN, hi, pgq, p_base, p_str, p_unit, p_shift, p_j, p_off, p_ok, P, TW, NW,
-                          PFL)
-                pgp = _l2_pages(IDX, t0 + (L2PF + 2) * BN, hi, p_j, P, TW, NW, PFL)
+                _l2_issue(t0 + (AHEAD + 1) * BN, hi, pgq, ln, lane, NL, P, TW, NW, PFL)
+                pgp = _l2_pages(IDX, t0 + (AHEAD + 2) * BN, hi, p_j, P, TW, NW, PFL)
             cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
                               vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B,
@@ -487,8 +520,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                             VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
         for t0 in range(lo, hi, BN):
             if L2PF > 0:
-                _l2_issue(t0 + L2PF * BN, hi, pgp, p_base, p_str, p_unit, p_shift, p_j, p_off, p_ok, P, TW, NW, PFL)
-                pgp = _l2_pages(IDX, t0 + (L2PF + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
             # PF: the next tile's codes are requested before this tile's math (software prefetch into registers);
             # else this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
@@ -584,47 +617,31 @@ def _tile_dense(t: torch.Tensor) -> bool:
     return True
 
 
-_L2_TABLES: dict = {}
-
-
-def l2_lines(parts, P: int, TW: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The L2 prefetch's tables for `_l2_issue` (config `l2_prefetch`). parts: six (page tensor [N, Hk, ...] as the
-    kernel reads it, or None; tokens a unit) for K codes, scales, zeros and V codes, scales, zeros; a unit is a token
-    (its row of the (page, head) tile) or, for channel-axis keys, a token group (its block of the tile). A warp's part
-    of a tile is min(TW, P) tokens of each of max(1, TW / P) pages, ceil(bytes / 128) lines, one more where a part
-    may start off a 128-byte line (that line's offset is clamped to the part's last byte, so no prefetch leaves it).
-    Returns (PFT int32 [NLP, 3]: per line its tensor (-1: padding), page part and offset in the part; PFB int64
-    [6, 5]: per tensor its base address, page and head strides and bytes a unit, log2 of its unit's tokens; NLP:
-    lines a warp, rounded up to a power of two >= 32). Cached per (tensors, P, TW): a plan captured in a CUDA graph
-    reads the same tables on every replay."""
-    key = (tuple(None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), u)
-                 for t, u in parts), P, TW, str(device))
-    hit = _L2_TABLES.get(key)
-    if hit is not None:
-        return hit
-    rows, info = [], [[0] * 5 for _ in range(6)]
+def l2_parts(parts, P: int, TW: int) -> dict | None:
+    """The L2 prefetch's line layout (config `l2_prefetch`) as the kernel's constexprs, or None where it does not
+    apply. parts: six (page tensor [N, Hk, ...] as the kernel reads it, or None; tokens a unit) for K codes, scales,
+    zeros and V codes, scales, zeros; a unit is a token (its row of the (page, head) tile) or, for channel-axis keys,
+    a token group (its block of the tile). A warp's part of a tile is min(TW, P) tokens of each of max(1, TW / P)
+    pages: ceil(bytes / 128) lines, one more where a part may start off a 128-byte line (from the tensor's address
+    class and strides: only that alignment is a constexpr, never an address, so pools share compiled kernels and a
+    captured graph holds no table). None where P > TW and P % TW: a warp's tokens would cross into the next page
+    mid-tile (`tok_rows`' second case), which the prefetch does not lay out."""
+    if P > TW and P % TW:
+        return None
+    n, b, u, sh, es = ([0] * 6 for _ in range(5))
     for tid, (t, unit) in enumerate(parts):
         if t is None:
             continue
-        es = t.element_size()
-        tile = 1
-        for n in t.shape[2:]:
-            tile *= n
-        ub = tile * es * unit // P  # bytes a unit
+        e = t.element_size()
+        ub = math.prod(t.shape[2:]) * e * unit // P  # bytes a unit
         nbytes = max(1, min(TW, P) // unit) * ub  # bytes of a part
         starts = {(r0 // unit) * ub for r0 in range(0, P, TW)} if P >= TW else {0}
-        aligned = all(x % L2_LINE == 0 for x in (t.data_ptr(), t.stride(0) * es, t.stride(1) * es, *starts))
-        lines = -(-nbytes // L2_LINE) + (0 if aligned else 1)
-        info[tid] = [t.data_ptr(), t.stride(0) * es, t.stride(1) * es, ub, unit.bit_length() - 1]
-        rows += [(tid, pj, min(lj * L2_LINE, nbytes - 1)) for pj in range(max(1, TW // P)) for lj in range(lines)]
-    nlp = max(32, 1 << (len(rows) - 1).bit_length())
-    rows += [(-1, 0, 0)] * (nlp - len(rows))
-    out = (torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1),
-           torch.tensor(info, dtype=torch.int64, device=device).reshape(-1), nlp)
-    if len(_L2_TABLES) > 64:
-        _L2_TABLES.clear()
-    _L2_TABLES[key] = out
-    return out
+        aligned = all(x % L2_LINE == 0 for x in (t.data_ptr(), t.stride(0) * e, t.stride(1) * e, *starts))
+        n[tid] = -(-nbytes // L2_LINE) + (0 if aligned else 1)
+        b[tid], u[tid], sh[tid], es[tid] = nbytes, ub, unit.bit_length() - 1, e
+    total = sum(n) * max(1, TW // P)
+    return dict(L2N=tuple(n), L2B=tuple(b), L2U=tuple(u), L2S=tuple(sh), L2E=tuple(es),
+                NLP=max(32, 1 << (total - 1).bit_length()))
 
 
 def prefetches(kcodec: int, D: int) -> bool:
@@ -721,17 +738,14 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         shifts = _byte_shifts(q.device)  # (here: `launch` may run under CUDA graph capture)
 
     pf = prefetches(kcodec, D) if config.prefetch is None else config.prefetch
-    l2pf = config.l2_prefetch
-    if l2pf:  # (the tables hold the pool's addresses: built here, outside the launch a graph captures)
-        gk = _group(k_spec)
-        ku = gk if kchan else 1
-        has = {n: kv.k_pages.get(n) is not None for n in ("scales", "zeros")}
-        vhas = {n: kv.v_pages.get(n) is not None for n in ("scales", "zeros")}
-        pft, pfb, nlp = l2_lines([(kc, ku), (ks if has["scales"] else None, ku), (kz if has["zeros"] else None, ku),
-                                  (vc, 1), (vs if vhas["scales"] else None, 1), (vz if vhas["zeros"] else None, 1)],
-                                 kv.page_size, TW, q.device)
-    else:
-        pft, pfb, nlp = kc, kc, 32
+    l2 = None
+    if config.l2_prefetch:
+        ku = _group(k_spec) if kchan else 1
+        kh = {n: kv.k_pages.get(n) is not None for n in ("scales", "zeros")}
+        vh = {n: kv.v_pages.get(n) is not None for n in ("scales", "zeros")}
+        l2 = l2_parts([(kc, ku), (ks if kh["scales"] else None, ku), (kz if kh["zeros"] else None, ku), (vc, 1),
+                       (vs if vh["scales"] else None, 1), (vz if vh["zeros"] else None, 1)], kv.page_size, TW)
+    l2kw = {} if l2 is None else dict(L2PF=config.l2_prefetch, PFL=_prefetch_layout(NW, l2["NLP"]), **l2)
     gpn = 8 if group <= 8 else 16  # heads per accumulator (O^T); with 8, the softmax keeps 8 score rows (`_scores`)
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then
     # known multiples of 16, so the compiler keeps the row loads vectorized
@@ -750,7 +764,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         _decode_mma_kernel[(B, Hk, S)](
             qr, o, op, lse, cnt, kc, ks, kz, vc, vs, vz, o if kts is None else kts, o if vts is None else vts, *perms,
             tab,
-            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len, pft, pfb,
+            kv.kv_indptr, kv.kv_indices, kv.kv_last_page_len,
             q_scale, S, qr.stride(0), qr.stride(1), o.stride(0), o.stride(1),
             kc.stride(0) // ps, kc.stride(1), ks.stride(0) // ps, ks.stride(1), vc.stride(0) // ps, vc.stride(1),
             vs.stride(0) // ps, vs.stride(1),
@@ -759,8 +773,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, L2PF=l2pf, PFL=_prefetch_layout(NW, nlp), NLP=nlp,
-            num_warps=NW, **launch_opts)
+            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, num_warps=NW, **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
                           v_rot=hadamard(D, q.device) if rot_v else None)
