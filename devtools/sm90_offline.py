@@ -6,7 +6,8 @@
 Swaps Triton's active driver for a stub that reports an sm_90 target, runs `decode` on small
 CPU tensors with launches turned into compiles (warmup), and prints registers, spills, shared
 memory and the SASS instruction mix of the main loop of every compiled decode kernel.
-Needs the ptxas / cuobjdump that ship with Triton; run it without TRITON_INTERPRET.
+Needs the ptxas / cuobjdump that ship with Triton; run it without TRITON_INTERPRET. The counts follow the Triton
+that compiles: for the H200's own (3.6.0), `eval "$(bash devtools/device_triton.sh)"` first.
 """
 from __future__ import annotations
 
