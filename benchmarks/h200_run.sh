@@ -769,7 +769,7 @@ extend:smollm2_p8k:bf16,extend:smollm2_p8k:q4_0,extend:smollm2_p8k:mxfp4,extend:
       python3 benchmarks/limits.py --run $sel --budget "${LIMITS_BUDGET:-80}" > "$OUT/ncu_$tag.csv" 2> "$OUT/ncu_$tag.err"
     grep -h "^failed\|budget" "$OUT/ncu_$tag.csv" "$OUT/ncu_$tag.err" | head -5
     python3 benchmarks/limits.py --summarize "$OUT/ncu_$tag.csv" $sel --out "$OUT/limits_$tag.csv" \
-      && cut -d, -f1,3,6-8,12-14 "$OUT/limits_$tag.csv"
+      && cat "$OUT/limits_$tag.md"
   done
   ;;
 s24)  # prepared in session 23 (issue 16): the Gluon decode's unrolled loop. Then s24d: the store's walks; s24b: the whole

@@ -46,8 +46,9 @@ STORE_TARGET = 0.6
 EXTEND_TARGET = 1.2
 DRAM_BOUND, PIPE_BOUND, ISSUE_BOUND = 80.0, 70.0, 70.0  # % of peak (`limiter`)
 MARKER = "_limits_marker"
-SUMMARY_COLUMNS = ["case", "kernels", "total_us", "main_kernel", "main_us", "dram_pct", "l2_pct", "issue_pct",
-                   "eligible_warps", "occupancy_pct", "regs", "top_pipes", "top_stalls", "limiter", "kernel_times"]
+SUMMARY_COLUMNS = ["case", "table", "target", "kernels", "total_us", "main_kernel", "main_us", "dram_pct", "l2_pct",
+                   "issue_pct", "eligible_warps", "occupancy_pct", "regs", "top_pipes", "top_stalls", "limiter",
+                   "kernel_times"]
 # ncu's raw counters beside its sections: stall reasons an issued instruction, pipe utilization, issue activity
 METRICS = ("regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio,"
            "regex:sm__inst_executed_pipe_[a-z0-9_]+\\.avg\\.pct_of_peak_sustained_active,"
@@ -108,6 +109,30 @@ def misses(ops: list[str], results: Path = RESULTS) -> list[str]:
                     and r["ratio_vs_cudnn"] and float(r["ratio_vs_cudnn"]) > EXTEND_TARGET):
                 out.append(f"extend:{shape}:{r['scheme']}")
     return list(dict.fromkeys(out))
+
+
+def table_value(case: str, results: Path = RESULTS) -> tuple[float | None, float]:
+    """(the committed table's number for the case, its issue target): decode's roofline fraction (graph replay,
+    default dispatch), the store's fraction of copy bandwidth, extend's ratio to cuDNN (auto_host); None where the
+    table has no such row."""
+    import run
+    op, shape, name = parse_case(case)
+    if op == "decode":
+        target, col = DECODE_TARGET.get(shape, float("nan")), "roofline_frac_graph"
+        want = {k: str(run.SHAPES[shape][k]) for k in ("batch", "context", "heads_q", "heads_kv", "head_dim")}
+        rows = [r for r in csv.DictReader(open(results / "decode.csv")) if r["dispatch"] == "default"
+                and r["scheme"] == name and all(r[k] == v for k, v in want.items())]
+    elif op == "store":
+        target, col = STORE_TARGET, "fraction_of_copy"
+        rows = [r for r in csv.DictReader(open(results / "store.csv")) if r["backend"] == "triton"
+                and r["scheme"] == name]
+    else:
+        target, col = EXTEND_TARGET, "ratio_vs_cudnn"
+        want = {k: str(v) for k, v in run.EXTEND_SHAPES[shape].items()}
+        rows = [r for r in csv.DictReader(open(results / "extend.csv")) if r["backend"] == "auto_host"
+                and r["scheme"] == name and all(r[k] == v for k, v in want.items())]
+    vals = [float(r[col]) for r in rows if r.get(col)]
+    return (vals[-1] if vals else None), target
 
 
 def parse_case(case: str) -> tuple[str, str, str]:
@@ -305,9 +330,11 @@ def _top(d: dict[str, float], n: int = 3, fmt: str = "{:.0f}") -> str:
     return " ".join(f"{k}:{fmt.format(v)}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:n])
 
 
-def summarize(case: str, kernels: list[dict]) -> dict:
-    """One summary row (SUMMARY_COLUMNS) of a case's kernels; the limiter is the longest kernel's."""
-    row = {"case": case, "kernels": len(kernels)}
+def summarize(case: str, kernels: list[dict], results: Path = RESULTS) -> dict:
+    """One summary row (SUMMARY_COLUMNS) of a case's kernels, beside the committed table's number and the issue's
+    target for it; the limiter is the longest kernel's."""
+    val, target = table_value(case, results)
+    row = {"case": case, "table": "" if val is None else round(val, 3), "target": target, "kernels": len(kernels)}
     if not kernels:
         return {**row, "limiter": "no kernel profiled"}
     ks = sorted(kernels, key=_us, reverse=True)
@@ -326,6 +353,7 @@ def summarize(case: str, kernels: list[dict]) -> dict:
 
 
 def write_summary(ncu_csv: str, cases: list[str], out: str | None) -> list[dict]:
+    """The summary rows of an ncu CSV as CSV (to `out`, or stdout), and as a markdown table beside it (out.md)."""
     rows = [summarize(c, ks) for c, ks in group(read_kernels(ncu_csv), cases).items()]
     f = open(out, "w", newline="") if out else sys.stdout
     w = csv.DictWriter(f, SUMMARY_COLUMNS, extrasaction="ignore")
@@ -333,7 +361,16 @@ def write_summary(ncu_csv: str, cases: list[str], out: str | None) -> list[dict]
     w.writerows(rows)
     if out:
         f.close()
+        Path(out).with_suffix(".md").write_text(markdown(rows))
     return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """The closing note's table: case, table / target, main kernel time, DRAM, issue, busiest pipes, stalls, limiter."""
+    cols = ["case", "table", "target", "main_us", "dram_pct", "issue_pct", "top_pipes", "top_stalls", "limiter"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> None:

@@ -70,6 +70,17 @@ def test_kernels_go_to_the_case_of_the_marker_before_them(lim, tmp_path):
     assert lim.summarize("store:32k:kivi4", got["store:32k:kivi4"])["main_us"] == 64.0
 
 
+def test_the_summary_files(lim, tmp_path):
+    """write_summary: the CSV (one row a case that has a marker) and its markdown table beside it."""
+    _write(tmp_path / "n.csv", [(lim.MARKER, "(2, 1, 1)", _k(2)),
+                                ("_store_kernel", "(512, 8, 1)", _k(64, **{"DRAM Throughput": 30.0}))])
+    rows = lim.write_summary(str(tmp_path / "n.csv"), ["store:32k:q4_0", "store:32k:kivi4"], str(tmp_path / "s.csv"))
+    assert [r["case"] for r in rows] == ["store:32k:kivi4"]
+    assert next(csv.DictReader(open(tmp_path / "s.csv")))["main_us"] == "64.0"
+    md = (tmp_path / "s.md").read_text().splitlines()
+    assert md[0].startswith("| case | table | target |") and md[2].startswith("| store:32k:kivi4 |")
+
+
 def test_a_marker_naming_no_case_is_an_error(lim, tmp_path):
     _write(tmp_path / "n.csv", [(lim.MARKER, "(5, 1, 1)", _k(2))])
     with pytest.raises(ValueError, match="names no case"):
@@ -123,6 +134,10 @@ def test_misses_of_a_results_folder(lim, tmp_path):
     assert lim.misses(["decode", "store", "extend"], tmp_path) == [
         "decode:b32:q4_0", "decode:b1:q4_0", "decode:smollm2:q8_0", "store:32k:kivi4", "extend:p8k_b1:q4_0"]
     assert lim.misses(["decode:b1"], tmp_path) == ["decode:b1:q4_0"]
+    assert lim.table_value("decode:b32:q4_0", tmp_path) == (0.66, 0.85)  # the default-dispatch row, not heuristic's
+    assert lim.table_value("store:32k:kivi4", tmp_path) == (0.32, 0.6)
+    assert lim.table_value("extend:p8k_b1:q4_0", tmp_path) == (1.28, 1.2)  # auto_host, not auto
+    assert lim.table_value("decode:d256:q4_0", tmp_path)[0] is None
     with pytest.raises(ValueError, match="allowed: decode, store, extend"):
         lim.misses(["prefill"], tmp_path)
 
