@@ -273,7 +273,8 @@ def _us(k: dict) -> float:
     return v * _TIME.get(unit, float("nan"))
 
 
-def _pct(m: dict, *names: str) -> float | None:
+def _metric(m: dict, *names: str) -> float | None:
+    """The value of the first of `names` the kernel's metrics hold (None: none)."""
     for n in names:
         if n in m:
             return m[n][1]
@@ -303,7 +304,7 @@ def stalls(m: dict) -> dict[str, float]:
 
 def issue_pct(m: dict) -> float | None:
     """% of cycles a scheduler issues an instruction."""
-    v = _pct(m, "smsp__issue_active.avg.pct_of_peak_sustained_active")
+    v = _metric(m, "smsp__issue_active.avg.pct_of_peak_sustained_active")
     if v is None and "Issued Warp Per Scheduler" in m:
         v = 100.0 * m["Issued Warp Per Scheduler"][1]
     return v
@@ -311,7 +312,7 @@ def issue_pct(m: dict) -> float | None:
 
 def limiter(m: dict) -> str:
     """The module docstring's rule on one kernel's metrics."""
-    dram = _pct(m, "DRAM Throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    dram = _metric(m, "DRAM Throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed")
     if dram is not None and dram >= DRAM_BOUND:
         return "DRAM bandwidth"
     p = pipes(m)
@@ -344,9 +345,9 @@ def summarize(case: str, kernels: list[dict], results: Path = RESULTS) -> dict:
     def r(v, nd=1):
         return "" if v is None else round(v, nd)
     row.update(total_us=r(sum(_us(k) for k in ks)), main_kernel=main["name"], main_us=r(_us(main)),
-               dram_pct=r(_pct(m, "DRAM Throughput")), l2_pct=r(_pct(m, "L2 Cache Throughput")),
-               issue_pct=r(issue_pct(m)), eligible_warps=r(_pct(m, "Eligible Warps Per Scheduler"), 2),
-               occupancy_pct=r(_pct(m, "Achieved Occupancy")), regs=r(_pct(m, "Registers Per Thread"), 0),
+               dram_pct=r(_metric(m, "DRAM Throughput")), l2_pct=r(_metric(m, "L2 Cache Throughput")),
+               issue_pct=r(issue_pct(m)), eligible_warps=r(_metric(m, "Eligible Warps Per Scheduler"), 2),
+               occupancy_pct=r(_metric(m, "Achieved Occupancy")), regs=r(_metric(m, "Registers Per Thread"), 0),
                top_pipes=_top(pipes(m)), top_stalls=_top(stalls(m), fmt="{:.2f}"), limiter=limiter(m),
                kernel_times=" ".join(f"{k['name'][:40]}:{_us(k):.1f}" for k in ks))
     return row

@@ -701,6 +701,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     kts, vts = (None if t is None else torch.as_tensor(t, dtype=torch.float32, device=q.device).reshape(1)
                 for t in (kv.k_tensor_scale, kv.v_tensor_scale))
+    ku = _group(k_spec) if kchan else 1  # tokens a unit of the K tensors (channel-axis keys: a token group)
+    read = [(kc, ku), (ks, ku), (kz, ku), (vc, 1), (vs, 1), (vz, 1)]  # the page tensors the codecs read (`l2_parts`)
     ks = kc if ks is None else ks  # codecs without group scales / zeros never read these
     vs = vc if vs is None else vs
     kz = ks if kz is None else kz
@@ -738,13 +740,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         shifts = _byte_shifts(q.device)  # (here: `launch` may run under CUDA graph capture)
 
     pf = prefetches(kcodec, D) if config.prefetch is None else config.prefetch
-    l2 = None
-    if config.l2_prefetch:
-        ku = _group(k_spec) if kchan else 1
-        kh = {n: kv.k_pages.get(n) is not None for n in ("scales", "zeros")}
-        vh = {n: kv.v_pages.get(n) is not None for n in ("scales", "zeros")}
-        l2 = l2_parts([(kc, ku), (ks if kh["scales"] else None, ku), (kz if kh["zeros"] else None, ku), (vc, 1),
-                       (vs if vh["scales"] else None, 1), (vz if vh["zeros"] else None, 1)], kv.page_size, TW)
+    l2 = l2_parts(read, kv.page_size, TW) if config.l2_prefetch else None
     l2kw = {} if l2 is None else dict(L2PF=config.l2_prefetch, PFL=_prefetch_layout(NW, l2["NLP"]), **l2)
     gpn = 8 if group <= 8 else 16  # heads per accumulator (O^T); with 8, the softmax keeps 8 score rows (`_scores`)
     # page strides in units of 16 elements where all are multiples (every dense pool): page offsets are then

@@ -110,6 +110,20 @@ def test_codec_of():
         assert gc.codec_of(kvlab.scheme(n).k) is None, n
 
 
+def _sm90_offline(*args) -> tuple[str, str]:
+    """(resources + loop mix line, shared-memory ops line) of `devtools.sm90_offline` on one Gluon scheme, main loop
+    only (--no-fp), in a subprocess without TRITON_INTERPRET (this session's jit helpers were built for the
+    interpreter); skips where the Triton wheel has no ptxas."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", *args, "--top", "60", "--no-fp"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    if "ptxas" in p.stderr and "No such file" in p.stderr:
+        pytest.skip("this Triton wheel has no ptxas")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:") or "smem ops:" in ln]
+    assert p.returncode == 0 and len(lines) == 2, p.stdout[-2000:] + p.stderr[-3000:]
+    return lines[0], lines[1]
+
+
 @pytest.mark.parametrize("scheme,D,tw", [("q4_0", 128, 16), ("q8_0", 128, 16), ("fp8_e4m3", 128, 16), ("q4_0", 64, 16),
                                          ("int4:g64:sym", 256, 16), ("int2:g32:asym", 128, 16), ("kivi4", 128, 32),
                                          ("kivi2", 128, 32), ("mxfp4", 128, 16), ("nvfp4", 128, 16),
@@ -122,15 +136,7 @@ def test_compiles_for_sm90_without_shared_memory_in_the_loop(scheme, D, tw):
     """Offline sm_90 compile (stub driver, Triton's ptxas / cuobjdump) in a subprocess without
     TRITON_INTERPRET (this session's jit helpers were built for the interpreter). The main loop only (no
     full-precision buffers): channel-axis keys put their K^T fragments in place by register moves."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60",
-                        "--head-dim", str(D), "--tw", str(tw), "--page", "32", "--no-fp"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    if "ptxas" in p.stderr and "No such file" in p.stderr:
-        pytest.skip("this Triton wheel has no ptxas")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:") or "smem ops:" in ln]
-    assert p.returncode == 0 and len(lines) == 2, p.stdout[-2000:] + p.stderr[-3000:]
-    head, smem = lines
+    head, smem = _sm90_offline(f"gluon:{scheme}", "--head-dim", str(D), "--tw", str(tw), "--page", "32")
     assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
     ops = dict(re.findall(r"([A-Z][A-Z0-9_]*):(\d+)", head.split("loop_instrs=")[1]))
     assert int(re.search(r"loop_instrs=(\d+)", head).group(1)) > 100
@@ -1100,16 +1106,9 @@ def test_gluon_l2_prefetch_on_the_gpu(name, tw, l2, unroll):
 def test_l2_prefetch_compiles_for_sm90(scheme, tw, page):
     """Offline sm_90: the L2 prefetch is one CCTL (prefetch) a lane line in the main loop (not removed as unused),
     without spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "devtools.sm90_offline", f"gluon:{scheme}", "--top", "60", "--tw",
-                        str(tw), "--page", str(page), "--no-fp", "--l2", "2"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    if "ptxas" in p.stderr and "No such file" in p.stderr:
-        pytest.skip("this Triton wheel has no ptxas")
-    head = [ln for ln in p.stdout.splitlines() if ln.startswith("gluon:")]
-    assert p.returncode == 0 and len(head) == 1, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "STACK:0" in head[0] and "LOCAL:0" in head[0], f"spills: {head[0]}"
-    assert int(re.search(r"CCTL:(\d+)", head[0]).group(1)) >= 1, head[0]
+    head, _ = _sm90_offline(f"gluon:{scheme}", "--tw", str(tw), "--page", str(page), "--l2", "2")
+    assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
+    assert int(re.search(r"CCTL:(\d+)", head).group(1)) >= 1, head
 
 
 @GPU
