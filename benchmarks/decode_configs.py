@@ -4,9 +4,9 @@
         --configs "tw32:s3:r168,tw16:s3,tw32:s3"
     PYTHONPATH=/path/to/old/tree python benchmarks/decode_configs.py --tag old ...   # the same cells, other kernel
 
-A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np][:u][:l{n}]` (f: fused merge; pf / np: the
-register prefetch on / off, else the kernel's default; u: the prefetching tile loop unrolled by two; l{n}: the L2
-prefetch n tiles ahead). Prints one line per cell:
+A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np][:u][:l{n}][:t]` (f: fused merge; pf / np:
+the register prefetch on / off, else the kernel's default; u: the prefetching tile loop unrolled by two; l{n}: the L2
+prefetch n tiles ahead; t: the scores transposed, S^T = K Q^T). Prints one line per cell:
 `cfg <tag> <scheme> <config> <graph-replayed median ms>` and the kvlab file it imported, so two runs in one
 session (one per tree, on one warm GPU) compare the kernels at equal configs.
 """
@@ -43,8 +43,10 @@ def parse_config(text: str):
             kw["unroll"] = True
         elif part.startswith("l") and part[1:].isdigit():  # the L2 prefetch, n tiles ahead
             kw["l2_prefetch"] = int(part[1:])
+        elif part == "t":  # the scores transposed (config scores_t)
+            kw["scores_t"] = True
         else:
-            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np, u, lN")
+            raise SystemExit(f"config {text!r}: unknown part {part!r}; allowed: tw16|tw32, sN, rN, wN, f, pf, np, u, lN, t")
     if kw.get("unroll"):
         if kw.get("prefetch") is False:
             raise SystemExit(f"config {text!r}: u unrolls the prefetching loop; it cannot go with np")

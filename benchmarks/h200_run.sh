@@ -21,6 +21,7 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
+#   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
 #   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
 #                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
 #   bash benchmarks/h200_run.sh limits  # prepared in session 25 (issues 16, 17): ncu over the default dispatch of every
@@ -738,6 +739,21 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   timeout "${PYTEST_S:-130}" python3 -m pytest -q -n 16 -p no:cacheprovider -rfE tests/kernels/store \
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
+  ;;
+s26)  # session 26 (issue 16): the Gluon decode's transposed scores (S^T = K Q^T: the GQA group's heads in the MMA's 8
+  # columns instead of 16 padded rows; offline on the device's Triton, loop instructions a 16-token tile q4_0 432 -> 417,
+  # q8_0 498 -> 451, fp8 291 -> 260, HMMA 24 -> 16): GPU tests, then the decode table's B 32 x 32K and B 1 x 32K rows
+  # through the public API with the kernel default off / on (KVLAB_GLUON_SCORES_T), the tuned packaged configs included
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "${ST_TESTS_K:-transposed_scores or l2_prefetch or unrolled}" 2>&1 | tee "$OUT/pytest_st.log" | tail -3
+  for st in ${ST_ORDER:-0 1}; do
+    KVLAB_GLUON_SCORES_T=$st KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-190}" python3 benchmarks/run.py \
+      --out "$OUT/decode_st$st" --cases decode --shapes "${DEC_SHAPES:-b32,b1}" --dispatch default \
+      --budget "${DEC_BUDGET:-160}" --schemes "${DEC_SCHEMES:-fp8_e4m3,q8_0,q4_0,int2,int3,nf4,mxfp4,kivi4,q4_1,int4_had,\
+kivi2,nvfp4,iq4nl,bf16}" 2>&1 | tail -1
+    cut -d, -f1,3,9,12,16,17,20 "$OUT/decode_st$st/decode.csv" | tee "$OUT/decode_st$st.txt"
+  done
   ;;
 s25)  # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch (config l2_prefetch: each tile asks L2 for the
   # lines of the tile n ahead, one line a lane, no registers for the data) and session 23's unrolled loop (s24's A/B, folded

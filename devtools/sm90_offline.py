@@ -98,12 +98,13 @@ def compile_decode(scheme: str, config, B=2, Hq=32, Hk=8, D=128, P=16, L=64):
 
 
 def compile_gluon(scheme="q4_0", num_warps=4, tokens_per_warp=16, B=2, Hq=32, Hk=8, D=128, P=16, L=200,
-                  num_splits=2, maxnreg=None, fp=True, prefetch=None, unroll=False, l2=0):
+                  num_splits=2, maxnreg=None, fp=True, prefetch=None, unroll=False, l2=0, st=False):
     """-> list of (name, CompiledKernel) for one Gluon MMA decode call (prefetch: the config's; None its default)."""
     from kvlab.kernels.configs import GluonDecodeConfig
     from kvlab.kernels.decode import gluon
     cfg = GluonDecodeConfig(num_warps=num_warps, tokens_per_warp=tokens_per_warp, num_splits=num_splits,
-                            maxnreg=maxnreg, prefetch=prefetch, unroll=unroll, l2_prefetch=l2)
+                            maxnreg=maxnreg, prefetch=prefetch, unroll=unroll, l2_prefetch=l2,
+                            scores_t=st)
     with offline_compiles() as kernels:
         q, kv = _call(scheme, B, Hq, Hk, D, P, L, fp)
         gluon.run(q, kv, D ** -0.5, cfg)
@@ -181,6 +182,8 @@ def main(argv=None):
                     "(config `unroll`)")
     ap.add_argument("--l2", type=int, default=0, help="gluon:SCHEME: L2 prefetch this many tiles ahead (config "
                     "`l2_prefetch`; 0 off)")
+    ap.add_argument("--st", action="store_true", help="gluon:SCHEME: the scores transposed, S^T = K Q^T (config "
+                    "`scores_t`)")
     ap.add_argument("--prefetch", default=None, choices=["on", "off"], help="gluon:SCHEME: the register prefetch "
                     "(default: the config's default, `gluon.prefetches`)")
     a = ap.parse_args(argv)
@@ -192,7 +195,7 @@ def main(argv=None):
         compiled = (compile_gluon(s[len("gluon:"):], a.warps, a.tw, Hq=Hq, Hk=Hk, D=a.head_dim, P=a.page,
                                   maxnreg=a.maxnreg, fp=not a.no_fp,
                                   prefetch=None if a.prefetch is None else a.prefetch == "on", unroll=a.unroll,
-                                  l2=a.l2)
+                                  l2=a.l2, st=a.st)
                     if gl else compile_decode(s, cfg, Hq=Hq, Hk=Hk, D=a.head_dim))
         for name, k in compiled:
             if name not in ("_decode_kernel", "_decode_mma_kernel"):

@@ -120,7 +120,12 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     l2_prefetch: 0 (off), or n > 0: each tile also asks L2 for the code / scale / zero lines of the tile n tiles ahead
     of its load (`prefetch.global.L2`, one line a lane: registers for the lines' addresses, none for the data), so a
     loop whose loads wait on DRAM latency (few programs an SM: batch 1) finds them in L2 (off until the H200 times it;
-    ignored where a warp tile would cross a page mid-tile: `gluon.l2_parts`)."""
+    ignored where a warp tile would cross a page mid-tile: `gluon.l2_parts`).
+    scores_t: the scores transposed, S^T = K Q^T, with the tile's tokens in the MMA's 16 rows and the GQA group's
+    heads in its 8 columns, instead of S = Q K^T with the heads padded to 16 rows: half the score MMAs and no
+    padded query registers, for a transposition of P in registers (True needs transpose_o; applies to GQA groups of
+    up to 8 and is ignored for larger ones); None: the kernel's default (`gluon.SCORES_T`, off until the H200 times
+    it; KVLAB_GLUON_SCORES_T=1 turns it on)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None
@@ -130,6 +135,7 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     prefetch: bool | None = None
     unroll: bool = False
     l2_prefetch: int = 0
+    scores_t: bool | None = None
 
     def __post_init__(self):
         _one_of("num_warps", self.num_warps, (1, 2, 4, 8))
@@ -137,6 +143,10 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
                and 0 <= self.l2_prefetch <= 8, f"l2_prefetch={self.l2_prefetch!r}; allowed: an int in [0, 8]")
         _one_of("tokens_per_warp", self.tokens_per_warp, (16, 32))
         _check(isinstance(self.unroll, bool), f"unroll={self.unroll!r}; allowed: True, False")
+        _check(self.scores_t is None or isinstance(self.scores_t, bool),
+               f"scores_t={self.scores_t!r}; allowed: None, True, False")
+        _check(not (self.scores_t and not self.transpose_o), "scores_t=True transposes the scores into the O^T "
+               "accumulator's columns; it needs transpose_o=True")
         _check(not (self.unroll and self.prefetch is False), "unroll=True unrolls the prefetching loop; it needs "
                "prefetch=True or None (not False)")
         _check(self.prefetch is None or isinstance(self.prefetch, bool),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 from triton.experimental import gluon
@@ -87,6 +88,8 @@ def gpu_verified(device) -> bool:
         tuple(torch.cuda.get_device_capability(dev)) in GPU_VERIFIED
 
 
+# the scores transposed (S^T = K Q^T, `_scores_t`) where a config leaves `scores_t` None; off until the H200 times it
+SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "0") not in ("", "0")
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
@@ -299,6 +302,33 @@ def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.conste
 
 
 @gluon.jit
+def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr):
+    """`_scores` with the scores transposed: S^T = K Q^T [NW, TW, GPN] (tokens in the MMA's M rows, the 8 heads in
+    its N columns), so a tile of 16 tokens takes D / 16 MMAs instead of 2 D / 16 with 16 padded head rows. kt [NW,
+    D, TW] (B fragment) is the A fragment of K [NW, TW, D] in the same registers; qt: Q^T [NW, D, GPN] (B fragment).
+    valid [NW, TW]; m_i [NW, GPN] (SliceLayout(1, MMA): alpha already in O^T's column layout); l_i [NW, TW, GPN]:
+    each score's own running sum (the kernel sums over the tokens once, after the loop, instead of a three-level
+    lane exchange a tile) -> (p^T [NW, TW, GPN], new max, new sums, alpha)."""
+    ka = ttgl.convert_layout(ttgl.permute(kt, [0, 2, 1]), A, assert_trivial=True)
+    s = mma_v2(ka, qt, ttgl.zeros([kt.shape[0], kt.shape[2], qt.shape[2]], ttgl.float32, layout=MMA))
+    s = ttgl.where(valid[:, :, None], s, float("-inf"))
+    m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
+    m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0, not NaN
+    alpha = ttgl.exp2(m_i - m_safe)
+    p = ttgl.exp2(s - m_safe[:, None, :])
+    return p, m_new, l_i * alpha[:, None, :] + p, alpha
+
+
+@gluon.jit
+def _pv_t(pt, vt, acc, alpha, A: ttgl.constexpr, B: ttgl.constexpr):
+    """O^T * alpha + V^T P^T with P^T from `_scores_t` ([NW, TW, GPN], the MMA's accumulator layout: its tokens
+    move from the lanes' row bits to their column bits, the B fragment's)."""
+    pb = ttgl.convert_layout(pt.to(ttgl.float16), B)
+    va = ttgl.convert_layout(ttgl.permute(vt, [0, 2, 1]), A, assert_trivial=True)
+    return mma_v2(va, pb, acc * alpha[:, None, :])
+
+
+@gluon.jit
 def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.constexpr, GPN: ttgl.constexpr,
                 D: ttgl.constexpr, ML: ttgl.constexpr):
     """After this program's partial and log2-sum-exp are stored: count it in CNT[b, hk]; the last of the
@@ -367,17 +397,23 @@ def _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, vc0
 def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr,
                  B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr, D: ttgl.constexpr, GK: ttgl.constexpr,
                  MMA: ttgl.constexpr, GP: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
-                 OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr):
+                 OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr,
+                 ST: ttgl.constexpr = False):
     """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the body of
-    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two)."""
+    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two). ST: scores transposed (`_scores_t`; q is Q^T)."""
     kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = c
     if KCHAN:
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-    s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
-    vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
-    acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
+    if ST:
+        s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+        acc = _pv_t(s, vt, acc, alpha, A, B)
+    else:
+        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
+        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+        acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
     return m_i, l_i, acc
 
 
@@ -396,7 +432,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        U2: ttgl.constexpr = False, L2PF: ttgl.constexpr = 0, PFL: ttgl.constexpr = None,
                        NLP: ttgl.constexpr = 32, L2N: ttgl.constexpr = (0,) * 6, L2B: ttgl.constexpr = (0,) * 6,
                        L2U: ttgl.constexpr = (0,) * 6, L2S: ttgl.constexpr = (0,) * 6,
-                       L2E: ttgl.constexpr = (0,) * 6):
+                       L2E: ttgl.constexpr = (0,) * 6, ST: ttgl.constexpr = False):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -409,7 +445,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     tiles' code registers swap roles instead of the prefetched ones being copied at the end of every tile.
     L2PF > 0: each tile also prefetches into L2 the lines of the tile L2PF tiles ahead of its load (`_l2_issue`;
     L2N / L2B / L2U / L2S / L2E: per tensor (K codes, scales, zeros, V codes, scales, zeros) lines, bytes, unit
-    bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP])."""
+    bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP]).
+    ST (with OT and GPN 8): the scores transposed, S^T = K Q^T (`_scores_t`): q is loaded as Q^T [NW, D, GPN] and
+    the softmax state lies in the accumulator's column layout."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -424,7 +462,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     # writes only its log2-sum-exp (-inf), which every merge skips, and returns before any load (DIRECT: one
     # split, which writes the output, zeros for an empty sequence)
     ROWS: ttgl.constexpr = GPN if OT else GP  # softmax rows kept (GPN with O^T, else the GP padded rows)
-    LROW: ttgl.constexpr = ttgl.SliceLayout(0, ttgl.SliceLayout(2, SR))  # layout of a [ROWS] log2-sum-exp
+    # layout of the [NW, ROWS] softmax state, and of a [ROWS] log2-sum-exp
+    STL: ttgl.constexpr = ttgl.SliceLayout(1, MMA) if ST else ttgl.SliceLayout(2, SR)
+    LROW: ttgl.constexpr = ttgl.SliceLayout(0, STL)
     if not DIRECT:
         if hi <= lo:
             lg0 = ttgl.arange(0, ROWS, layout=LROW)
@@ -435,14 +475,24 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             return
     IDX = INDICES + p0
 
-    # queries [NW (same for every warp), GP, D] in kappa order, scaled by qk_scale (log2 domain)
-    qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, A)))
-    qg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, A)))
-    kap = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
-    qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
-    qrow = qz[:, None, None] * 0 + qg[None, :, None]
-    qm = (qrow < GROUP) & (qch[None, None, :] < D)
-    q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, None, :], mask=qm, other=0.0)
+    # queries [NW (same for every warp), GP, D] in kappa order (ST: Q^T [NW, D, GPN]), scaled by qk_scale (log2
+    # domain)
+    if ST:
+        qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, B)))
+        qg = ttgl.arange(0, GPN, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, B)))
+        kap = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, B)))
+        qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
+        qrow = qz[:, None, None] * 0 + qg[None, None, :]
+        qm = (qrow < GROUP) & (qch[None, :, None] < D)
+        q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, :, None], mask=qm, other=0.0)
+    else:
+        qz = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, A)))
+        qg = ttgl.arange(0, GP, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, A)))
+        kap = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, A)))
+        qch = ttgl.load(KPERM + kap)  # head-dim channel of contraction index kappa (k_channel_order)
+        qrow = qz[:, None, None] * 0 + qg[None, :, None]
+        qm = (qrow < GROUP) & (qch[None, None, :] < D)
+        q = ttgl.load(Q + b * sq0 + (hk * GROUP + qrow) * sq1 + qch[None, None, :], mask=qm, other=0.0)
     qs = qk_scale
     if HAS_KTS:
         qs = qs * ttgl.load(KTS)
@@ -455,14 +505,17 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             ttgl.load(TAB + 13), ttgl.load(TAB + 14), ttgl.load(TAB + 15))
 
     # token index helpers: score tile [NW, GP, TW] and the word / scale tiles of K and V
-    SL: ttgl.constexpr = ttgl.SliceLayout(1, MMA)
+    SL: ttgl.constexpr = ttgl.SliceLayout(2, MMA) if ST else ttgl.SliceLayout(1, MMA)  # [NW, TW] of the scores
     sw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, SL))
     sn = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, SL))
     q_tok = (sw * TW)[:, None] + tile_tok(sn, TW, KCHAN)[None, :]  # ... of each paged token's score column
 
     # softmax state of the score rows kept (ROWS; layout SR)
-    m_i = ttgl.full([NW, ROWS], float("-inf"), ttgl.float32, layout=ttgl.SliceLayout(2, SR))
-    l_i = ttgl.zeros([NW, ROWS], ttgl.float32, layout=ttgl.SliceLayout(2, SR))
+    m_i = ttgl.full([NW, ROWS], float("-inf"), ttgl.float32, layout=STL)
+    if ST:  # (per score: summed over the tokens after the loop)
+        l_i = ttgl.zeros([NW, TW, ROWS], ttgl.float32, layout=MMA)
+    else:
+        l_i = ttgl.zeros([NW, ROWS], ttgl.float32, layout=STL)
     if OT:
         acc = ttgl.zeros([NW, D, GPN], ttgl.float32, layout=MMA)  # O^T
     else:
@@ -503,17 +556,17 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                               KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, cur, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
-                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
             if L2PF > 0:
                 _l2_issue(t0 + (AHEAD + 1) * BN, hi, pgq, ln, lane, NL, P, TW, NW, PFL)
                 pgp = _l2_pages(IDX, t0 + (AHEAD + 2) * BN, hi, p_j, P, TW, NW, PFL)
             cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
                               vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B,
-                                         NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+                                         NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
         if n_t % 2 == 1:  # the last tile, whose codes `cur` holds
             m_i, l_i, acc = _attend_tile(q, cur, lo + (n_t - 1) * BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC,
-                                         VCODEC, B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+                                         VCODEC, B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
     else:
         if PF:
             c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
@@ -530,11 +583,13 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             if not PF:
                 c = nc
             m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
-                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN)
+                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
             if PF:
                 c = nc
 
     # merge the warps' softmax states
+    if ST:
+        l_i = ttgl.sum(l_i, 1)
     m_all = ttgl.max(m_i, 0)  # [ROWS]
     m_all_safe = ttgl.where(m_all == float("-inf"), 0.0, m_all)
     wgt = ttgl.exp2(m_i - m_all_safe[None, :])  # [NW, ROWS]
@@ -572,6 +627,13 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
 
 
 # ---- host side ------------------------------------------------------------------------------------
+def scores_t(config: GluonDecodeConfig, group: int) -> bool:
+    """Whether a launch of `config` for GQA groups of `group` query heads transposes its scores (constexpr ST): the
+    config's `scores_t` (None: `SCORES_T`), with the O^T accumulator and groups of up to 8 only."""
+    on = SCORES_T if config.scores_t is None else config.scores_t
+    return bool(on and config.transpose_o and group <= 8)
+
+
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
     """None when the Gluon MMA kernel runs specs k_spec / v_spec at head_dim D, page size P and GQA group
     `group` on `device` (with `tokens_per_warp`, when given); else the reason it does not."""
@@ -769,7 +831,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, num_warps=NW, **l2kw, **launch_opts)
+            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group), num_warps=NW,
+            **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
                           v_rot=hadamard(D, q.device) if rot_v else None)

@@ -1309,3 +1309,115 @@ def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
     monkeypatch.setattr(gluon, "GPU_VERIFIED", ())
     assert autotune.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, "cuda") == []
     assert not gluon.gpu_verified("cpu")
+
+
+# every codec family, GQA 1 to 8, 16- and 32-token tiles, unrolled or not, D 64 / 128 / 256: (scheme, lens, Hq, Hk, P,
+# splits, warps, tokens per warp, unroll, D)
+ST_CASES = [
+    ("q4_0", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, False, 128),
+    ("q4_0", [0, 96, 192, 256, 320], 8, 1, 16, 1, 2, 32, True, 128),    # GQA 8, an empty sequence, odd tile counts
+    ("q8_0", [0, 130], 4, 4, 32, 2, 2, 32, False, 128),                  # GQA 1
+    ("fp8_e4m3", [150, 97], 8, 2, 48, 2, 2, 32, False, 128),            # a warp's tokens cross a page mid-tile
+    ("k=q8_0,v=q4_0", [5, 77], 9, 3, 16, 2, 4, 16, True, 64),           # SmolLM2's GQA 3 at D 64
+    ("int4_had", [40, 130], 8, 2, 32, 2, 4, 16, False, 128),
+    ("int2:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, False, 128),
+    ("kivi4", [32, 96, 160, 320], 8, 2, 32, 3, 4, 32, False, 128),      # channel-axis keys
+    ("k=int3:g32:chan:asym,v=lm3:rot=had", [0, 96, 224], 8, 8, 32, 1, 4, 32, False, 128),
+    ("mxfp4", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, True, 128),
+    ("nvfp4", [1, 17, 63, 200], 8, 4, 16, 2, 4, 32, False, 256),        # GQA 2 at D 256
+    ("nf4", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, False, 128),
+    ("int3:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, True, 128),
+    ("lm2:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, False, 128),
+]
+
+
+@pytest.mark.parametrize("c", ST_CASES, ids=[f"{c[0]}-Hq{c[2]}-Hk{c[3]}-tw{c[7]}-u{int(c[8])}-D{c[9]}" for c in ST_CASES])
+@EMU
+def test_emulated_transposed_scores(c, monkeypatch):
+    """Scores transposed (config `scores_t`, constexpr ST: S^T = K Q^T, the heads in the MMA's columns, each score's
+    running sum kept apart until after the loop): the same attention as the float32 reference for every codec family,
+    GQA 1 to 8, both tile sizes, the unrolled loop, head dims 64 / 128 / 256, with NaN past each sequence's end and a
+    NaN-poisoned output; it reaches the kernel (a dropped ST, a wrong transposition of P or a sum over the wrong axis
+    fails these)."""
+    from devtools.gluon_emu import emulate
+    name, lens, Hq, Hk, P, S_, NW, TW, unroll, D = c
+    emulated, seen = emulate(gluon._decode_mma_kernel), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw["ST"])
+                return emulated[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=23, q_seed=8, D=D)
+    assert torch.isfinite(ref).all()
+    out = torch.full_like(q, float("nan"))
+    cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW, num_splits=S_, unroll=unroll, scores_t=True)
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert seen == [True], "the transposed scores did not reach the kernel"
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+    if lens[0] == 0:
+        assert (got[0] == 0).all(), "an empty sequence attends nothing"
+
+
+def test_transposed_scores_config_and_group_limit(monkeypatch):
+    """scores_t needs the O^T accumulator (a clear error otherwise) and applies to GQA groups of up to 8: a group of
+    16 runs the padded-row scores (ST False at the launch) with the same result."""
+    from devtools.gluon_emu import emulate
+    with pytest.raises(ValueError, match="scores_t=True .* needs transpose_o=True"):
+        GluonDecodeConfig(scores_t=True, transpose_o=False)
+    with pytest.raises(ValueError, match="scores_t=1; allowed: None, True, False"):
+        GluonDecodeConfig(scores_t=1)
+    monkeypatch.setattr(gluon, "SCORES_T", False)
+    assert gluon.scores_t(GluonDecodeConfig(scores_t=True), 8) and not gluon.scores_t(GluonDecodeConfig(), 8)
+    monkeypatch.setattr(gluon, "SCORES_T", True)  # the kernel's default where the config leaves it None
+    assert gluon.scores_t(GluonDecodeConfig(), 4) and not gluon.scores_t(GluonDecodeConfig(scores_t=False), 4)
+    assert not gluon.scores_t(GluonDecodeConfig(transpose_o=False), 4)
+    emulated, seen = emulate(gluon._decode_mma_kernel), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw["ST"])
+                return emulated[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    sch, args, kw, q, ref = _case("q4_0", [100, 70], 16, 1, 64, seed=11, q_seed=2)
+    got = gluon.run(q, _kv(q, sch, args, kw, 64), 128 ** -0.5,
+                    GluonDecodeConfig(num_warps=4, tokens_per_warp=16, num_splits=2, scores_t=True))
+    assert seen == [False]
+    assert _rel_err(got, ref) < TOL
+
+
+@pytest.mark.parametrize("scheme,tw,page", [("q4_0", 16, 16), ("kivi4", 32, 32), ("fp8_e4m3", 16, 16)])
+def test_transposed_scores_compile_for_sm90(scheme, tw, page):
+    """Offline sm_90 compile of the transposed scores: a third fewer MMAs in the loop (Q K^T takes D / 16 of them a
+    16-token tile instead of D / 8 with 16 padded head rows; P V D / 16 either way: 16 instead of 24 at D 128), no
+    spill."""
+    hmma = {}
+    for st in ((), ("--st",)):
+        head, _ = _sm90_offline(f"gluon:{scheme}", "--tw", str(tw), "--page", str(page), *st)
+        assert "STACK:0" in head and "LOCAL:0" in head, f"spills: {head}"
+        hmma[bool(st)] = int(re.search(r"HMMA:(\d+)", head).group(1))
+    assert hmma == {False: 24 * tw // 16, True: 16 * tw // 16}, hmma
+
+
+@GPU
+@pytest.mark.parametrize("name,tw,unroll,Hq,Hk,D", [("q4_0", 16, False, 32, 8, 128), ("q8_0", 32, True, 32, 8, 128),
+                                                    ("fp8_e4m3", 16, False, 32, 8, 128), ("kivi4", 32, False, 32, 8, 128),
+                                                    ("nf4", 16, True, 32, 8, 128), ("int3:g32:asym", 16, False, 32, 8, 128),
+                                                    ("mxfp4", 16, False, 32, 32, 128), ("q4_0", 16, False, 9, 3, 64),
+                                                    ("q8_0", 16, False, 8, 4, 256), ("int4_had", 32, False, 8, 1, 128)])
+def test_gluon_transposed_scores_on_the_gpu(name, tw, unroll, Hq, Hk, D):
+    """The transposed scores compiled for the GPU (GQA 1, 2, 3, 4, 8; D 64 / 128 / 256; both tile sizes, the unrolled
+    loop), lengths 1..4096, against the reference."""
+    P = 32 if "kivi" in name else 16
+    sch, args, kw, q, ref = _case(name, [1, 17, 63, 1000, 4097], Hq, Hk, P, seed=6, q_seed=4, device="cuda", D=D)
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3,
+                 config=GluonDecodeConfig(tokens_per_warp=tw, unroll=unroll, scores_t=True))
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
