@@ -740,6 +740,25 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
+s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4_had's B 32 entries pinned off): the GPU
+  # tests (kivi lengths fixed), the decode table's SmolLM2 (D 64) and D 256 rows off / on, then limits on decode:b32
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-110}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "transposed_scores or unrolled_loop_on or l2_prefetch_on or l2_prefetch_compiles" 2>&1 \
+    | tee "$OUT/pytest_st.log" | tail -3
+  for st in 0 1; do
+    KVLAB_GLUON_SCORES_T=$st KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-110}" python3 benchmarks/run.py \
+      --out "$OUT/decode_st$st" --cases decode --shapes smollm2,d256 --dispatch default --budget "${DEC_BUDGET:-75}" \
+      --schemes "${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had}" 2>&1 | tail -1
+    cut -d, -f1,3,5,7,16,17 "$OUT/decode_st$st/decode.csv" | tee "$OUT/decode_st$st.txt"
+  done
+  read -ra ncu_args <<< "$(python3 benchmarks/limits.py --print-ncu-args)"
+  timeout "${LIMITS_S:-135}" ncu --clock-control none --profile-from-start off "${ncu_args[@]}" --csv --page details \
+    python3 benchmarks/limits.py --run --misses decode:b32 --budget "${LIMITS_BUDGET:-80}" > "$OUT/ncu_decode_b32.csv" \
+    2> "$OUT/ncu_decode_b32.err"
+  python3 benchmarks/limits.py --summarize "$OUT/ncu_decode_b32.csv" --misses decode:b32 --out "$OUT/limits_decode_b32.csv" \
+    && cat "$OUT/limits_decode_b32.md"
+  ;;
 s26)  # session 26 (issue 16): the Gluon decode's transposed scores (S^T = K Q^T: the GQA group's heads in the MMA's 8
   # columns instead of 16 padded rows; offline on the device's Triton, loop instructions a 16-token tile q4_0 432 -> 417,
   # q8_0 498 -> 451, fp8 291 -> 260, HMMA 24 -> 16): GPU tests, then the decode table's B 32 x 32K and B 1 x 32K rows

@@ -124,8 +124,8 @@ class GluonDecodeConfig(_Config, op="decode", kernel="gluon"):
     scores_t: the scores transposed, S^T = K Q^T, with the tile's tokens in the MMA's 16 rows and the GQA group's
     heads in its 8 columns, instead of S = Q K^T with the heads padded to 16 rows: half the score MMAs and no
     padded query registers, for a transposition of P in registers (True needs transpose_o; applies to GQA groups of
-    up to 8 and is ignored for larger ones); None: the kernel's default (`gluon.SCORES_T`, off until the H200 times
-    it; KVLAB_GLUON_SCORES_T=1 turns it on)."""
+    up to 8 and is ignored for larger ones); None: the kernel's default (`gluon.SCORES_T`: on, as the H200 timed it
+    faster for most schemes; KVLAB_GLUON_SCORES_T=0 turns it off)."""
     num_warps: int = 4
     tokens_per_warp: int = 16
     num_splits: int | None = None

@@ -88,8 +88,11 @@ def gpu_verified(device) -> bool:
         tuple(torch.cuda.get_device_capability(dev)) in GPU_VERIFIED
 
 
-# the scores transposed (S^T = K Q^T, `_scores_t`) where a config leaves `scores_t` None; off until the H200 times it
-SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "0") not in ("", "0")
+# the scores transposed (S^T = K Q^T, `_scores_t`) where a config leaves `scores_t` None (KVLAB_GLUON_SCORES_T=0
+# turns it off): on the H200 at B 32 x 32K, q4_0 0.444 -> 0.399 ms, kivi4 0.603 -> 0.556, q4_1 0.471 -> 0.441, most
+# other schemes 1-4% faster, fp8 equal; int2 +2% and int4_had +9% (their packaged B 32 entries keep scores_t False);
+# at B 1 x 32K 0-8% faster (sweeps/results/h200/runs/s26-9c1f792)
+SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "1") not in ("", "0")
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
