@@ -744,7 +744,7 @@ s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4
   # tests (kivi lengths fixed), the decode table's SmolLM2 (D 64) and D 256 rows off / on, then limits on decode:b32
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-110}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
-    -k "transposed_scores or unrolled_loop_on or l2_prefetch_on or l2_prefetch_compiles" 2>&1 \
+    -k "${ST_TESTS_K:-transposed_scores or unrolled_loop_on or l2_prefetch_on or l2_prefetch_compiles}" 2>&1 \
     | tee "$OUT/pytest_st.log" | tail -3
   for st in 0 1; do
     KVLAB_GLUON_SCORES_T=$st KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-110}" python3 benchmarks/run.py \
@@ -752,6 +752,7 @@ s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4
       --schemes "${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had}" 2>&1 | tail -1
     cut -d, -f1,3,5,7,16,17 "$OUT/decode_st$st/decode.csv" | tee "$OUT/decode_st$st.txt"
   done
+  [ "${S26B_LIMITS:-1}" = 1 ] || exit 0   # (S26B_LIMITS=0: no Nsight Compute part)
   read -ra ncu_args <<< "$(python3 benchmarks/limits.py --print-ncu-args)"
   timeout "${LIMITS_S:-135}" ncu --clock-control none --profile-from-start off "${ncu_args[@]}" --csv --page details \
     python3 benchmarks/limits.py --run --misses decode:b32 --budget "${LIMITS_BUDGET:-80}" > "$OUT/ncu_decode_b32.csv" \
