@@ -411,11 +411,12 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
     if ST:
         s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
-        acc = _pv_t(s, vt, acc, alpha, A, B)
     else:
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
-        vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+    vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
+    if ST:
+        acc = _pv_t(s, vt, acc, alpha, A, B)
+    else:
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
     return m_i, l_i, acc
 

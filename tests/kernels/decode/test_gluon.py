@@ -733,6 +733,21 @@ def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None, D=
     return sch, args, kw, q, ref
 
 
+def _spy_emulated(monkeypatch, key: str) -> list:
+    """Replace the kernel by its emulation, recording the constexpr `key` of every launch: -> the list it fills."""
+    from devtools.gluon_emu import emulate
+    emulated, seen = emulate(gluon._decode_mma_kernel), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append(kw[key])
+                return emulated[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    return seen
+
+
 def _gpu_lens(name, lens):
     """`lens` for a GPU test, rounded up to whole token groups of 32 for channel-axis keys (KIVI): their pages hold
     whole groups, the unfinished one lives in the full-precision buffer, so other paged lengths have no finite
@@ -947,16 +962,7 @@ def test_emulated_unrolled_loop(name, D, S_, monkeypatch):
     5 tiles of 64 tokens (lengths 0, 96, 192, 256, 320: with one split 0, 2, 3, 4 and 5 tiles, so the loop runs zero
     to two iterations, with and without a tail tile), with one and two splits, the same attention as the reference (a
     wrong tail tile, a skipped one or a wrong stride between iterations fails it)."""
-    from devtools.gluon_emu import emulate
-    emulated, seen = emulate(gluon._decode_mma_kernel), []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append(kw["U2"])
-                return emulated[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    seen = _spy_emulated(monkeypatch, "U2")
     P = 32 if "chan" in name else 16
     sch, args, kw, q, ref = _case(name, [0, 96, 192, 256, 320], 4, 1, P, seed=19, q_seed=6, D=D)
     out = torch.full_like(q, float("nan"))
@@ -1350,17 +1356,8 @@ def test_emulated_transposed_scores(c, monkeypatch):
     GQA 1 to 8, both tile sizes, the unrolled loop, head dims 64 / 128 / 256, with NaN past each sequence's end and a
     NaN-poisoned output; it reaches the kernel (a dropped ST, a wrong transposition of P or a sum over the wrong axis
     fails these)."""
-    from devtools.gluon_emu import emulate
     name, lens, Hq, Hk, P, S_, NW, TW, unroll, D = c
-    emulated, seen = emulate(gluon._decode_mma_kernel), []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append(kw["ST"])
-                return emulated[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    seen = _spy_emulated(monkeypatch, "ST")
     sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=23, q_seed=8, D=D)
     assert torch.isfinite(ref).all()
     out = torch.full_like(q, float("nan"))
@@ -1378,7 +1375,6 @@ def test_emulated_transposed_scores(c, monkeypatch):
 def test_transposed_scores_config_and_group_limit(monkeypatch):
     """scores_t needs the O^T accumulator (a clear error otherwise) and applies to GQA groups of up to 8: a group of
     16 runs the padded-row scores (ST False at the launch) with the same result."""
-    from devtools.gluon_emu import emulate
     with pytest.raises(ValueError, match="scores_t=True .* needs transpose_o=True"):
         GluonDecodeConfig(scores_t=True, transpose_o=False)
     with pytest.raises(ValueError, match="scores_t=1; allowed: None, True, False"):
@@ -1388,15 +1384,7 @@ def test_transposed_scores_config_and_group_limit(monkeypatch):
     monkeypatch.setattr(gluon, "SCORES_T", True)  # the kernel's default where the config leaves it None
     assert gluon.scores_t(GluonDecodeConfig(), 4) and not gluon.scores_t(GluonDecodeConfig(scores_t=False), 4)
     assert not gluon.scores_t(GluonDecodeConfig(transpose_o=False), 4)
-    emulated, seen = emulate(gluon._decode_mma_kernel), []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append(kw["ST"])
-                return emulated[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(gluon, "_decode_mma_kernel", Spy())
+    seen = _spy_emulated(monkeypatch, "ST")
     sch, args, kw, q, ref = _case("q4_0", [100, 70], 16, 1, 64, seed=11, q_seed=2)
     got = gluon.run(q, _kv(q, sch, args, kw, 64), 128 ** -0.5,
                     GluonDecodeConfig(num_warps=4, tokens_per_warp=16, num_splits=2, scores_t=True))
