@@ -48,6 +48,8 @@ one rounding of s / 16, at most 8 * 2^-20 in absolute terms. The test pins both 
 """
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 
@@ -680,6 +682,12 @@ AVU0, AVU1, AVU2, AVU3 = (ttgl.constexpr(asm_v(Q2A, k)) for k in range(4))
 
 
 # ---- loads ---------------------------------------------------------------------------------------------
+# page-tensor offsets built as (page base + the lane parts) + the register parts, so the compiler folds each
+# register's constant into its load's immediate offset (`tok_rows`' REG, `kc_load`); KVLAB_GLUON_FOLD_ROWS=0 builds them
+# in one sum as before (session 27's A/B)
+FOLD_ROWS = ttgl.constexpr(os.environ.get("KVLAB_GLUON_FOLD_ROWS", "1") != "0")
+
+
 @gluon.jit
 def tile_tok(n, TW: ttgl.constexpr, PERM: ttgl.constexpr):
     """Token (within a warp's TW) of tile position n: n itself, or with PERM (channel-axis keys) the order in
@@ -700,16 +708,36 @@ def wide(a, b):
 @gluon.jit
 def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
              N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr,
-             PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1):
+             PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1, REG: ttgl.constexpr = 0):
     """[NW, N] (layout L2) int64 offsets of the rows of the tokens at positions t0 + w * TW + STEP * n (through
     `tile_tok`) in a page tensor with strides PS c0 (page; PS 16 keeps the offsets' alignment known to the
     compiler, so row loads stay vectorized), c1 (head) and ROW (row; pages are dense within a (page, head) tile). t0 % TW == 0 and P % 16 == 0, so a warp's tokens lie in at most two pages, looked up
-    once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed)."""
+    once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed).
+    REG: the position bits that L2 keeps in registers (the rest are lane bits, all below 8). With it (and P a
+    multiple of TW or TW of P) each offset is built as (page base + the lane part) + the register part, the last a
+    constant of each register, so the compiler folds it into the load's immediate offset: one 64-bit address a
+    thread a tensor, not one a register (q4_0: 417 -> 396 loop instructions a 16-token tile, `FOLD_ROWS`)."""
     tb = t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2)) * TW  # [NW] first token of each warp
-    n = tile_tok(ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP, TW, PERM)
+    pos = ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP
     r0 = tb % P  # row of the warp's first token in its page
     pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
     base = wide(pg, pg * 0 + c0) * PS + (hk * c1 + r0 * ROW)  # strides and in-page offsets fit int32 (`run` checks)
+    if FOLD_ROWS and REG > 0 and (P % TW == 0 or TW % P == 0):
+        # a bit permutation (`tile_tok`) of disjoint bit fields: token = lane part + register part
+        pr = pos & REG
+        tl_ = tile_tok(pos - pr, TW, PERM)
+        tr = tile_tok(pr, TW, PERM)
+        if P % TW == 0:
+            return (base[:, None] + (tl_ * ROW)[None, :]) + (tr * ROW)[None, :]
+        else:  # TW = 2 P (P = 16, TW = 32): r0 = 0 and the lane part stays below P, so the register part's token
+            # bit log2(P) picks the page
+            nxt = (tb // P + 1) * P
+            pg1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0)
+            base1 = wide(pg1, pg1 * 0 + c0) * PS + hk * c1
+            jr = tr // P
+            bsel = ttgl.where(jr[None, :] == 0, base[:, None], base1[:, None])
+            return (bsel + (tl_ * ROW)[None, :]) + ((tr - jr * P) * ROW)[None, :]
+    n = tile_tok(pos, TW, PERM)
     if P % TW == 0:  # one page per warp and tile
         return base[:, None] + (n * ROW)[None, :]
     else:  # e.g. P = 16, TW = 32: tokens from row P - r0 on are rows 0.. of the next page
@@ -740,8 +768,9 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         o = c % G
         word = ((3 * G // 32) * gi + o // 16)[:, :, :, None]
         pword = ((3 * G // 32) * gi + G // 16 + o // 32)[:, :, :, None]
+    KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW,
-                    False, PS)
+                    False, PS, KREG)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
     if I3ANY:  # the plane word of each 2-bit word [NW, wi, r, TW], shifted to that word's first channel
         w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[:, :, :, None]
@@ -753,7 +782,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     elif D // 4 > G:  # a thread-row's channels span groups: a scale (and zero) per code word
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
-                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS)
+                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS, KREG)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
         if I3ANY:  # int3 / lm3: the group of the word's first channel
@@ -765,7 +794,8 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
             m = ttgl.full([NW, WK, 4, TW], 0.0, ttgl.float16, layout=KW)
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
-        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW, False, PS)
+        srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW, False, PS,
+                         KREG)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
@@ -796,17 +826,32 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
     gi = (tb % P) // G  # token group in the page
     base = wide(pg, pg * 0 + kc0) * PS + (hk * kc1 + gi * (D * RU) + (tb % G) // 4)
-    pair = (D // 4) * r[None, None, :] + 2 * x[None, :, None]  # [1, X, 4] first channel of the pair
-    off = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
+    # the first channel of pair x of thread-row r is D / 4 r + 2 x: offsets are built as (page base + the lane
+    # parts) + the pair's part, a constant of each register the compiler folds into the load's immediate offset
+    # (`tok_rows`' REG)
+    if FOLD_ROWS:
+        lan = (base[:, None, None] + ((D // 4) * RU) * r[None, None, :])[:, :, :, None] + g[None, None, None, :]
+        xo = ((2 * RU) * x[None, :, None])[:, :, :, None]  # [1, X, 1, 1]
+    else:
+        pair = (D // 4) * r[None, None, :] + 2 * x[None, :, None]  # [1, X, 4] first channel of the pair
+        lan = (base[:, None, None] + pair * RU)[:, :, :, None] + g[None, None, None, :]
+        xo = 0
+    off = lan + xo
     wa = ttgl.load(KC + off).to(ttgl.int32)
     wb = ttgl.load(KC + off + RU).to(ttgl.int32)
     if PL3:  # the plane bits of the unit's 4 tokens (a nibble of the 1-bit plane) into bits 8-11
         u = ((tb % G) // 4)[:, None, None, None] + g[None, None, None, :]  # [NW, 1, 1, g] the unit in its group
-        poff = off - u + G // 4 + u // 2  # a channel's unit u is byte u of its run, its plane nibble byte G / 4 + u / 2
+        poff = (lan - u + G // 4 + u // 2) + xo  # a channel's unit u is byte u of its run, its plane nibble byte
+        # G / 4 + u / 2
         sh = 4 * (u % 2)
         wa = wa | (((ttgl.load(KC + poff).to(ttgl.int32) >> sh) & 15) << 8)
         wb = wb | (((ttgl.load(KC + poff + RU).to(ttgl.int32) >> sh) & 15) << 8)
-    soff = (wide(pg, pg * 0 + ks0) * PS + (hk * ks1 + gi * (D // 2)))[:, None, None] + pair // 2  # [NW, X, 4] words
+    # [NW, X, 4] words: pair x's scale word is D / 8 r + x
+    soff = (wide(pg, pg * 0 + ks0) * PS + (hk * ks1 + gi * (D // 2)))[:, None, None]
+    if FOLD_ROWS:
+        soff = (soff + ((D // 8) * r)[None, None, :]) + x[None, :, None]
+    else:
+        soff = soff + ((D // 4) * r[None, None, :] + 2 * x[None, :, None]) // 2
     soff = soff[:, :, :, None] + g[None, None, None, :] * 0
     return wa, wb, ttgl.load(KS + soff), ttgl.load(KZ + soff)
 
@@ -879,7 +924,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     if HALF:  # thread g: half g % 2 of word g // 2
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS)
+    # token bits 0, 3 (, 4) of VW lie in registers; of the scales' pairs (VWA), pair bits 2 (, 3): tokens 8 (, 16)
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS, 1 | ((TW - 1) & ~7))
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
             tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
@@ -910,7 +956,8 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
     else:  # scales of tokens 2c and 2c + 1 (one page: P is even) for the block of the thread's bytes (g // 2)
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
-        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM, PS)  # first token of a pair
+        srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM, PS,
+                        (TW - 1) & ~7)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
