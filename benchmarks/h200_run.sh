@@ -21,7 +21,8 @@
 #                                     # stages in place (each timed and gated against the oracle)
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
-#   bash benchmarks/h200_run.sh s27   # session 27 (issue 16): the Gluon decode's folded load offsets, off / on (B 32, B 1)
+#   bash benchmarks/h200_run.sh s27   # session 27 (issue 16): the Gluon decode's folded load offsets and unmasked whole
+#                                     # tiles, off / on (B 32, B 1)
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
 #   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
 #                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
@@ -741,20 +742,22 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
     tests/kernels/tiles/test_rotate.py -k "${STORE_TESTS_K:-had or lm or rot or kivi or chan}" 2>&1 \
     | tee "$OUT/pytest_store.log" | tail -3
   ;;
-s27)  # session 27 (issue 16): the Gluon decode's folded load offsets (gluon_codecs.FOLD_ROWS, on by default; offline on
-  # the device's Triton, loop instructions a 16-token tile q4_0 417 -> 396, q8_0 451 -> 428, int2 452 -> 420, q4_1
-  # 450 -> 424; 32-token KIVI tiles kivi4 1104 -> 849, kivi2 1108 -> 828): GPU tests, then the decode table's B 32 x 32K
-  # and B 1 x 32K rows through the public API (default dispatch, packaged configs) with the offsets off / on
-  # (KVLAB_GLUON_FOLD_ROWS); FOLD_SHAPES=smollm2,d256 in a second call for those rows
+s27)  # session 27 (issue 16): the Gluon decode's folded load offsets (gluon_codecs.FOLD_ROWS) and unmasked whole tiles
+  # (gluon.FULL_TILES), both on by default; offline on the device's Triton, loop instructions a 16-token tile, both
+  # off -> both on: q4_0 417 -> 370; 32-token KIVI tiles kivi4 1104 -> 849 with the offsets alone
+  # (benchmarks/NOTES_decode.md, session 27). GPU tests, then the decode table's B 32 x 32K and B 1 x 32K rows through
+  # the public API (default dispatch, packaged configs) for each FOLD:FULL pair of FOLD_VARIANTS (KVLAB_GLUON_FOLD_ROWS,
+  # KVLAB_GLUON_FULL_TILES); FOLD_SHAPES=smollm2,d256 in a second call for those rows
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
     -k "${FOLD_TESTS_K:-gluon_matches or on_the_gpu or register_cap or cuda_graph}" 2>&1 | tee "$OUT/pytest_fold.log" | tail -3
-  for f in ${FOLD_ORDER:-0 1}; do
-    KVLAB_GLUON_FOLD_ROWS=$f KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-200}" python3 benchmarks/run.py \
-      --out "$OUT/decode_fold$f" --cases decode --shapes "${FOLD_SHAPES:-b32,b1}" --dispatch default \
-      --budget "${DEC_BUDGET:-170}" --schemes "${DEC_SCHEMES:-q4_0,kivi4,kivi2,q8_0,q4_1,int2,int3,mxfp4,nvfp4,nf4,\
-iq4nl,int4_had,fp8_e4m3,bf16}" 2>&1 | tail -1
-    cut -d, -f1,3,9,12,16,17,20 "$OUT/decode_fold$f/decode.csv" | tee "$OUT/decode_fold$f.txt"
+  for v in ${FOLD_VARIANTS:-0:0 1:1}; do
+    f=${v%%:*}; ft=${v##*:}
+    KVLAB_GLUON_FOLD_ROWS=$f KVLAB_GLUON_FULL_TILES=$ft KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-200}" \
+      python3 benchmarks/run.py --out "$OUT/decode_f${f}t$ft" --cases decode --shapes "${FOLD_SHAPES:-b32,b1}" \
+      --dispatch default --budget "${DEC_BUDGET:-170}" --schemes "${DEC_SCHEMES:-q4_0,kivi4,kivi2,q8_0,q4_1,int2,int3,\
+mxfp4,nvfp4,nf4,iq4nl,int4_had,fp8_e4m3,bf16}" 2>&1 | tail -1
+    cut -d, -f1,3,9,12,16,17,20 "$OUT/decode_f${f}t$ft/decode.csv" | tee "$OUT/decode_f${f}t$ft.txt"
   done
   ;;
 s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4_had's B 32 entries pinned off): the GPU

@@ -93,6 +93,9 @@ def gpu_verified(device) -> bool:
 # other schemes 1-4% faster, fp8 equal; int2 +2% and int4_had +9% (their packaged B 32 entries keep scores_t False);
 # at B 1 x 32K 0-8% faster (sweeps/results/h200/runs/s26-9c1f792)
 SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "1") not in ("", "0")
+# the rolled loop's whole tiles loaded and scored without masks, the partial last tile with them (kernel constexpr
+# FT; KVLAB_GLUON_FULL_TILES=0 masks every tile as before; session 27, untimed)
+FULL_TILES = os.environ.get("KVLAB_GLUON_FULL_TILES", "1") not in ("", "0")
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
@@ -261,12 +264,13 @@ def _l2_issue(tp, hi, pg, lines, lane, NL: ttgl.constexpr, P: ttgl.constexpr, TW
 
 @gluon.jit
 def _scores(q, kt, valid, m_i, l_i, MMA: ttgl.constexpr, GP: ttgl.constexpr, TW: ttgl.constexpr,
-            NW: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr):
+            NW: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr, MASK: ttgl.constexpr = True):
     """One online-softmax step of every warp: scores q K^T [NW, GP, TW] (log2 domain; columns not `valid` are
     -inf), of which the first ROWS rows (GP, or GPN = 8 when the accumulator is O^T; layout SR) -> (p [NW, ROWS,
-    TW], new max, new sum, alpha = the factor that rescales the accumulator)."""
+    TW], new max, new sum, alpha = the factor that rescales the accumulator). MASK False: every column is valid."""
     s = mma_v2(q, kt, ttgl.zeros([NW, GP, TW], ttgl.float32, layout=MMA))
-    s = ttgl.where(valid[:, None, :], s, float("-inf"))
+    if MASK:
+        s = ttgl.where(valid[:, None, :], s, float("-inf"))
     if ROWS < GP:  # the padded rows GPN.. of the MMA carry no head: drop them before the softmax (a register choice)
         s = ttgl.convert_layout(_heads(s, ROWS, NW), SR, assert_trivial=True)
     m_new = ttgl.maximum(m_i, ttgl.max(s, 2))
@@ -305,7 +309,7 @@ def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.conste
 
 
 @gluon.jit
-def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr):
+def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, MASK: ttgl.constexpr = True):
     """`_scores` with the scores transposed: S^T = K Q^T [NW, TW, GPN] (tokens in the MMA's M rows, the 8 heads in
     its N columns), so a tile of 16 tokens takes D / 16 MMAs instead of 2 D / 16 with 16 padded head rows. kt [NW,
     D, TW] (B fragment) is the A fragment of K [NW, TW, D] in the same registers; qt: Q^T [NW, D, GPN] (B fragment).
@@ -314,7 +318,8 @@ def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr):
     lane exchange a tile) -> (p^T [NW, TW, GPN], new max, new sums, alpha)."""
     ka = ttgl.convert_layout(ttgl.permute(kt, [0, 2, 1]), A, assert_trivial=True)
     s = mma_v2(ka, qt, ttgl.zeros([kt.shape[0], kt.shape[2], qt.shape[2]], ttgl.float32, layout=MMA))
-    s = ttgl.where(valid[:, :, None], s, float("-inf"))
+    if MASK:
+        s = ttgl.where(valid[:, :, None], s, float("-inf"))
     m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
     m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0, not NaN
     alpha = ttgl.exp2(m_i - m_safe)
@@ -372,13 +377,15 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 @gluon.jit
 def _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC: ttgl.constexpr, WK: ttgl.constexpr,
             GK: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, KCL: ttgl.constexpr,
-            NW: ttgl.constexpr, D: ttgl.constexpr, PS: ttgl.constexpr, KSD: ttgl.constexpr, KCHAN: ttgl.constexpr):
+            NW: ttgl.constexpr, D: ttgl.constexpr, PS: ttgl.constexpr, KSD: ttgl.constexpr, KCHAN: ttgl.constexpr,
+            MASK: ttgl.constexpr = True):
     """The K code words, second words, scales and zeros of the tile from token t0 (`kc_load` for channel-axis keys,
     else `k_load`)."""
     if KCHAN:
-        return kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS)
+        return kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS, MASK)
     else:
-        return k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D, PS, KSD)
+        return k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D, PS, KSD,
+                      MASK)
 
 
 @gluon.jit
@@ -386,13 +393,14 @@ def _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, vc0
                 KCODEC: ttgl.constexpr, VCODEC: ttgl.constexpr, WK: ttgl.constexpr, WV: ttgl.constexpr,
                 GK: ttgl.constexpr, GV: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr,
                 KCL: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr,
-                PS: ttgl.constexpr, KSD: ttgl.constexpr, VSD: ttgl.constexpr, KCHAN: ttgl.constexpr):
+                PS: ttgl.constexpr, KSD: ttgl.constexpr, VSD: ttgl.constexpr, KCHAN: ttgl.constexpr,
+                MASK: ttgl.constexpr = True):
     """Every code register of the tile from token t0: K words, second words, scales, zeros (`_k_tile`), then V's
-    (`v_load`), as one 12-tuple."""
+    (`v_load`), as one 12-tuple. MASK False: the tile lies before `hi` (no masked load)."""
     kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL, NW, D,
-                              PS, KSD, KCHAN)
+                              PS, KSD, KCHAN, MASK)
     va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P,
-                                                  TW, VW, VWA, NW, D, KCHAN, PS, VSD)
+                                                  TW, VW, VWA, NW, D, KCHAN, PS, VSD, MASK)
     return kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb
 
 
@@ -401,18 +409,19 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
                  B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr, D: ttgl.constexpr, GK: ttgl.constexpr,
                  MMA: ttgl.constexpr, GP: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr,
                  OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr,
-                 ST: ttgl.constexpr = False):
+                 ST: ttgl.constexpr = False, MASK: ttgl.constexpr = True):
     """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the body of
-    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two). ST: scores transposed (`_scores_t`; q is Q^T)."""
+    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two). ST: scores transposed (`_scores_t`; q is Q^T).
+    MASK False: every token of the tile lies before `hi` (no score mask)."""
     kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = c
     if KCHAN:
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
     if ST:
-        s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A)
+        s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A, MASK)
     else:
-        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR)
+        s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR, MASK)
     vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
     if ST:
         acc = _pv_t(s, vt, acc, alpha, A, B)
@@ -436,7 +445,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        U2: ttgl.constexpr = False, L2PF: ttgl.constexpr = 0, PFL: ttgl.constexpr = None,
                        NLP: ttgl.constexpr = 32, L2N: ttgl.constexpr = (0,) * 6, L2B: ttgl.constexpr = (0,) * 6,
                        L2U: ttgl.constexpr = (0,) * 6, L2S: ttgl.constexpr = (0,) * 6,
-                       L2E: ttgl.constexpr = (0,) * 6, ST: ttgl.constexpr = False):
+                       L2E: ttgl.constexpr = (0,) * 6, ST: ttgl.constexpr = False, FT: ttgl.constexpr = False):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -451,7 +460,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     L2N / L2B / L2U / L2S / L2E: per tensor (K codes, scales, zeros, V codes, scales, zeros) lines, bytes, unit
     bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP]).
     ST (with OT and GPN 8): the scores transposed, S^T = K Q^T (`_scores_t`): q is loaded as Q^T [NW, D, GPN] and
-    the softmax state lies in the accumulator's column layout."""
+    the softmax state lies in the accumulator's column layout.
+    FT (rolled loop, no L2 prefetch): the tiles that lie wholly before `hi` are loaded and scored without masks; only
+    a split's last, partial tile (and the register prefetch of it) keeps them."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -571,6 +582,35 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         if n_t % 2 == 1:  # the last tile, whose codes `cur` holds
             m_i, l_i, acc = _attend_tile(q, cur, lo + (n_t - 1) * BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC,
                                          VCODEC, B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
+    elif FT:  # whole tiles without masks, then the partial last tile with them
+        if PF:
+            c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
+                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+        t_end = lo + ((hi - lo) // BN) * BN  # the first token past the whole tiles (hi when there is no partial one)
+        # (PF: the loop stops a tile early, as the last whole tile prefetches the partial one, masked)
+        for t0 in range(lo, t_end - BN if PF else t_end, BN):
+            nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
+                             vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
+                             KCHAN, False)
+            if not PF:
+                c = nc
+            m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
+                                         D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
+            if PF:
+                c = nc
+        if PF:
+            if t_end > lo:  # the last whole tile; the codes it prefetches are the partial tile's (or past the end)
+                nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                                 KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                m_i, l_i, acc = _attend_tile(q, c, t_end - BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
+                                             B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
+                c = nc
+        if t_end < hi:
+            if not PF:
+                c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                                KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+            m_i, l_i, acc = _attend_tile(q, c, t_end, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW,
+                                         TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
     else:
         if PF:
             c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
@@ -835,7 +875,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group), num_warps=NW,
+            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group),
+            FT=FULL_TILES and not (pf and config.unroll) and l2 is None, num_warps=NW,
             **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,

@@ -706,13 +706,25 @@ def wide(a, b):
 
 
 @gluon.jit
+def mload(ptr, m, other, MASK: ttgl.constexpr):
+    """`ttgl.load(ptr, mask=m, other=other)`, or unmasked where the caller knows every element is in range (MASK
+    False: a tile whose tokens all lie before `hi`, so no mask is computed)."""
+    if MASK:
+        return ttgl.load(ptr, mask=m, other=other)
+    else:
+        return ttgl.load(ptr)
+
+
+@gluon.jit
 def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr,
              N: ttgl.constexpr, STEP: ttgl.constexpr, L2: ttgl.constexpr, NW: ttgl.constexpr,
-             PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1, REG: ttgl.constexpr = 0):
+             PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1, REG: ttgl.constexpr = 0,
+             MASK: ttgl.constexpr = True):
     """[NW, N] (layout L2) int64 offsets of the rows of the tokens at positions t0 + w * TW + STEP * n (through
     `tile_tok`) in a page tensor with strides PS c0 (page; PS 16 keeps the offsets' alignment known to the
     compiler, so row loads stay vectorized), c1 (head) and ROW (row; pages are dense within a (page, head) tile). t0 % TW == 0 and P % 16 == 0, so a warp's tokens lie in at most two pages, looked up
-    once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed).
+    once per warp. A page past `hi` reads as page 0 (those scores are masked, those V scales zeroed); MASK False: the
+    caller's tile lies before `hi` (the page lookups unmasked).
     REG: the position bits that L2 keeps in registers (the rest are lane bits, all below 8). With it (and P a
     multiple of TW or TW of P) each offset is built as (page base + the lane part) + the register part, the last a
     constant of each register, so the compiler folds it into the load's immediate offset: one 64-bit address a
@@ -720,7 +732,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
     tb = t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2)) * TW  # [NW] first token of each warp
     pos = ttgl.arange(0, N, layout=ttgl.SliceLayout(0, L2)) * STEP
     r0 = tb % P  # row of the warp's first token in its page
-    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
+    pg = mload(IDX + tb // P, tb < hi, 0, MASK)
     base = wide(pg, pg * 0 + c0) * PS + (hk * c1 + r0 * ROW)  # strides and in-page offsets fit int32 (`run` checks)
     if FOLD_ROWS and REG > 0 and (P % TW == 0 or TW % P == 0):
         # a bit permutation (`tile_tok`) of disjoint bit fields: token = lane part + register part
@@ -732,7 +744,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
         else:  # TW = 2 P (P = 16, TW = 32): r0 = 0 and the lane part stays below P, so the register part's token
             # bit log2(P) picks the page
             nxt = (tb // P + 1) * P
-            pg1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0)
+            pg1 = mload(IDX + tb // P + 1, nxt < hi, 0, MASK)
             base1 = wide(pg1, pg1 * 0 + c0) * PS + hk * c1
             jr = tr // P
             bsel = ttgl.where(jr[None, :] == 0, base[:, None], base1[:, None])
@@ -742,7 +754,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
         return base[:, None] + (n * ROW)[None, :]
     else:  # e.g. P = 16, TW = 32: tokens from row P - r0 on are rows 0.. of the next page
         nxt = (tb // P + 1) * P
-        pg1 = ttgl.load(IDX + tb // P + 1, mask=nxt < hi, other=0)
+        pg1 = mload(IDX + tb // P + 1, nxt < hi, 0, MASK)
         base1 = wide(pg1, pg1 * 0 + c0) * PS + (hk * c1 + (r0 - P) * ROW)
         return ttgl.where((r0[:, None] + n[None, :]) < P, base[:, None], base1[:, None]) + (n * ROW)[None, :]
 
@@ -750,7 +762,7 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
-           D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0):
+           D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True):
     """Raw K code words [NW, WK, r, TW] (int32), a second word tensor (int3: the plane word beside each 2-bit word;
     else the words again), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec has none) of tokens
     t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page; the
@@ -770,7 +782,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         pword = ((3 * G // 32) * gi + G // 16 + o // 32)[:, :, :, None]
     KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW,
-                    False, PS, KREG)
+                    False, PS, KREG, MASK)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
     if I3ANY:  # the plane word of each 2-bit word [NW, wi, r, TW], shifted to that word's first channel
         w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[:, :, :, None]
@@ -782,7 +794,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         s = ttgl.full([NW, 4, TW], 1.0, ttgl.float16, layout=LS)
     elif D // 4 > G:  # a thread-row's channels span groups: a scale (and zero) per code word
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1,
-                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS, KREG)
+                         ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS, KREG, MASK)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
         if I3ANY:  # int3 / lm3: the group of the word's first channel
@@ -795,7 +807,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
     else:
         rs = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, LS)))
         srows = tok_rows(IDX, t0, hi, hk, ks0, ks1, D // G, P, TW, TW, 1, ttgl.SliceLayout(1, LS), NW, False, PS,
-                         KREG)
+                         KREG, MASK)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
@@ -806,7 +818,7 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
 @gluon.jit
 def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, G: ttgl.constexpr,
             P: ttgl.constexpr, TW: ttgl.constexpr, KCL: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr,
-            PS: ttgl.constexpr = 1):
+            PS: ttgl.constexpr = 1, MASK: ttgl.constexpr = True):
     """Channel-axis keys (pages [N, Hk, P / G, D, G bits / 8]; TW = 32, G % TW == 0, so a warp's tile is a
     quarter, half or all of one token group of one page): per thread (r = lane % 4, g = lane // 4) and channel
     pair x, the code units (int4: 2 bytes, int2: 1 byte; KC strides in those units) of channels
@@ -823,7 +835,7 @@ def kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constex
     g = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KCL))))
     LW: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, L3))
     tb = t0 + ttgl.arange(0, NW, layout=LW) * TW  # [NW] first token of each warp's tile
-    pg = ttgl.load(IDX + tb // P, mask=tb < hi, other=0)
+    pg = mload(IDX + tb // P, tb < hi, 0, MASK)
     gi = (tb % P) // G  # token group in the page
     base = wide(pg, pg * 0 + kc0) * PS + (hk * kc1 + gi * (D * RU) + (tb % G) // 4)
     # the first channel of pair x of thread-row r is D / 4 r + 2 x: offsets are built as (page base + the lane
@@ -898,7 +910,7 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
 def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexpr, WV: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr,
            NW: ttgl.constexpr, D: ttgl.constexpr, PERM: ttgl.constexpr = False, PS: ttgl.constexpr = 1,
-           SD: ttgl.constexpr = 0):
+           SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True):
     """Raw V code words of tokens t0 + w * TW + [0, TW) of warp w, as the words of the first and second token
     of each fragment pair ([NW, WV, g, c] int32), their scales and zeros ([NW, g, c] fp16, or for fp4 values whose
     thread-row spans groups a scale per code word [NW, WV, g, c]: 0 past `hi`,
@@ -925,11 +937,11 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
     RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
     # token bits 0, 3 (, 4) of VW lie in registers; of the scales' pairs (VWA), pair bits 2 (, 3): tokens 8 (, 16)
-    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS, 1 | ((TW - 1) & ~7))
+    rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS, 1 | ((TW - 1) & ~7), MASK)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
         tt = (t0 + ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2W)) * TW)[:, None] + \
             tile_tok(ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, L2W)), TW, PERM)[None, :]
-        w = ttgl.load(VC + rows[:, None, None, :] + word, mask=(tt < hi)[:, None, None, :], other=0)
+        w = mload(VC + rows[:, None, None, :] + word, (tt < hi)[:, None, None, :], 0, MASK)
     else:
         w = ttgl.load(VC + rows[:, None, None, :] + word)  # [NW, we, g, TW]
     if HALF:
@@ -957,7 +969,7 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         sg = ttgl.arange(0, 8, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, S3)))
         L2: ttgl.constexpr = ttgl.SliceLayout(1, S3)  # [NW, c]
         srow = tok_rows(IDX, t0, hi, hk, vs0, vs1, D // G, P, TW, TW // 2, 2, L2, NW, PERM, PS,
-                        (TW - 1) & ~7)  # first token of a pair
+                        (TW - 1) & ~7, MASK)  # first token of a pair
         tw = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, L2))
         tc = ttgl.arange(0, TW // 2, layout=ttgl.SliceLayout(0, L2))
         ta = (t0 + tw * TW)[:, None] + tile_tok(2 * tc, TW, PERM)[None, :]  # [NW, c] first token of the pair
@@ -970,15 +982,15 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
             off = srow[:, None, :][:, None, :, :] + sgw
             ma4 = (ta < hi)[:, None, :][:, None, :, :]
             mb4 = (ta + T2 < hi)[:, None, :][:, None, :, :]
-            sa = scale16(ttgl.load(VS + off, mask=ma4, other=0), SD)
-            sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=mb4, other=0), SD)
+            sa = scale16(mload(VS + off, ma4, 0, MASK), SD)
+            sb = scale16(mload(VS + off + T2 * (D // G), mb4, 0, MASK), SD)
         else:
             off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
-            sa = scale16(ttgl.load(VS + off, mask=(ta < hi)[:, None, :], other=0), SD)
-            sb = scale16(ttgl.load(VS + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0), SD)
+            sa = scale16(mload(VS + off, (ta < hi)[:, None, :], 0, MASK), SD)
+            sb = scale16(mload(VS + off + T2 * (D // G), (ta + T2 < hi)[:, None, :], 0, MASK), SD)
         if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
-            ma = ttgl.load(VZ + off, mask=(ta < hi)[:, None, :], other=0.0)
-            mb = ttgl.load(VZ + off + T2 * (D // G), mask=(ta + T2 < hi)[:, None, :], other=0.0)
+            ma = mload(VZ + off, (ta < hi)[:, None, :], 0.0, MASK)
+            mb = mload(VZ + off + T2 * (D // G), (ta + T2 < hi)[:, None, :], 0.0, MASK)
     return wa, wb, sa, sb, ma, mb, pa, pb
 
 

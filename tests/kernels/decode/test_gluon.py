@@ -1431,18 +1431,64 @@ def test_emulated_folded_offsets_read_the_same_bytes(name, D, P, tw, monkeypatch
     assert _rel_err(outs[1], ref) < TOL
 
 
+@EMU
+@pytest.mark.parametrize("name,D,P,tw,S_,pf", [("q4_0", 128, 16, 16, 3, None), ("q4_0", 128, 16, 32, 1, None),
+                                               ("q4_0", 128, 64, 16, 2, False), ("kivi4", 128, 32, 32, 2, None),
+                                               ("int3:g32:asym", 256, 16, 16, 1, False), ("fp8_e4m3", 64, 16, 32, 3, True),
+                                               ("nvfp4", 256, 16, 32, 2, None), ("k=int3:g32:chan:asym,v=lm2", 64, 32, 32,
+                                                                                 1, True)])
+def test_emulated_whole_tiles_unmasked(name, D, P, tw, S_, pf, monkeypatch):
+    """`gluon.FULL_TILES`: the rolled loop loads and scores the tiles that lie wholly before a split's end without
+    masks and only the partial last tile with them. Against every tile masked: in each program the same loads at the
+    same addresses in the same order (an unmasked load past a tensor would fail the emulator's indexing), but for
+    the one useless prefetch past the end that the masked loop issues from its last, partial tile (one tile's loads,
+    the same count in every program that drops it), and the same attention; with lengths 0 and 1, whole splits,
+    partial last tiles, one split (the direct output) and several, the register prefetch on and off."""
+    from devtools import gluon_emu
+    monkeypatch.setattr(gluon, "_decode_mma_kernel", gluon_emu.emulate(gluon._decode_mma_kernel))
+    chan = "chan" in name or "kivi" in name
+    lens = [96, 512, 0, 224] if chan else [77, 1, 300, 0, 256]  # (channel-axis keys: whole token groups)
+    sch, args, kw, q, ref = _case(name, lens, 8, 2, P, seed=37, q_seed=9, D=D)
+    kvp = _kv(q, sch, args, kw, P)
+    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=tw, num_splits=S_, prefetch=pf)
+    outs, traces = [], []
+    for ft in (False, True):
+        monkeypatch.setattr(gluon, "FULL_TILES", ft)
+        with gluon_emu.traced() as trace:
+            outs.append(gluon.run(q, kvp, D ** -0.5, cfg, out=torch.full_like(q, float("nan"))))
+        progs = []  # each program's loads, in order
+        for k, a, _ in trace:
+            if k == "prog":
+                progs.append([])
+            elif k == "ld" and progs:
+                progs[-1].append(tuple(a.tolist()))
+        traces.append(progs)
+    assert len(traces[0]) == len(traces[1]) and sum(map(len, traces[1])) > 20
+    dropped = set()
+    for old, new in zip(*traces):
+        it = iter(old)  # new must be old in order with some loads left out
+        assert all(any(x == y for y in it) for x in new), "the unmasked whole tiles read other bytes"
+        if len(old) > len(new):
+            dropped.add(len(old) - len(new))
+    assert len(dropped) <= 1, f"programs dropped different numbers of loads: {dropped}"
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+    assert _rel_err(outs[1], ref) < TOL
+
+
 @pytest.mark.parametrize("scheme,tw,page", [("q4_0", 16, 16), ("kivi4", 32, 32)])
-def test_folded_load_offsets_compile_for_sm90(scheme, tw, page, monkeypatch):
-    """`gluon_codecs.FOLD_ROWS`: the page tensors' offsets built as (page base + the lane parts) + each register's
-    constant, which the compiler folds into the loads' immediate offsets, compile to fewer loop instructions than
-    the one-sum build (on the H200's Triton 3.6: q4_0 at 16-token tiles 417 -> 396, kivi4 1104 -> 849), unspilled."""
-    counts = {}
-    for f in ("0", "1"):
-        monkeypatch.setenv("KVLAB_GLUON_FOLD_ROWS", f)
+def test_folded_offsets_and_whole_tiles_compile_for_sm90(scheme, tw, page, monkeypatch):
+    """`gluon_codecs.FOLD_ROWS` (the page tensors' offsets built as (page base + the lane parts) + each register's
+    constant, which the compiler folds into the loads' immediate offsets) and then `gluon.FULL_TILES` (the whole
+    tiles' loop without masks) each compile to fewer loop instructions, unspilled (on the H200's Triton 3.6: q4_0 at
+    16-token tiles 417 -> 396 -> 370, kivi4 1104 -> 849 -> ...)."""
+    counts = []
+    for fold, full in (("0", "0"), ("1", "0"), ("1", "1")):
+        monkeypatch.setenv("KVLAB_GLUON_FOLD_ROWS", fold)
+        monkeypatch.setenv("KVLAB_GLUON_FULL_TILES", full)
         head, _ = _sm90_offline(f"gluon:{scheme}", "--tw", str(tw), "--page", str(page), "--st")
         assert "STACK:0" in head and "LOCAL:0" in head, head
-        counts[f] = int(re.search(r"loop_instrs=(\d+)", head).group(1))
-    assert counts["1"] < counts["0"], counts
+        counts.append(int(re.search(r"loop_instrs=(\d+)", head).group(1)))
+    assert counts[0] > counts[1] > counts[2], counts
 
 
 @GPU
