@@ -22,7 +22,8 @@
 #   bash benchmarks/h200_run.sh s23b  # issue 17: the store with in-place Hadamard stages and one-warp channel tiles:
 #                                     # variants, the store table (kivi, int4_had, lm2-lm4), GPU store tests
 #   bash benchmarks/h200_run.sh s27   # session 27 (issue 16): the Gluon decode's folded load offsets and unmasked whole
-#                                     # tiles, off / on (B 32, B 1)
+#                                     # tiles, off / on (B 32, B 1); s27b: q4_0 at 96 registers without the
+#                                     # register prefetch, and the SmolLM2 / D 256 rows off / on
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
 #   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
 #                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
@@ -744,21 +745,36 @@ s23b)  # session 23 (issue 17): the store with the Hadamard stages in place (FWH
   ;;
 s27)  # session 27 (issue 16): the Gluon decode's folded load offsets (gluon_codecs.FOLD_ROWS) and unmasked whole tiles
   # (gluon.FULL_TILES), both on by default; offline on the device's Triton, loop instructions a 16-token tile, both
-  # off -> both on: q4_0 417 -> 370; 32-token KIVI tiles kivi4 1104 -> 849 with the offsets alone
+  # off -> both on: q4_0 417 -> 370; 32-token KIVI tiles kivi4 1104 -> 801
   # (benchmarks/NOTES_decode.md, session 27). GPU tests, then the decode table's B 32 x 32K and B 1 x 32K rows through
   # the public API (default dispatch, packaged configs) for each FOLD:FULL pair of FOLD_VARIANTS (KVLAB_GLUON_FOLD_ROWS,
   # KVLAB_GLUON_FULL_TILES); FOLD_SHAPES=smollm2,d256 in a second call for those rows
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
-    -k "${FOLD_TESTS_K:-gluon_matches or on_the_gpu or register_cap or cuda_graph}" 2>&1 | tee "$OUT/pytest_fold.log" | tail -3
+  [ "${FOLD_TESTS:-1}" = 1 ] && timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE \
+    tests/kernels/decode/test_gluon.py -k "${FOLD_TESTS_K:-gluon_matches or on_the_gpu or register_cap or cuda_graph}" \
+    2>&1 | tee "$OUT/pytest_fold.log" | tail -3
   for v in ${FOLD_VARIANTS:-0:0 1:1}; do
-    f=${v%%:*}; ft=${v##*:}
+    f=${v%%:*}; ft=${v##*:}; d="$OUT/decode${FOLD_TAG:-}_f${f}t$ft"
     KVLAB_GLUON_FOLD_ROWS=$f KVLAB_GLUON_FULL_TILES=$ft KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-200}" \
-      python3 benchmarks/run.py --out "$OUT/decode_f${f}t$ft" --cases decode --shapes "${FOLD_SHAPES:-b32,b1}" \
+      python3 benchmarks/run.py --out "$d" --cases decode --shapes "${FOLD_SHAPES:-b32,b1}" \
       --dispatch default --budget "${DEC_BUDGET:-170}" --schemes "${DEC_SCHEMES:-q4_0,kivi4,kivi2,q8_0,q4_1,int2,int3,\
 mxfp4,nvfp4,nf4,iq4nl,int4_had,fp8_e4m3,bf16}" 2>&1 | tail -1
-    cut -d, -f1,3,9,12,16,17,20 "$OUT/decode_f${f}t$ft/decode.csv" | tee "$OUT/decode_f${f}t$ft.txt"
+    cut -d, -f1,3,9,12,16,17,20 "$d/decode.csv" | tee "$d.txt"
   done
+  ;;
+s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27). q4_0's kernel now fits 96 registers
+  # with the register prefetch off (offline: 365 loop instructions a tile, no spill): five programs of four warps an SM
+  # instead of four. A/B at fixed configs, graph-replayed, the packaged config first; then the SmolLM2 / D 256 rows
+  # with both savings off / on
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${CFG_S:-200}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG_SCHEMES:-q4_0,q4_1,int2,mxfp4}" \
+    --shape b32 --configs "${CFG_B32:-tw16:s4:r128:f,tw16:s4:r96:np:f,tw16:s4:r128:np:f,tw16:s6:r96:np:f,tw16:s2:r96:np}" \
+    2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32.txt"
+  timeout "${CFG1_S:-120}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG1_SCHEMES:-q4_0,q8_0,fp8_e4m3}" \
+    --shape b1 --configs "${CFG_B1:-tw32:s33,tw32:s33:np,tw16:s33:np:r96,tw16:s33}" 2>&1 | grep "^cfg" \
+    | tee "$OUT/decode_cfg_b1.txt"
+  FOLD_SHAPES=smollm2,d256 FOLD_TAG=_sd DEC_S="${DEC_S:-110}" DEC_BUDGET="${DEC_BUDGET:-80}" \
+    DEC_SCHEMES="${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had,nf4}" FOLD_TESTS=0 bash "$0" s27
   ;;
 s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4_had's B 32 entries pinned off): the GPU
   # tests (kivi lengths fixed), the decode table's SmolLM2 (D 64) and D 256 rows off / on, then limits on decode:b32
