@@ -461,8 +461,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP]).
     ST (with OT and GPN 8): the scores transposed, S^T = K Q^T (`_scores_t`): q is loaded as Q^T [NW, D, GPN] and
     the softmax state lies in the accumulator's column layout.
-    FT (rolled loop, no L2 prefetch): the tiles that lie wholly before `hi` are loaded and scored without masks; only
-    a split's last, partial tile (and the register prefetch of it) keeps them."""
+    FT (the rolled loop): the tiles that lie wholly before `hi` are loaded and scored without masks; only a split's
+    last, partial tile (and the register prefetch of it) keeps them; the L2 prefetch issues as in the masked loop."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -589,6 +589,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         t_end = lo + ((hi - lo) // BN) * BN  # the first token past the whole tiles (hi when there is no partial one)
         # (PF: the loop stops a tile early, as the last whole tile prefetches the partial one, masked)
         for t0 in range(lo, t_end - BN if PF else t_end, BN):
+            if L2PF > 0:
+                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
                              vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
                              KCHAN, False)
@@ -600,12 +603,18 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                 c = nc
         if PF:
             if t_end > lo:  # the last whole tile; the codes it prefetches are the partial tile's (or past the end)
+                if L2PF > 0:
+                    _l2_issue(t_end - BN + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                    pgp = _l2_pages(IDX, t_end - BN + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
                 nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                  KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
                 m_i, l_i, acc = _attend_tile(q, c, t_end - BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
                                              B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
                 c = nc
         if t_end < hi:
+            if L2PF > 0:
+                _l2_issue(t_end + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                pgp = _l2_pages(IDX, t_end + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
             if not PF:
                 c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                 KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
@@ -876,7 +885,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
             KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group),
-            FT=FULL_TILES and not (pf and config.unroll) and l2 is None, num_warps=NW,
+            FT=FULL_TILES and not (pf and config.unroll), num_warps=NW,
             **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,

@@ -1432,25 +1432,27 @@ def test_emulated_folded_offsets_read_the_same_bytes(name, D, P, tw, monkeypatch
 
 
 @EMU
-@pytest.mark.parametrize("name,D,P,tw,S_,pf", [("q4_0", 128, 16, 16, 3, None), ("q4_0", 128, 16, 32, 1, None),
-                                               ("q4_0", 128, 64, 16, 2, False), ("kivi4", 128, 32, 32, 2, None),
-                                               ("int3:g32:asym", 256, 16, 16, 1, False), ("fp8_e4m3", 64, 16, 32, 3, True),
-                                               ("nvfp4", 256, 16, 32, 2, None), ("k=int3:g32:chan:asym,v=lm2", 64, 32, 32,
-                                                                                 1, True)])
-def test_emulated_whole_tiles_unmasked(name, D, P, tw, S_, pf, monkeypatch):
+@pytest.mark.parametrize("name,D,P,tw,S_,pf,l2", [("q4_0", 128, 16, 16, 3, None, 0), ("q4_0", 128, 16, 32, 1, None, 0),
+                                                  ("q4_0", 128, 64, 16, 2, False, 0), ("kivi4", 128, 32, 32, 2, None, 0),
+                                                  ("int3:g32:asym", 256, 16, 16, 1, False, 0),
+                                                  ("fp8_e4m3", 64, 16, 32, 3, True, 0), ("nvfp4", 256, 16, 32, 2, None, 0),
+                                                  ("k=int3:g32:chan:asym,v=lm2", 64, 32, 32, 1, True, 0),
+                                                  ("q4_0", 128, 32, 32, 2, True, 2), ("kivi2", 128, 32, 32, 3, False, 1)])
+def test_emulated_whole_tiles_unmasked(name, D, P, tw, S_, pf, l2, monkeypatch):
     """`gluon.FULL_TILES`: the rolled loop loads and scores the tiles that lie wholly before a split's end without
     masks and only the partial last tile with them. Against every tile masked: in each program the same loads at the
     same addresses in the same order (an unmasked load past a tensor would fail the emulator's indexing), but for
     the one useless prefetch past the end that the masked loop issues from its last, partial tile (one tile's loads,
     the same count in every program that drops it), and the same attention; with lengths 0 and 1, whole splits,
-    partial last tiles, one split (the direct output) and several, the register prefetch on and off."""
+    partial last tiles, one split (the direct output) and several, the register prefetch on and off, the L2 prefetch
+    (whose lines the emulator records apart: `test_emulated_l2_prefetch` checks them with whole tiles unmasked)."""
     from devtools import gluon_emu
     monkeypatch.setattr(gluon, "_decode_mma_kernel", gluon_emu.emulate(gluon._decode_mma_kernel))
     chan = "chan" in name or "kivi" in name
     lens = [96, 512, 0, 224] if chan else [77, 1, 300, 0, 256]  # (channel-axis keys: whole token groups)
     sch, args, kw, q, ref = _case(name, lens, 8, 2, P, seed=37, q_seed=9, D=D)
     kvp = _kv(q, sch, args, kw, P)
-    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=tw, num_splits=S_, prefetch=pf)
+    cfg = GluonDecodeConfig(num_warps=2, tokens_per_warp=tw, num_splits=S_, prefetch=pf, l2_prefetch=l2)
     outs, traces = [], []
     for ft in (False, True):
         monkeypatch.setattr(gluon, "FULL_TILES", ft)
