@@ -461,8 +461,9 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP]).
     ST (with OT and GPN 8): the scores transposed, S^T = K Q^T (`_scores_t`): q is loaded as Q^T [NW, D, GPN] and
     the softmax state lies in the accumulator's column layout.
-    FT (the rolled loop): the tiles that lie wholly before `hi` are loaded and scored without masks; only a split's
-    last, partial tile (and the register prefetch of it) keeps them; the L2 prefetch issues as in the masked loop."""
+    FT: the tiles that lie wholly before `hi` are loaded and scored without masks (with U2, two an iteration while
+    the tiles loaded are whole, then one at a time); only a split's last, partial tile (and the register prefetch of
+    it) keeps them; the L2 prefetch issues as in the masked loop."""
     b = ttgl.program_id(0)
     hk = ttgl.program_id(1)
     sp = ttgl.program_id(2)
@@ -558,8 +559,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             _l2_issue(lo + k * BN, hi, _l2_pages(IDX, lo + k * BN, hi, p_j, P, TW, NW, PFL), ln, lane, NL, P, TW, NW,
                       PFL)
         pgp = _l2_pages(IDX, lo + AHEAD * BN, hi, p_j, P, TW, NW, PFL)  # (loaded a tile before its use)
-    if PF and U2:  # two tiles an iteration: the code registers of tile i + 1 load while tile i is attended, those of
-        # tile i + 2 while tile i + 1 is (loads past hi read page 0: unused)
+    if PF and U2 and not FT:  # two tiles an iteration: the code registers of tile i + 1 load while tile i is
+        # attended, those of tile i + 2 while tile i + 1 is (loads past hi read page 0: unused)
         cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
                           VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
         n_t = ttgl.cdiv(hi - lo, BN)
@@ -587,8 +588,29 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
                             VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
         t_end = lo + ((hi - lo) // BN) * BN  # the first token past the whole tiles (hi when there is no partial one)
+        t_s = lo  # the first tile the rolled loop attends
+        if PF and U2:  # two whole tiles an iteration while the tiles it loads (i + 1, i + 2) are whole too; the rolled
+            # loop below takes the rest (the two code register sets swap roles instead of being copied)
+            for t0 in range(lo, t_end - 2 * BN, 2 * BN):
+                if L2PF > 0:
+                    _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                    pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
+                                  KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
+                                  False)
+                m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW,
+                                             TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
+                if L2PF > 0:
+                    _l2_issue(t0 + (AHEAD + 1) * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
+                    pgp = _l2_pages(IDX, t0 + (AHEAD + 2) * BN, hi, p_j, P, TW, NW, PFL)
+                c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
+                                vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
+                                KCHAN, False)
+                m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
+                                             B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
+                t_s = t0 + 2 * BN
         # (PF: the loop stops a tile early, as the last whole tile prefetches the partial one, masked)
-        for t0 in range(lo, t_end - BN if PF else t_end, BN):
+        for t0 in range(t_s, t_end - BN if PF else t_end, BN):
             if L2PF > 0:
                 _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
                 pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
@@ -602,7 +624,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             if PF:
                 c = nc
         if PF:
-            if t_end > lo:  # the last whole tile; the codes it prefetches are the partial tile's (or past the end)
+            if t_end > lo:  # the last whole tile; the codes it prefetches are the partial tile's (or past the end: a
+                # masked load, as the masked loop's last; guarding it on a partial tile made KIVI's kernel spill)
                 if L2PF > 0:
                     _l2_issue(t_end - BN + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
                     pgp = _l2_pages(IDX, t_end - BN + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
@@ -885,7 +908,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
             KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group),
-            FT=FULL_TILES and not (pf and config.unroll), num_warps=NW,
+            FT=FULL_TILES, num_warps=NW,
             **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,
