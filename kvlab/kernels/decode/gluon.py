@@ -263,6 +263,15 @@ def _l2_issue(tp, hi, pg, lines, lane, NL: ttgl.constexpr, P: ttgl.constexpr, TW
 
 
 @gluon.jit
+def _l2_step(IDX, t, hi, pg, lines, lane, AHEAD: ttgl.constexpr, BN: ttgl.constexpr, NL: ttgl.constexpr,
+             P: ttgl.constexpr, TW: ttgl.constexpr, NW: ttgl.constexpr, PFL: ttgl.constexpr):
+    """One L2 prefetch step beside the tile from token t: issue the lines of the tile AHEAD tiles on (its pages pg,
+    looked up a step before) -> the pages of the tile after that."""
+    _l2_issue(t + AHEAD * BN, hi, pg, lines, lane, NL, P, TW, NW, PFL)
+    return _l2_pages(IDX, t + (AHEAD + 1) * BN, hi, lines[4], P, TW, NW, PFL)
+
+
+@gluon.jit
 def _scores(q, kt, valid, m_i, l_i, MMA: ttgl.constexpr, GP: ttgl.constexpr, TW: ttgl.constexpr,
             NW: ttgl.constexpr, ROWS: ttgl.constexpr, SR: ttgl.constexpr, MASK: ttgl.constexpr = True):
     """One online-softmax step of every warp: scores q K^T [NW, GP, TW] (log2 domain; columns not `valid` are
@@ -567,15 +576,13 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         for i in range(0, n_t // 2):
             t0 = lo + 2 * i * BN
             if L2PF > 0:
-                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                pgq = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                pgq = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                               KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, cur, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
                                          D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
             if L2PF > 0:
-                _l2_issue(t0 + (AHEAD + 1) * BN, hi, pgq, ln, lane, NL, P, TW, NW, PFL)
-                pgp = _l2_pages(IDX, t0 + (AHEAD + 2) * BN, hi, p_j, P, TW, NW, PFL)
+                pgp = _l2_step(IDX, t0 + BN, hi, pgq, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
                               vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
             m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B,
@@ -593,16 +600,14 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             # loop below takes the rest (the two code register sets swap roles instead of being copied)
             for t0 in range(lo, t_end - 2 * BN, 2 * BN):
                 if L2PF > 0:
-                    _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                    pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                    pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                   KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
                                   False)
                 m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW,
                                              TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
                 if L2PF > 0:
-                    _l2_issue(t0 + (AHEAD + 1) * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                    pgp = _l2_pages(IDX, t0 + (AHEAD + 2) * BN, hi, p_j, P, TW, NW, PFL)
+                    pgp = _l2_step(IDX, t0 + BN, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
                                 vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
                                 KCHAN, False)
@@ -612,8 +617,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
         # (PF: the loop stops a tile early, as the last whole tile prefetches the partial one, masked)
         for t0 in range(t_s, t_end - BN if PF else t_end, BN):
             if L2PF > 0:
-                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
                              vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
                              KCHAN, False)
@@ -627,8 +631,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             if t_end > lo:  # the last whole tile; the codes it prefetches are the partial tile's (or past the end: a
                 # masked load, as the masked loop's last; guarding it on a partial tile made KIVI's kernel spill)
                 if L2PF > 0:
-                    _l2_issue(t_end - BN + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                    pgp = _l2_pages(IDX, t_end - BN + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                    pgp = _l2_step(IDX, t_end - BN, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                  KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
                 m_i, l_i, acc = _attend_tile(q, c, t_end - BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
@@ -636,8 +639,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                 c = nc
         if t_end < hi:
             if L2PF > 0:
-                _l2_issue(t_end + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                pgp = _l2_pages(IDX, t_end + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                pgp = _l2_step(IDX, t_end, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             if not PF:
                 c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                 KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
@@ -649,8 +651,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                             VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
         for t0 in range(lo, hi, BN):
             if L2PF > 0:
-                _l2_issue(t0 + AHEAD * BN, hi, pgp, ln, lane, NL, P, TW, NW, PFL)
-                pgp = _l2_pages(IDX, t0 + (AHEAD + 1) * BN, hi, p_j, P, TW, NW, PFL)
+                pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             # PF: the next tile's codes are requested before this tile's math (software prefetch into registers);
             # else this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
