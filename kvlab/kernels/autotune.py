@@ -52,8 +52,10 @@ def triton_space(B: int, Hk: int, k_spec, v_spec, device=None, quick: bool = Fal
 def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, device=None) -> list[GluonDecodeConfig]:
     """Gluon MMA-fragment candidates where that kernel runs this call, on GPUs whose compute capability it
     was verified on (or any with KVLAB_GLUON=1): O^T accumulated with 4 warps of 16 tokens (compiler's
-    registers or capped at 128), 4 warps of 32 (uncapped or 168), 8 warps of 32; and O = P V at 16 tokens
-    capped at 168."""
+    registers or capped at 128), 4 warps of 32 (uncapped, capped at 168, or at 128 without the register prefetch:
+    offline on sm_90 the leanest loop that fits 128 registers for the 4-bit and 2-bit ints, q4_0 333 loop
+    instructions a 16 tokens against 370 at 16-token tiles, benchmarks/NOTES_decode.md session 28), 8 warps of 32;
+    and O = P V at 16 tokens capped at 168."""
     try:
         from .decode import gluon
     except ImportError:  # a Triton without the Gluon dialect
@@ -63,10 +65,10 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, device=None) -> l
     if gluon.unsupported(sch.k, sch.v, D, P, Hq // Hk, device or "cuda") is not None:
         return []
     S = auto_splits(B, Hk, device)
-    grid = ((4, 16, None, True), (4, 16, 128, True), (4, 32, None, True), (4, 32, 168, True), (8, 32, None, True),
-            (4, 16, 168, False))
-    return [GluonDecodeConfig(num_warps=w, tokens_per_warp=tw, num_splits=S, maxnreg=r, transpose_o=ot)
-            for w, tw, r, ot in grid
+    grid = ((4, 16, None, True, None), (4, 16, 128, True, None), (4, 32, None, True, None), (4, 32, 168, True, None),
+            (4, 32, 128, True, False), (8, 32, None, True, None), (4, 16, 168, False, None))
+    return [GluonDecodeConfig(num_warps=w, tokens_per_warp=tw, num_splits=S, maxnreg=r, transpose_o=ot, prefetch=pf)
+            for w, tw, r, ot, pf in grid
             if gluon.unsupported(sch.k, sch.v, D, P, Hq // Hk, device or "cuda", tw) is None]  # (channel-axis keys: 32)
 
 

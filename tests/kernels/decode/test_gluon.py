@@ -1317,7 +1317,7 @@ def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     monkeypatch.setenv("KVLAB_GLUON", "1")
     for name in ("q4_0", "q8_0", "fp8_e4m3", "q4_0,window=16"):
         space = autotune.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, "cuda")
-        assert len(space) == 6 and all(isinstance(c, GluonDecodeConfig) for c in space), name
+        assert len(space) == 7 and all(isinstance(c, GluonDecodeConfig) for c in space), name
     assert autotune.gluon_space(kvlab.scheme("int5:g32:asym"), 32, 32, 8, 128, 16, "cuda") == []
 
 
