@@ -242,6 +242,9 @@ def _namespace() -> types.SimpleNamespace:
     def zeros(shape, dtype, layout=None):
         return torch.zeros([_t(s) for s in shape], dtype=dtype)
 
+    def zeros_like(x, shape=None, dtype=None, layout=None):
+        return torch.zeros_like(x) if shape is None and dtype is None else zeros(shape or x.shape, dtype or x.dtype)
+
     def atomic_add(ptr, val, mask=None, sem=None, scope=None):
         off = int(torch.as_tensor(ptr.off))
         old = ptr.flat[off].clone()
@@ -264,7 +267,7 @@ def _namespace() -> types.SimpleNamespace:
         NVMMADistributedLayout=lambda *a, **k: None, BlockedLayout=lambda *a, **k: None,
         program_id=lambda i: torch.tensor(_State.pid[i], dtype=torch.int32),
         num_programs=lambda i: torch.tensor(_State.grid[i], dtype=torch.int32),
-        arange=arange, load=load, store=store, where=where, full=full, zeros=zeros,
+        arange=arange, load=load, store=store, where=where, full=full, zeros=zeros, zeros_like=zeros_like,
         maximum=lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b)),
         minimum=lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
         max=lambda x, axis: x.amax(_t(axis)), sum=lambda x, axis: x.sum(_t(axis)),

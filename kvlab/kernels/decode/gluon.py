@@ -45,6 +45,7 @@ from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, fused_unrotation, merge_splits, merge_with_fp
 from .gluon_codecs import (
+    C_Q4G,
     CHAN,
     CHAN_TW,
     CODECS,
@@ -56,6 +57,8 @@ from .gluon_codecs import (
     KT3,
     KT4,
     PER_WORD,
+    Q4,
+    Q4G,
     TABLES,
     cb_table_words,
     codec_of,
@@ -96,6 +99,11 @@ SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "1") not in ("", "0")
 # the rolled loop's whole tiles loaded and scored without masks, the partial last tile with them (kernel constexpr
 # FT; KVLAB_GLUON_FULL_TILES=0 masks every tile as before; session 27, untimed)
 FULL_TILES = os.environ.get("KVLAB_GLUON_FULL_TILES", "1") not in ("", "0")
+# q4_0 keys read by scale groups (`gluon_codecs.C_Q4G`, `_scores_tg`): with the transposed scores, the codes enter
+# the MMA straight from one LOP3 and the group scales and offsets apply to each group's partial scores (offline sm_90,
+# loop instructions a 16-token tile without the register prefetch: 367 -> 349 at 128 registers, 359 -> 334 at 168;
+# benchmarks/NOTES_decode.md, session 28); KVLAB_GLUON_GROUPED_K=1 turns it on (off until the H200 times it)
+GROUPED_K = os.environ.get("KVLAB_GLUON_GROUPED_K", "0") not in ("", "0")
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
@@ -196,7 +204,12 @@ def layouts(NW: int, TW: int = 16, WK: int = 4, WV: int = 2, D: int = 128) -> di
     # the fused merge's [GPN, D] partials: a warp per head row, D / 32 contiguous channels per lane (D >= 64)
     ml = ttgl.BlockedLayout(size_per_thread=[1, max(1, D // 32)], threads_per_warp=[1, 32], warps_per_cta=[NW, 1],
                             order=[1, 0])
-    return dict(S8=s8, ML=ml, KCL=kcl, VWA=vwa, MMA=mma, A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+    # keys by groups (`C_Q4G`): scales [NW, TW, D / 32], the scores' rows (lane // 4, + 8, + 16 in registers) with
+    # every group in a thread's registers (lane % 4 holds copies)
+    kx = ttgl.BlockedLayout(size_per_thread=[1, 1, max(1, D // 32)], threads_per_warp=[1, 8, 4],
+                            warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    return dict(KX=kx, S8=s8, ML=ml, KCL=kcl, VWA=vwa, MMA=mma,
+                A=ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
                 B=ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2), KW=kw, VW=vw)
 
 
@@ -327,6 +340,12 @@ def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, M
     lane exchange a tile) -> (p^T [NW, TW, GPN], new max, new sums, alpha)."""
     ka = ttgl.convert_layout(ttgl.permute(kt, [0, 2, 1]), A, assert_trivial=True)
     s = mma_v2(ka, qt, ttgl.zeros([kt.shape[0], kt.shape[2], qt.shape[2]], ttgl.float32, layout=MMA))
+    return _online_t(s, valid, m_i, l_i, MASK)
+
+
+@gluon.jit
+def _online_t(s, valid, m_i, l_i, MASK: ttgl.constexpr):
+    """The online-softmax step of `_scores_t` on transposed scores s [NW, TW, GPN]."""
     if MASK:
         s = ttgl.where(valid[:, :, None], s, float("-inf"))
     m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
@@ -334,6 +353,74 @@ def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, M
     alpha = ttgl.exp2(m_i - m_safe)
     p = ttgl.exp2(s - m_safe[:, None, :])
     return p, m_new, l_i * alpha[:, None, :] + p, alpha
+
+
+@gluon.jit
+def _by_group(x, NG: ttgl.constexpr):
+    """x [NW, NG * R, C] (groups of R rows: the top bits of the row index lie in registers) -> [NW, R, C, 2, ..]
+    with the group index in the trailing size-2 dims (the last is its bit 0), so `_group_of` picks a group out by
+    register renames."""
+    R: ttgl.constexpr = x.shape[1] // NG
+    y = ttgl.permute(ttgl.reshape(x, [x.shape[0], NG, R, x.shape[2]]), [0, 2, 3, 1])
+    if NG == 2:
+        return y
+    elif NG == 4:
+        return ttgl.reshape(y, [x.shape[0], R, x.shape[2], 2, 2])
+    else:
+        return ttgl.reshape(y, [x.shape[0], R, x.shape[2], 2, 2, 2])
+
+
+@gluon.jit
+def _group_of(y, g: ttgl.constexpr, NB: ttgl.constexpr):
+    """Group g of `_by_group`'s (or a [.., 2, ..] scale tensor's) trailing NB size-2 dims."""
+    for i in ttgl.static_range(NB):
+        y = ttgl.split(y)[(g >> i) & 1]
+    return y
+
+
+@gluon.jit
+def _hi_lo(x):
+    """fp32 x -> [.., 2] fp16: its high part and the rest (x to about 2^-22 relative)."""
+    h = x.to(ttgl.float16)
+    return ttgl.join(h, (x - h.to(ttgl.float32)).to(ttgl.float16))
+
+
+@gluon.jit
+def _pad_rows(x):
+    """[NW, R, C] -> [NW, 2 R, C], rows R.. zero."""
+    y = ttgl.permute(ttgl.join(x, ttgl.zeros_like(x)), [0, 3, 1, 2])
+    return ttgl.reshape(y, [x.shape[0], 2 * x.shape[1], x.shape[2]])
+
+
+@gluon.jit
+def _scores_tg(qt, bc, kt, ks, ka, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
+               D: ttgl.constexpr, MASK: ttgl.constexpr = True):
+    """`_scores_t` for keys by groups (`C_Q4G`): kt [NW, D, TW] holds the codes as 1024 + n (1024 + 16 n at the high
+    nibbles, whose entries of qt are divided by 16), so S^T = sum over the D / 32 groups g of scale_g [t] (K_g Q_g^T)
+    [t, h] - sum_g scale_g [t] C_g [h], C_g the group's query sum times the offsets (`_decode_mma_kernel`). The offset
+    term is one MMA: ka [NW, TW, 16] (the scales, each group's twice) by bc [NW, 16, GPN] (each C_g's fp16 high and
+    low parts, negated); each group's partial scores then take their fp32 scale from ks [NW, TW, D / 32]."""
+    NG: ttgl.constexpr = D // 32
+    NB: ttgl.constexpr = 1 if NG == 2 else (2 if NG == 4 else 3)
+    NW: ttgl.constexpr = kt.shape[0]
+    TW: ttgl.constexpr = kt.shape[2]
+    GPN: ttgl.constexpr = qt.shape[2]
+    s = mma_v2(ka, bc, ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
+    k5 = _by_group(kt, NG)  # [NW, 32, TW, 2..]
+    q5 = _by_group(qt, NG)  # [NW, 32, GPN, 2..]
+    if NG == 2:
+        s5 = ks
+    elif NG == 4:
+        s5 = ttgl.reshape(ks, [NW, TW, 2, 2])
+    else:
+        s5 = ttgl.reshape(ks, [NW, TW, 2, 2, 2])
+    for g in ttgl.static_range(NG):
+        kg = ttgl.convert_layout(ttgl.permute(_group_of(k5, g, NB), [0, 2, 1]), A, assert_trivial=True)
+        qg = ttgl.convert_layout(_group_of(q5, g, NB), B, assert_trivial=True)
+        sg = mma_v2(kg, qg, ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
+        dg = ttgl.convert_layout(_group_of(s5, g, NB), ttgl.SliceLayout(2, MMA), assert_trivial=True)
+        s = s + sg * dg.to(ttgl.float32)[:, :, None]
+    return _online_t(s, valid, m_i, l_i, MASK)
 
 
 @gluon.jit
@@ -387,14 +474,14 @@ def _merge_last(OP, LSE, OUT, CNT, b, hk, num_splits, so0, so1, GROUP: ttgl.cons
 def _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC: ttgl.constexpr, WK: ttgl.constexpr,
             GK: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, KCL: ttgl.constexpr,
             NW: ttgl.constexpr, D: ttgl.constexpr, PS: ttgl.constexpr, KSD: ttgl.constexpr, KCHAN: ttgl.constexpr,
-            MASK: ttgl.constexpr = True):
+            MASK: ttgl.constexpr = True, KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
     """The K code words, second words, scales and zeros of the tile from token t0 (`kc_load` for channel-axis keys,
-    else `k_load`)."""
+    else `k_load`; KX / KA: its layouts for keys by groups)."""
     if KCHAN:
         return kc_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, GK, P, TW, KCL, NW, D, PS, MASK)
     else:
         return k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, NW, D, PS, KSD,
-                      MASK)
+                      MASK, KX, KA)
 
 
 @gluon.jit
@@ -403,11 +490,11 @@ def _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, vc0
                 GK: ttgl.constexpr, GV: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr,
                 KCL: ttgl.constexpr, VW: ttgl.constexpr, VWA: ttgl.constexpr, NW: ttgl.constexpr, D: ttgl.constexpr,
                 PS: ttgl.constexpr, KSD: ttgl.constexpr, VSD: ttgl.constexpr, KCHAN: ttgl.constexpr,
-                MASK: ttgl.constexpr = True):
+                MASK: ttgl.constexpr = True, KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
     """Every code register of the tile from token t0: K words, second words, scales, zeros (`_k_tile`), then V's
     (`v_load`), as one 12-tuple. MASK False: the tile lies before `hi` (no masked load)."""
     kw, kw2, ks, kz = _k_tile(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, KCODEC, WK, GK, P, TW, KW, KCL, NW, D,
-                              PS, KSD, KCHAN, MASK)
+                              PS, KSD, KCHAN, MASK, KX, KA)
     va, vb, vsa, vsb, vza, vzb, vpa, vpb = v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, VCODEC, WV, GV, P,
                                                   TW, VW, VWA, NW, D, KCHAN, PS, VSD, MASK)
     return kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb
@@ -427,7 +514,10 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-    if ST:
+    if KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
+        qt, bc = q
+        s, m_i, l_i, alpha = _scores_tg(qt, bc, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, D, MASK)
+    elif ST:
         s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A, MASK)
     else:
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR, MASK)
@@ -454,7 +544,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                        U2: ttgl.constexpr = False, L2PF: ttgl.constexpr = 0, PFL: ttgl.constexpr = None,
                        NLP: ttgl.constexpr = 32, L2N: ttgl.constexpr = (0,) * 6, L2B: ttgl.constexpr = (0,) * 6,
                        L2U: ttgl.constexpr = (0,) * 6, L2S: ttgl.constexpr = (0,) * 6,
-                       L2E: ttgl.constexpr = (0,) * 6, ST: ttgl.constexpr = False, FT: ttgl.constexpr = False):
+                       L2E: ttgl.constexpr = (0,) * 6, ST: ttgl.constexpr = False, FT: ttgl.constexpr = False,
+                       KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
     """q [B, Hq, D]; K / V codes as int32 words [N, Hk, P, D bits / 32] and fp16 scales [N, Hk, P, D / G]
     (or e8m0 / e4m3 scale bytes: KSD / VSD, `SCALE_DTYPES`; page strides in units of PS elements, head strides in
     elements of those views; KCHAN: channel-axis keys as `kc_load` reads them, and
@@ -522,6 +613,21 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     if HAS_KTS:
         qs = qs * ttgl.load(KTS)
     q = (q.to(ttgl.float32) * qs).to(ttgl.float16)
+    if KCODEC == C_Q4G:  # keys by groups (`_scores_tg`): the high nibbles' entries divided by 16; the offsets' B
+        # fragment: rows 2 g and 2 g + 1 the fp16 high and low parts of -C_g [h], C_g the sum over group g of the
+        # entries (as the MMA reads them) times 1032 (low nibbles: 1024 + n - 1032 = n - 8) or 1152 (1024 + 16 n - 1152
+        # = 16 (n - 8)); zero rows up to 16
+        NG: ttgl.constexpr = D // 32
+        hib = ((kap >> 3) & 1) == 1  # contraction index kappa's nibble (`k_channel_order`)
+        q = (q.to(ttgl.float32) * ttgl.where(hib, 0.0625, 1.0)[None, :, None]).to(ttgl.float16)
+        off = q.to(ttgl.float32) * ttgl.where(hib, 1152.0, 1032.0)[None, :, None]
+        cg = -ttgl.sum(ttgl.reshape(off, [NW, NG, 32, GPN]), 2)  # [NW, NG, GPN]
+        bc = ttgl.reshape(ttgl.permute(_hi_lo(cg), [0, 1, 3, 2]), [NW, 2 * NG, GPN])
+        if NG <= 4:
+            bc = _pad_rows(bc)
+        if NG == 2:
+            bc = _pad_rows(bc)
+        q = (q, ttgl.convert_layout(bc, B))
 
     # codebook tables (CB): 8 words each for K and V
     ktab = (ttgl.load(TAB + 0), ttgl.load(TAB + 1), ttgl.load(TAB + 2), ttgl.load(TAB + 3), ttgl.load(TAB + 4),
@@ -571,20 +677,22 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     if PF and U2 and not FT:  # two tiles an iteration: the code registers of tile i + 1 load while tile i is
         # attended, those of tile i + 2 while tile i + 1 is (loads past hi read page 0: unused)
         cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
-                          VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                          VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN, KX=KX, KA=KA)
         n_t = ttgl.cdiv(hi - lo, BN)
         for i in range(0, n_t // 2):
             t0 = lo + 2 * i * BN
             if L2PF > 0:
                 pgq = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
-                              KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                              KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
+                              KX=KX, KA=KA)
             m_i, l_i, acc = _attend_tile(q, cur, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
                                          D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
             if L2PF > 0:
                 pgp = _l2_step(IDX, t0 + BN, hi, pgq, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             cur = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
-                              vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                              vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
+                              KX=KX, KA=KA)
             m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B,
                                          NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
         if n_t % 2 == 1:  # the last tile, whose codes `cur` holds
@@ -593,7 +701,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     elif FT:  # whole tiles without masks, then the partial last tile with them
         if PF:
             c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
-                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN, KX=KX, KA=KA)
         t_end = lo + ((hi - lo) // BN) * BN  # the first token past the whole tiles (hi when there is no partial one)
         t_s = lo  # the first tile the rolled loop attends
         if PF and U2:  # two whole tiles an iteration while the tiles it loads (i + 1, i + 2) are whole too; the rolled
@@ -603,14 +711,14 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                     pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 nxt = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
                                   KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
-                                  False)
+                                  False, KX=KX, KA=KA)
                 m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW,
                                              TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
                 if L2PF > 0:
                     pgp = _l2_step(IDX, t0 + BN, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + 2 * BN, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0,
                                 vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
-                                KCHAN, False)
+                                KCHAN, False, KX=KX, KA=KA)
                 m_i, l_i, acc = _attend_tile(q, nxt, t0 + BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
                                              B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
                 t_s = t0 + 2 * BN
@@ -620,7 +728,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                 pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
                              vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
-                             KCHAN, False)
+                             KCHAN, False, KX=KX, KA=KA)
             if not PF:
                 c = nc
             m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
@@ -633,7 +741,8 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                 if L2PF > 0:
                     pgp = _l2_step(IDX, t_end - BN, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
                 nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
-                                 KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                                 KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
+                                 KX=KX, KA=KA)
                 m_i, l_i, acc = _attend_tile(q, c, t_end - BN, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC,
                                              B, NW, TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST, False)
                 c = nc
@@ -642,13 +751,14 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
                 pgp = _l2_step(IDX, t_end, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
             if not PF:
                 c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t_end, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1,
-                                KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                                KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN,
+                                KX=KX, KA=KA)
             m_i, l_i, acc = _attend_tile(q, c, t_end, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW,
                                          TW, D, GK, MMA, GP, ROWS, SR, OT, A, GPN, KCHAN, ST)
     else:
         if PF:
             c = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, lo, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1, vs0, vs1, KCODEC,
-                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN)
+                            VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD, KCHAN, KX=KX, KA=KA)
         for t0 in range(lo, hi, BN):
             if L2PF > 0:
                 pgp = _l2_step(IDX, t0, hi, pgp, ln, lane, AHEAD, BN, NL, P, TW, NW, PFL)
@@ -656,7 +766,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
             # else this tile's codes only: half the code registers (channel-axis keys at head_dim 256 spill otherwise)
             nc = _tile_codes(KC, KS, KZ, VC, VS, VZ, IDX, t0 + BN if PF else t0, hi, hk, kc0, kc1, ks0, ks1, vc0, vc1,
                              vs0, vs1, KCODEC, VCODEC, WK, WV, GK, GV, P, TW, KW, KCL, VW, VWA, NW, D, PS, KSD, VSD,
-                             KCHAN)
+                             KCHAN, KX=KX, KA=KA)
             if not PF:
                 c = nc
             m_i, l_i, acc = _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC, VCODEC, B, NW, TW,
@@ -709,6 +819,13 @@ def scores_t(config: GluonDecodeConfig, group: int) -> bool:
     config's `scores_t` (None: `SCORES_T`), with the O^T accumulator and groups of up to 8 only."""
     on = SCORES_T if config.scores_t is None else config.scores_t
     return bool(on and config.transpose_o and group <= 8)
+
+
+def grouped_k(kcodec: int, k_spec, D: int, config: GluonDecodeConfig, group: int) -> bool:
+    """Whether a call reads its keys by scale groups (`C_Q4G`): GROUPED_K on, int4 sym keys (q4_0's codec) at groups
+    of 32 with fp16 scales, the transposed scores, head_dim 64, 128 or 256."""
+    return GROUPED_K and kcodec == Q4 and _group(k_spec) == 32 and not scale_code(k_spec) and \
+        scores_t(config, group) and D in (64, 128, 256)
 
 
 def unsupported(k_spec, v_spec, D: int, P: int, group: int, device, tokens_per_warp: int | None = None) -> str | None:
@@ -830,6 +947,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
         kc = kv.k_pages["codes"].view(torch.int32)
     vc = kv.v_pages["codes"].view(torch.int32)
     ksd, vsd = scale_code(k_spec), scale_code(v_spec)  # nonzero: e8m0 / e4m3 scale bytes, converted in the kernel
+    if grouped_k(kcodec, k_spec, D, config, group):
+        kcodec = Q4G
     if ksd:
         ks = ks.view(torch.uint8)
     if vsd:
@@ -909,7 +1028,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
             KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group),
-            FT=FULL_TILES, num_warps=NW,
+            FT=FULL_TILES, KX=lay["KX"] if kcodec == Q4G else None, KA=lay["A"] if kcodec == Q4G else None,
+            num_warps=NW,
             **l2kw, **launch_opts)
         if has_fp:  # the paged partials merged with the full-precision tokens (and un-rotated)
             merge_with_fp(op, lse, q, kv.k_fp, kv.v_fp, kv.fp_len, sm_scale, user_out,

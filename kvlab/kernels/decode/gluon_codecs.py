@@ -124,6 +124,19 @@ CODECS.update({KT2: "calibrated int2 asym channel-axis keys (a 4-entry level tab
                KT4: "calibrated int4 asym channel-axis keys (a 16-entry level table)"})
 WORDS_K.update({KT2: 1, KT3: 1, KT4: 1})
 TABLES = (CB, CB2, CB3, KT2, KT3, KT4)  # codecs that read a codebook table (`cb_table_words`)
+# int4 sym keys by groups (q4_0 at groups of 32, keys only, with the transposed scores; `gluon.GROUPED_K`): thread-row r
+# of a key row reads word r of each 32-channel group (the row's words r, 4 + r, 8 + r, ...), so each 16-deep MMA slice
+# lies in one scale group. The codes enter the MMA as they come out of one LOP3, 1024 + n (1024 + 16 n for the high
+# nibbles, whose query entries are divided by 16 beforehand): no per-element offset or scale. Each group's partial
+# scores take its fp32 scale (an FFMA), and the offsets (1032 / 1152 times the group's query sum, taken in fp32 from
+# the fp16 query the MMA reads) leave through one more MMA of the scales by the sums' fp16 high and low parts
+# (`gluon._scores_tg`)
+# (The same for int4 asym keys, q4_1's, with each group's zero times its query sum in the offsets' MMA, compiled to more
+# loop instructions than q4_1's own path, offline on sm_90: 397 against 388 a 16-token tile; not kept. Session 28.)
+Q4G = 20
+C_Q4G = ttgl.constexpr(Q4G)
+CODECS[Q4G] = "int4 sym keys read by scale groups (q4_0 keys, GROUPED_K)"
+WORDS_K[Q4G], WORDS_V[Q4G] = 4, 2
 _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2), **dict.fromkeys(CB3_FORMATS, CB3)}
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
@@ -217,7 +230,10 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, rb = [], 4 * words_k(codec, D)
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
-        if codec in (Q4, Q4A, F4M, F4N, CB):  # register x = q + 4 wi: byte (q >> 1) + 2 h2 of word wi, nibble q & 1
+        if codec == Q4G:  # register x = q + 4 wi: word wi of thread r is word r of group wi (`C_Q4G`)
+            q, wi = x & 3, x >> 2
+            out.append(_nibble_channel(4 * (4 * wi + r) + (q >> 1) + 2 * h2, q & 1, pack, G))
+        elif codec in (Q4, Q4A, F4M, F4N, CB):  # register x = q + 4 wi: byte (q >> 1) + 2 h2 of word wi, nibble q & 1
             q, wi = x & 3, x >> 2
             out.append(_nibble_channel(rb * r + 4 * wi + (q >> 1) + 2 * h2, q & 1, pack, G))
         elif codec in (I8, I8A):  # register x = q + 2 wi holds bytes (q, q + 2) of word wi
@@ -280,6 +296,13 @@ def _asm_k4(asym: bool) -> str:
 
 
 ASM_K_Q4 = ttgl.constexpr(_asm_k4(False))
+# int4 keys by groups (`C_Q4G`): the registers of `_asm_k4` before its offset and scale, 1024 + n (low nibbles) and
+# 1024 + 16 n (high); in $8 w
+ASM_K_Q4G = ttgl.constexpr("\n".join([
+    "{ .reg .b32 u, r0, r1, r2, r3;", "shr.b32 u, $8, 8;",
+    "lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r1, $8, 0x00F000F0, 0x64006400, 0xEA;",
+    "lop3.b32 r2, u, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 r3, u, 0x00F000F0, 0x64006400, 0xEA;",
+    "mov.b32 {$0, $1}, r0;", "mov.b32 {$2, $3}, r1;", "mov.b32 {$4, $5}, r2;", "mov.b32 {$6, $7}, r3; }"]))
 ASM_K_Q4A = ttgl.constexpr(_asm_k4(True))
 def _asm_k8(asym: bool) -> str:
     """Int8 keys: word -> registers (b0, b2), (b1, b3). Sym: (x & 0x00FF00FF) ^ 0x64806480 = 0x6400 | (x ^ 0x80)
@@ -762,14 +785,59 @@ def tok_rows(IDX, t0, hi, hk, c0, c1, ROW: ttgl.constexpr, P: ttgl.constexpr, TW
 @gluon.jit
 def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
            G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
-           D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True):
+           D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True,
+           KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
     """Raw K code words [NW, WK, r, TW] (int32), a second word tensor (int3: the plane word beside each 2-bit word;
     else the words again), scales and zeros [NW, r, TW] (fp16; 1 / 0 where the codec has none) of tokens
     t0 + w * TW + [0, TW) of warp w, read unmasked (rows past `hi` are page 0 or unused rows of the last page; the
-    kernel scores them -inf). Zeros share the scales' strides."""
+    kernel scores them -inf). Zeros share the scales' strides. C_Q4G (keys by groups): word r of each group, then
+    the scales [NW, TW, D / 32] in layout KX (the scores' rows, every group in registers) and, for the offsets' MMA,
+    its A fragment [NW, TW, 16] (layout KA): the scale of group k // 2 at column k < 2 D / 32, else 0."""
+    if CODEC == C_Q4G:
+        return _k_load_groups(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC, WK, G, P, TW, KW, NW, D, PS, SD,
+                              MASK, KX, KA)
+    else:
+        return _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC, WK, G, P, TW, KW, NW, D, PS, SD,
+                            MASK, KX, KA)
+
+
+@gluon.jit
+def _k_load_groups(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
+                   G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
+                   D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True,
+                   KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
+    """`k_load` for keys by groups (`C_Q4G`): thread-row r reads word r of each 32-channel group (words r, 4 + r, ..;
+    one 4-byte load a group, the group's offset folded into the load's immediate)."""
     L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
     wi = ttgl.arange(0, WK, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
+    KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
+    NG: ttgl.constexpr = D // 32
+    rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, 4 * WK, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)),
+                    NW, False, PS, KREG, MASK)
+    w = ttgl.load(KC + rows[:, None, None, :] + (4 * wi[None, :, None] + r[None, None, :])[:, :, :, None])
+    SX: ttgl.constexpr = ttgl.SliceLayout(2, KX)
+    gx = ttgl.arange(0, NG, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, KX)))
+    sx = tok_rows(IDX, t0, hi, hk, ks0, ks1, NG, P, TW, TW, 1, SX, NW, False, PS, KREG, MASK)
+    s = ttgl.load(KS + sx[:, :, None] + gx[None, None, :])  # [NW, TW, NG]
+    SA: ttgl.constexpr = ttgl.SliceLayout(2, KA)
+    ka = ttgl.arange(0, 16, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, KA)))
+    sa = tok_rows(IDX, t0, hi, hk, ks0, ks1, NG, P, TW, TW, 1, SA, NW, False, PS, KREG, MASK)
+    m = ttgl.load(KS + sa[:, :, None] + (ka // 2)[None, None, :], mask=(ka < 2 * NG)[None, None, :],
+                  other=0.0)  # [NW, TW, 16]: column k the scale of group k // 2 (k < 2 NG), else 0
+    return w, w, s, m
+
+
+@gluon.jit
+def _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexpr, WK: ttgl.constexpr,
+                 G: ttgl.constexpr, P: ttgl.constexpr, TW: ttgl.constexpr, KW: ttgl.constexpr, NW: ttgl.constexpr,
+                 D: ttgl.constexpr, PS: ttgl.constexpr = 1, SD: ttgl.constexpr = 0, MASK: ttgl.constexpr = True,
+                 KX: ttgl.constexpr = None, KA: ttgl.constexpr = None):
+    """`k_load` for every other codec: thread-row r reads the row's words WK r .. WK r + WK - 1."""
+    L3: ttgl.constexpr = ttgl.SliceLayout(3, KW)
+    wi = ttgl.arange(0, WK, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, L3)))
+    r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
+    KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
     RW: ttgl.constexpr = 3 * D // 32 if I3ANY else 4 * WK  # words per row
     word = (WK * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
@@ -780,7 +848,6 @@ def k_load(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.constexp
         o = c % G
         word = ((3 * G // 32) * gi + o // 16)[:, :, :, None]
         pword = ((3 * G // 32) * gi + G // 16 + o // 32)[:, :, :, None]
-    KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
     rows = tok_rows(IDX, t0, hi, hk, kc0, kc1, RW, P, TW, TW, 1, ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW,
                     False, PS, KREG, MASK)
     w = ttgl.load(KC + rows[:, None, None, :] + word)
@@ -1028,9 +1095,15 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
     PW: ttgl.constexpr = CODEC != C_F8 and D // 4 > G  # k_load gave a scale (and zero) per code word
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
-    if not PW and not I3ANY:
+    if not PW and not I3ANY and CODEC != C_Q4G:
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
-    if CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
+    if CODEC == C_Q4G:  # the codes as they enter the MMA (`C_Q4G`); scales and offsets apply to the scores
+        o = ttgl.inline_asm_elementwise(ASM_K_Q4G, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(ttgl.float16,) * 8,
+                                        is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])),
+                      ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))  # [NW, wi, r, TW, h2, q0, q1]
+        j = ttgl.permute(j, [0, 1, 6, 5, 2, 4, 3])  # [NW, wi, q1, q0, r, h2, TW]
+    elif CODEC == C_Q4 or CODEC == C_Q4A or CODEC == C_F4M or CODEC == C_F4N or CODEC == C_CB:
         if CODEC == C_F4M or CODEC == C_F4N:
             o = ttgl.inline_asm_elementwise(ASM_K_F4, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)

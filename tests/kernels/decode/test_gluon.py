@@ -1526,3 +1526,98 @@ def test_gluon_transposed_scores_on_the_gpu(name, tw, unroll, Hq, Hk, D):
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     err = _rel_err(got, ref)
     assert err < TOL, f"relative error {err:.2e}"
+
+
+# keys by scale groups (`gluon.GROUPED_K`, codec C_Q4G): q4_0 keys at head dims 64 / 128 / 256, GQA 1 to 8, both tile
+# sizes, the unrolled loop, splits, an empty sequence, values of other codecs, a rotated and a sequential-packing spec:
+# (scheme, lens, Hq, Hk, P, splits, warps, tokens per warp, unroll, D)
+KG_CASES = [
+    ("q4_0", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16, False, 128),
+    ("q4_0", [0, 96, 192, 256, 320], 8, 1, 16, 1, 2, 32, True, 128),   # GQA 8, an empty sequence, odd tile counts
+    ("k=q4_0,v=q8_0", [0, 130], 4, 4, 32, 2, 2, 32, False, 128),       # GQA 1
+    ("k=q4_0,v=nf4", [150, 97], 8, 2, 48, 2, 2, 32, False, 128),       # a warp's tokens cross a page mid-tile
+    ("k=q4_0,v=q4_1", [5, 77], 9, 3, 16, 2, 4, 16, True, 64),          # SmolLM2's GQA 3 at D 64
+    ("q4_0", [1, 17, 63, 200], 8, 4, 16, 2, 4, 32, False, 256),        # GQA 2 at D 256
+    ("int4:g32:sym:pack=seq", [40, 130], 8, 2, 32, 2, 4, 16, False, 128),
+    ("int4:g32:sym:rule=signed:rnd=up:pack=ggml:recip:rot=had", [33, 64], 8, 2, 16, 2, 4, 16, False, 128),
+]
+
+
+@pytest.mark.parametrize("c", KG_CASES,
+                         ids=[f"{c[0]}-Hq{c[2]}-Hk{c[3]}-tw{c[7]}-u{int(c[8])}-D{c[9]}" for c in KG_CASES])
+@EMU
+def test_emulated_grouped_keys(c, monkeypatch):
+    """Keys by scale groups: the codes enter the MMA as 1024 + n, each group's partial scores take their scale and
+    the offsets leave through one more MMA; the same attention as the float32 reference (NaN past each sequence's end,
+    a NaN-poisoned output) and as the kernel without it, and it reaches the kernel (a wrong offset, a wrong group's
+    scale or a missing high-nibble division fails these)."""
+    name, lens, Hq, Hk, P, S_, NW, TW, unroll, D = c
+    seen = _spy_emulated(monkeypatch, "KCODEC")
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=29, q_seed=5, D=D)
+    assert torch.isfinite(ref).all()
+    cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW, num_splits=S_, unroll=unroll, scores_t=True)
+    monkeypatch.setattr(gluon, "GROUPED_K", False)
+    base = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg)
+    monkeypatch.setattr(gluon, "GROUPED_K", True)
+    out = torch.full_like(q, float("nan"))
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert seen[-1] == gc.Q4G and seen[0] != gc.Q4G, "keys by groups did not reach the kernel"
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
+    assert _rel_err(got, base) < TOL, f"relative error against the kernel without it {_rel_err(got, base):.2e}"
+    if lens[0] == 0:
+        assert (got[0] == 0).all(), "an empty sequence attends nothing"
+
+
+def test_grouped_keys_apply_to_q4_0_keys_only(monkeypatch):
+    """Keys by groups take int4 sym keys at groups of 32 with fp16 scales under the transposed scores, at head dims
+    64 / 128 / 256, and nothing else (asym keys, e4m3 scales, other groups, other codecs, the padded-row scores, the
+    switch off)."""
+    monkeypatch.setattr(gluon, "GROUPED_K", True)
+    on = GluonDecodeConfig(scores_t=True)
+
+    def takes(name, D=128, cfg=on, group=4):
+        spec = kvlab.scheme(name).k
+        return gluon.grouped_k(gc.codec_of(spec), spec, D, cfg, group)
+    assert all(takes("q4_0", D) for D in (64, 128, 256))
+    assert takes("int4:g32:sym:pack=seq") and takes("int4:g32:sym:rule=signed:rnd=up:pack=ggml:recip:rot=had")
+    assert not any(takes(n) for n in ("q4_1", "int4_had", "int4:g64:sym", "int4:g32:sym:s=e4m3", "q8_0", "nf4",
+                                      "mxfp4", "kivi4", "int2:g32:asym"))
+    assert not takes("q4_0", 96) and not takes("q4_0", cfg=GluonDecodeConfig(scores_t=False))
+    assert not takes("q4_0", group=16)  # (groups over 8 run the padded-row scores)
+    monkeypatch.setattr(gluon, "GROUPED_K", False)
+    assert not takes("q4_0")
+
+
+def test_grouped_keys_compile_for_sm90(monkeypatch):
+    """Keys by groups compile for sm_90 unspilled, each 16-deep slice one MMA with the codes straight from the LOP3,
+    to fewer loop instructions than the per-element dequantization (on the H200's Triton 3.6 at 16-token tiles without
+    the register prefetch: q4_0 367 -> 349 at 128 registers, 359 -> 334 at 168)."""
+    counts = []
+    for kg in ("0", "1"):
+        monkeypatch.setenv("KVLAB_GLUON_GROUPED_K", kg)
+        head, _ = _sm90_offline("gluon:q4_0", "--tw", "16", "--st", "--prefetch", "off")
+        assert "STACK:0" in head and "LOCAL:0" in head, head
+        counts.append(int(re.search(r"loop_instrs=(\d+)", head).group(1)))
+        hmma = int(re.search(r"HMMA:(\d+)", head).group(1))
+        assert hmma == (17 if kg == "1" else 16), head  # (the offsets' MMA)
+    assert counts[1] < counts[0], counts
+
+
+@GPU
+@pytest.mark.parametrize("name,tw,prefetch,unroll,Hq,Hk,D", [
+    ("q4_0", 16, None, False, 32, 8, 128), ("q4_0", 32, False, False, 32, 8, 128), ("q4_0", 16, None, True, 32, 8, 128),
+    ("q4_0", 32, False, False, 9, 3, 64), ("q4_0", 16, None, False, 8, 4, 256),
+    ("k=q4_0,v=q8_0", 16, False, False, 8, 1, 128)])
+def test_grouped_keys_on_the_gpu(name, tw, prefetch, unroll, Hq, Hk, D, monkeypatch):
+    """Keys by groups compiled for the GPU (GQA 1, 3, 4; D 64 / 128 / 256; both tile sizes, with and without the
+    register prefetch, the unrolled loop), lengths 1..4097, against the reference: what the emulator cannot check is
+    the MMA's fp32 accumulation of 1024 + n codes against the offsets' MMA."""
+    monkeypatch.setattr(gluon, "GROUPED_K", True)
+    sch, args, kw, q, ref = _case(name, [1, 17, 63, 1000, 4097], Hq, Hk, 16, seed=7, q_seed=3, device="cuda", D=D)
+    assert torch.isfinite(ref).all()
+    cfg = GluonDecodeConfig(tokens_per_warp=tw, prefetch=prefetch, unroll=unroll, scores_t=True)
+    assert gluon.grouped_k(gc.codec_of(sch.k), sch.k, D, cfg, Hq // Hk)
+    got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3, config=cfg)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
