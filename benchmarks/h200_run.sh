@@ -773,10 +773,16 @@ s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27
   timeout "${CFG_S:-240}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG_SCHEMES:-q4_0,q4_1,int2,mxfp4}" \
     --shape b32 --configs "${CFG_B32:-tw16:s4:r128:f,tw16:s4:r96:np:f,tw16:s4:r128:np:f,tw16:s6:r96:np:f,tw16:s2:r96:np,tw32:s4:r128:np:f,tw32:s2:r128:np:f}" \
     2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32.txt"
-  # (session 28: q4_0's keys by scale groups, gluon.GROUPED_K: its GPU tests, then the same configs with it on;
-  # offline q4_0 367 -> 349 loop instructions a 16-token tile at 128 registers without the prefetch)
-  timeout "${PYTEST_S:-90}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
-    -k "grouped_keys" 2>&1 | tee "$OUT/pytest_kg.log" | tail -3
+  # (session 28: q4_0's keys by scale groups, gluon.GROUPED_K, and KIVI's int4 keys folded, gluon.KIVI_FOLD: their GPU
+  # tests, then configs with each off / on; offline q4_0 367 -> 349 loop instructions a 16-token tile at 128 registers
+  # without the prefetch, kivi4 801 -> 723 a 32-token tile at its packaged config)
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "grouped_keys or kivi_fold" 2>&1 | tee "$OUT/pytest_kg.log" | tail -3
+  for kf in 0 1; do
+    KVLAB_GLUON_KIVI_FOLD=$kf timeout "${KF_S:-120}" python3 benchmarks/decode_configs.py --tag "s28kf$kf" \
+      --schemes kivi4 --shape b32 --configs "${KF_B32:-tw32:s1,tw32:s1:np,tw32:s2:np:f,tw32:s1:r168}" 2>&1 \
+      | grep "^cfg" | tee "$OUT/decode_cfg_b32_kf$kf.txt"
+  done
   for kg in 0 1; do
     KVLAB_GLUON_GROUPED_K=$kg timeout "${KG_S:-150}" python3 benchmarks/decode_configs.py --tag "s28kg$kg" \
       --schemes q4_0 --shape b32 \

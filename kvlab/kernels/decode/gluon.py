@@ -45,6 +45,8 @@ from ..configs import GluonDecodeConfig
 from ..paged import PagedKV
 from ..tiles.operands import LOG2E, fused_unrotation, merge_splits, merge_with_fp
 from .gluon_codecs import (
+    ASM_UNPACK,
+    C_KF4,
     C_Q4G,
     CHAN,
     CHAN_TW,
@@ -54,6 +56,7 @@ from .gluon_codecs import (
     HEAD_DIMS,
     KC3,
     KC4,
+    KF4,
     KT3,
     KT4,
     PER_WORD,
@@ -99,6 +102,11 @@ SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "1") not in ("", "0")
 # the rolled loop's whole tiles loaded and scored without masks, the partial last tile with them (kernel constexpr
 # FT; KVLAB_GLUON_FULL_TILES=0 masks every tile as before; session 27, untimed)
 FULL_TILES = os.environ.get("KVLAB_GLUON_FULL_TILES", "1") not in ("", "0")
+# KIVI's int4 keys with their scales and zeros folded into the query and the scores (`gluon_codecs.C_KF4`,
+# `_scores_tf`): the codes enter the MMA from one AND, as fp16 subnormals (offline sm_90: see benchmarks/NOTES_decode.md
+# session 28); KVLAB_GLUON_KIVI_FOLD=1 turns it on (off until the H200 runs its GPU tests, which check the tensor
+# cores' subnormal inputs, and times it)
+KIVI_FOLD = os.environ.get("KVLAB_GLUON_KIVI_FOLD", "0") not in ("", "0")
 # q4_0 keys read by scale groups (`gluon_codecs.C_Q4G`, `_scores_tg`): with the transposed scores, the codes enter
 # the MMA straight from one LOP3 and the group scales and offsets apply to each group's partial scores (offline sm_90,
 # loop instructions a 16-token tile without the register prefetch: 367 -> 349 at 128 registers, 359 -> 334 at 168;
@@ -379,6 +387,47 @@ def _group_of(y, g: ttgl.constexpr, NB: ttgl.constexpr):
 
 
 @gluon.jit
+def _pairs_b(w, B: ttgl.constexpr):
+    """Channel-axis scale or zero pairs w [NW, D / 8, r, g] (packed f16x2 words, `kc_load`'s layout) -> [NW, D, 8] fp16
+    in the B fragment's layout, row kappa = 8 x + 2 r + h2 (`k_channel_order`), every column the same: the thread of
+    lane 4 g + r holds the pairs its fragment needs."""
+    lo, hi = ttgl.inline_asm_elementwise(ASM_UNPACK, "=h,=h,r", [w], dtype=(ttgl.float16, ttgl.float16), is_pure=True,
+                                         pack=1)
+    x = ttgl.permute(ttgl.join(lo, hi), [0, 1, 2, 4, 3])  # [NW, X, r, h2, g]
+    return ttgl.convert_layout(ttgl.reshape(x, [w.shape[0], 8 * w.shape[1], w.shape[3]]), B, assert_trivial=True)
+
+
+@gluon.jit
+def _rows2(x, L: ttgl.constexpr):
+    """[NW, R, C] -> [NW, 2 R, C] (rows R.. a copy of rows 0..), in layout L (the new row bit a register)."""
+    y = ttgl.permute(ttgl.join(x, x), [0, 3, 1, 2])
+    return ttgl.convert_layout(ttgl.reshape(y, [x.shape[0], 2 * x.shape[1], x.shape[2]]), L, assert_trivial=True)
+
+
+@gluon.jit
+def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
+               MASK: ttgl.constexpr = True):
+    """`_scores_t` for KIVI's int4 keys folded (`C_KF4`): kt [NW, D, TW] holds the codes as fp16 subnormals (n 2^-24 at
+    even tokens, 16 n 2^-24 at odd ones, `asm_kf`), ks / kz the warp's channel scale and zero pairs (`kc_load`), one
+    pair per channel within the tile. S^T = K' (Q s)^T x 2^24 (2^20 at odd tokens) + 1 (Q m)^T, 1 all ones: two
+    HMUL2 a query register, one MMA chain of ones by Q m, one FFMA a score."""
+    NW: ttgl.constexpr = kt.shape[0]
+    TW: ttgl.constexpr = kt.shape[2]
+    GPN: ttgl.constexpr = qt.shape[2]
+    D: ttgl.constexpr = qt.shape[1]
+    qs = qt * _pairs_b(ks, B)
+    ka = ttgl.convert_layout(ttgl.permute(kt, [0, 2, 1]), A, assert_trivial=True)
+    s = mma_v2(ka, qs, ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
+    # sum_c m_c q_c [h] in every row: ones (A, one register quad for every slice) by q m (B: the products rounded to
+    # fp16 as the per-element path rounds s n + m)
+    mz = mma_v2(ttgl.full([NW, TW, D], 1.0, ttgl.float16, layout=A), qt * _pairs_b(kz, B),
+                ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
+    n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
+    fac = ttgl.where(tile_tok(n, TW, True) % 2 == 1, 1048576.0, 16777216.0)  # 2^20 / 2^24
+    return _online_t(s * fac[None, :, None] + mz, valid, m_i, l_i, MASK)
+
+
+@gluon.jit
 def _hi_lo(x):
     """fp32 x -> [.., 2] fp16: its high part and the rest (x to about 2^-22 relative)."""
     h = x.to(ttgl.float16)
@@ -514,7 +563,9 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-    if KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
+    if KCODEC == C_KF4:
+        s, m_i, l_i, alpha = _scores_tf(q, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, MASK)
+    elif KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
         qt, bc = q
         s, m_i, l_i, alpha = _scores_tg(qt, bc, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, D, MASK)
     elif ST:
@@ -821,6 +872,12 @@ def scores_t(config: GluonDecodeConfig, group: int) -> bool:
     return bool(on and config.transpose_o and group <= 8)
 
 
+def kivi_folds(kcodec: int, config: GluonDecodeConfig, group: int) -> bool:
+    """Whether a call folds its keys' scales and zeros out of the tile (`C_KF4`): KIVI_FOLD on, KIVI's int4
+    channel-axis keys (any group of 32 tokens or more, fp16 scale and zero pairs), the transposed scores."""
+    return KIVI_FOLD and kcodec == KC4 and scores_t(config, group)
+
+
 def grouped_k(kcodec: int, k_spec, D: int, config: GluonDecodeConfig, group: int) -> bool:
     """Whether a call reads its keys by scale groups (`C_Q4G`): GROUPED_K on, int4 sym keys (q4_0's codec) at groups
     of 32 with fp16 scales, the transposed scores, head_dim 64, 128 or 256."""
@@ -907,7 +964,7 @@ def prefetches(kcodec: int, D: int) -> bool:
     --head-dim 256 --tw 32 --page 32 --no-fp --prefetch on|off`) 255 registers and 216 bytes of stack with it, 211
     and none without; on the H200 (B 32 x 8K, Hk 4, sweeps/results/h200/runs/s15-ca78947/) kivi4 0.327 -> 0.180 ms,
     Gemma's int4-channel-key winner pair 0.115 -> 0.088. kivi2 keeps it (0.249 ms with, 0.266 without)."""
-    return not (kcodec in (KC4, KC3, KT4, KT3) and D >= 256)
+    return not (kcodec in (KC4, KF4, KC3, KT4, KT3) and D >= 256)
 
 
 def why_not(q: torch.Tensor, kv: PagedKV, config: GluonDecodeConfig) -> str | None:
@@ -949,6 +1006,8 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     ksd, vsd = scale_code(k_spec), scale_code(v_spec)  # nonzero: e8m0 / e4m3 scale bytes, converted in the kernel
     if grouped_k(kcodec, k_spec, D, config, group):
         kcodec = Q4G
+    if kivi_folds(kcodec, config, group):
+        kcodec = KF4
     if ksd:
         ks = ks.view(torch.uint8)
     if vsd:

@@ -124,6 +124,16 @@ CODECS.update({KT2: "calibrated int2 asym channel-axis keys (a 4-entry level tab
                KT4: "calibrated int4 asym channel-axis keys (a 16-entry level table)"})
 WORDS_K.update({KT2: 1, KT3: 1, KT4: 1})
 TABLES = (CB, CB2, CB3, KT2, KT3, KT4)  # codecs that read a codebook table (`cb_table_words`)
+# KIVI's int4 keys with their scales and zeros folded out of the tile (`gluon.KIVI_FOLD`, with the transposed scores):
+# within a warp's 32-token tile a channel's scale s and zero m are one pair (the tile is within one token group), so
+# the scores are sum_c n s_c q_c + sum_c m_c q_c: the codes enter the MMA as fp16 subnormals (one AND: n 2^-24, 16 n
+# 2^-24 for the odd tokens' high nibbles), the query as q s (one HMUL2 a register a tile), and sum_c m_c q_c is one
+# MMA chain of the zeros (every row) by the query; the scores then take 2^24 (2^20 at odd tokens) in one FFMA with it
+KF4 = 22
+C_KF4 = ttgl.constexpr(KF4)
+CHAN = CHAN + (KF4,)
+CODECS[KF4] = "int4 asym channel-axis keys with scales and zeros folded into the query (kivi4 keys, KIVI_FOLD)"
+WORDS_K[KF4] = 1
 # int4 sym keys by groups (q4_0 at groups of 32, keys only, with the transposed scores; `gluon.GROUPED_K`): thread-row r
 # of a key row reads word r of each 32-channel group (the row's words r, 4 + r, 8 + r, ...), so each 16-deep MMA slice
 # lies in one scale group. The codes enter the MMA as they come out of one LOP3, 1024 + n (1024 + 16 n for the high
@@ -457,6 +467,20 @@ def asm_kt4(k: int) -> str:
 
 
 AKC40, AKC41 = (ttgl.constexpr(asm_kc(KC4, k)) for k in range(2))
+
+
+def asm_kf(k: int) -> str:
+    """`asm_kc` (KC4) without the scale and zero (`C_KF4`): byte k of the code runs of channels c0 and c1 -> (tok 2k:
+    c0, c1, tok 2k + 1: c0, c1) as fp16 subnormals, n 2^-24 and (high nibble) 16 n 2^-24. In: $4 wA, $5 wB."""
+    return "\n".join(["{ .reg .b32 t, r0, r1;", f"prmt.b32 t, $4, $5, 0x{4 + k}{4 + k}{k}{k};",
+                      "lop3.b32 r0, t, 0x000F000F, 0, 0xC0;", "lop3.b32 r1, t, 0x00F000F0, 0, 0xC0;",
+                      "mov.b32 {$0, $1}, r0;",
+                      "mov.b32 {$2, $3}, r1; }"])
+
+
+AKF40, AKF41 = (ttgl.constexpr(asm_kf(k)) for k in range(2))
+# a packed f16x2 word -> its two halves
+ASM_UNPACK = ttgl.constexpr("mov.b32 {$0, $1}, $2;")
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
 AKC3 = ttgl.constexpr(asm_kc3())
 def asm_i3(k: int, asym: bool) -> str:
@@ -959,6 +983,12 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
                                             [wa, wb, s, m, z + tab[0], z + tab[1], z + tab[4], z + tab[5]],
                                             dtype=(ttgl.float16,) * 8, is_pure=True, pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
+    elif CODEC == C_KF4:  # codes only (`C_KF4`): the scale and zero apply to the query and the scores
+        o = ttgl.inline_asm_elementwise(AKF40, "=h,=h,=h,=h,r,r", [wa, wb], dtype=(ttgl.float16,) * 4, is_pure=True,
+                                        pack=1)
+        p = ttgl.inline_asm_elementwise(AKF41, "=h,=h,=h,=h,r,r", [wa, wb], dtype=(ttgl.float16,) * 4, is_pure=True,
+                                        pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(p[0], p[1]), _j2(p[2], p[3])))
     elif CODEC == C_KC4:
         o = ttgl.inline_asm_elementwise(AKC40, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,
                                         is_pure=True, pack=1)

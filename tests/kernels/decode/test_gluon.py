@@ -51,6 +51,13 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
     assert sorted(k) == list(range(D))
+    if codec == gc.Q4 and G == 32:  # keys by groups (C_Q4G): the same channels, each 16-deep slice in one group, and
+        # the high nibbles at contraction bit 3 (whose query entries the kernel divides by 16)
+        kg = gc.k_channel_order(gc.Q4G, pack, G, D)
+        assert sorted(kg) == list(range(D))
+        assert all(kg[kap] // 32 == kap // 32 for kap in range(D))
+        low = [(c % 32) < 16 if pack == "ggml" else c % 2 == 0 for c in kg]
+        assert all(low[kap] == (not (kap >> 3) & 1) for kap in range(D))
     if codec in gc.CHAN:  # thread r holds channels D / 4 r .. D / 4 (r + 1) - 1, in pairs (2 x, 2 x + 1)
         assert all(k[kap] // (D // 4) == (kap >> 1) & 3 and k[kap] % 2 == kap % 2 for kap in range(D))
         return
@@ -1619,5 +1626,93 @@ def test_grouped_keys_on_the_gpu(name, tw, prefetch, unroll, Hq, Hk, D, monkeypa
     cfg = GluonDecodeConfig(tokens_per_warp=tw, prefetch=prefetch, unroll=unroll, scores_t=True)
     assert gluon.grouped_k(gc.codec_of(sch.k), sch.k, D, cfg, Hq // Hk)
     got = decode(q, *args, sch.k, sch.v, 16, **kw, num_splits=3, config=cfg)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
+
+
+# KIVI's int4 keys folded (`gluon.KIVI_FOLD`, codec C_KF4): (scheme, lens, Hq, Hk, P, splits, warps, unroll, D)
+KF_CASES = [
+    ("kivi4", [32, 96, 160, 320], 8, 2, 32, 3, 4, False, 128),
+    ("kivi4", [0, 64, 192, 256], 8, 1, 32, 1, 2, True, 128),            # GQA 8, an empty sequence, the unrolled loop
+    ("k=int4:g32:chan:asym,v=q8_0", [96, 32], 4, 4, 64, 2, 4, False, 128),  # GQA 1, 64-token pages
+    ("kivi4", [32, 224], 9, 3, 32, 2, 4, False, 64),                    # SmolLM2's GQA 3 at D 64
+    ("kivi4", [64, 160], 8, 4, 32, 2, 4, False, 256),                   # GQA 2 at D 256
+    ("k=int4:g64:chan:asym,v=nf4", [64, 192], 8, 2, 64, 2, 4, False, 128),  # groups of 64: half a group a tile
+]
+
+
+@pytest.mark.parametrize("c", KF_CASES,
+                         ids=[f"{c[0]}-Hq{c[2]}-Hk{c[3]}-P{c[4]}-u{int(c[7])}-D{c[8]}" for c in KF_CASES])
+@EMU
+def test_emulated_kivi_keys_folded(c, monkeypatch):
+    """KIVI's int4 keys with scales and zeros folded out of the tile: codes as fp16 subnormals, the query times the
+    scales, the zeros by one MMA, 2^24 / 2^20 by token parity; the same attention as the float32 reference (NaN past
+    each sequence's end, a NaN-poisoned output) and as the per-element kernel, and the codec reaches the kernel (a
+    wrong parity factor, a dropped zero term or scale fails these)."""
+    name, lens, Hq, Hk, P, S_, NW, unroll, D = c
+    seen = _spy_emulated(monkeypatch, "KCODEC")
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=31, q_seed=6, D=D)
+    assert torch.isfinite(ref).all()
+    cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=32, num_splits=S_, unroll=unroll, scores_t=True)
+    monkeypatch.setattr(gluon, "KIVI_FOLD", False)
+    base = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg)
+    monkeypatch.setattr(gluon, "KIVI_FOLD", True)
+    out = torch.full_like(q, float("nan"))
+    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
+    assert seen[-1] == gc.KF4 and seen[0] != gc.KF4, "the folded keys did not reach the kernel"
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
+    assert _rel_err(got, base) < TOL, f"relative error against the kernel without it {_rel_err(got, base):.2e}"
+    if lens[0] == 0:
+        assert (got[0] == 0).all(), "an empty sequence attends nothing"
+
+
+def test_kivi_fold_applies_to_int4_channel_keys_only(monkeypatch):
+    """The fold takes KIVI's int4 channel-axis keys under the transposed scores, and nothing else (2- and 3-bit
+    channel keys, calibrated tables, token-axis int4, the padded-row scores, the switch off)."""
+    monkeypatch.setattr(gluon, "KIVI_FOLD", True)
+    on = GluonDecodeConfig(tokens_per_warp=32, scores_t=True)
+
+    def folds(name, cfg=on, group=4):
+        return gluon.kivi_folds(gc.codec_of(kvlab.scheme(name).k), cfg, group)
+    assert folds("kivi4") and folds("k=int4:g64:chan:asym,v=q4_0") and folds("k=int4:g128:chan:asym,v=q8_0")
+    assert not any(folds(n) for n in ("kivi2", "k=int3:g32:chan:asym,v=q4_0", "k=int4:g32:chan:asym:cal,v=q4_0",
+                                      "q4_1", "q4_0"))
+    assert not folds("kivi4", cfg=GluonDecodeConfig(tokens_per_warp=32, scores_t=False))
+    assert not folds("kivi4", group=16)
+    monkeypatch.setattr(gluon, "KIVI_FOLD", False)
+    assert not folds("kivi4")
+
+
+def test_kivi_fold_compiles_for_sm90(monkeypatch):
+    """KIVI's folded keys compile for sm_90 unspilled with the codes from one AND, the zeros' MMA chain beside the
+    scores', and fewer loop instructions than the per-element scale and zero (on the H200's Triton 3.6, its packaged
+    B 32 config: 801 -> 723 a 32-token tile)."""
+    counts = []
+    for kf in ("0", "1"):
+        monkeypatch.setenv("KVLAB_GLUON_KIVI_FOLD", kf)
+        head, _ = _sm90_offline("gluon:kivi4", "--tw", "32", "--page", "32", "--st")
+        assert "STACK:0" in head and "LOCAL:0" in head, head
+        counts.append(int(re.search(r"loop_instrs=(\d+)", head).group(1)))
+        assert int(re.search(r"HMMA:(\d+)", head).group(1)) == (40 if kf == "1" else 32), head
+        assert ("HFMA2:64" in head) == (kf == "1"), head  # (the values' 64 remain; the keys' 64 go)
+    assert counts[1] < counts[0], counts
+
+
+@GPU
+@pytest.mark.parametrize("name,unroll,Hq,Hk,D,P", [("kivi4", False, 32, 8, 128, 32), ("kivi4", True, 32, 8, 128, 32),
+                                                   ("kivi4", False, 9, 3, 64, 32), ("kivi4", False, 8, 4, 256, 32),
+                                                   ("k=int4:g64:chan:asym,v=q8_0", False, 8, 1, 128, 64)])
+def test_kivi_fold_on_the_gpu(name, unroll, Hq, Hk, D, P, monkeypatch):
+    """KIVI's folded keys compiled for the GPU (GQA 1, 3, 4; D 64 / 128 / 256; the unrolled loop; groups of 64),
+    lengths 32..4096 in whole groups, against the reference: what the emulator cannot check is the tensor cores taking
+    fp16 subnormal codes (a flush to zero would leave only the zeros' term)."""
+    monkeypatch.setattr(gluon, "KIVI_FOLD", True)
+    sch, args, kw, q, ref = _case(name, _gpu_lens("kivi", [32, 64, 1024, 4096]), Hq, Hk, P, seed=9, q_seed=2,
+                                  device="cuda", D=D)
+    assert torch.isfinite(ref).all()
+    cfg = GluonDecodeConfig(tokens_per_warp=32, unroll=unroll, scores_t=True)
+    assert gluon.kivi_folds(gc.codec_of(sch.k), cfg, Hq // Hk)
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3, config=cfg)
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
