@@ -775,12 +775,12 @@ s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27
     2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32.txt"
   # (session 28: q4_0's keys by scale groups, gluon.GROUPED_K, and KIVI's int4 keys folded, gluon.KIVI_FOLD: their GPU
   # tests, then configs with each off / on; offline q4_0 367 -> 349 loop instructions a 16-token tile at 128 registers
-  # without the prefetch, kivi4 801 -> 723 a 32-token tile at its packaged config)
+  # without the prefetch, kivi4 801 -> 723 and kivi2 783 -> 687 a 32-token tile at their packaged configs)
   timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
     -k "grouped_keys or kivi_fold" 2>&1 | tee "$OUT/pytest_kg.log" | tail -3
   for kf in 0 1; do
     KVLAB_GLUON_KIVI_FOLD=$kf timeout "${KF_S:-120}" python3 benchmarks/decode_configs.py --tag "s28kf$kf" \
-      --schemes kivi4 --shape b32 --configs "${KF_B32:-tw32:s1,tw32:s1:np,tw32:s2:np:f,tw32:s1:r168}" 2>&1 \
+      --schemes kivi4,kivi2 --shape b32 --configs "${KF_B32:-tw32:s1,tw32:s1:np,tw32:s2:np:f,tw32:s1:r168}" 2>&1 \
       | grep "^cfg" | tee "$OUT/decode_cfg_b32_kf$kf.txt"
   done
   for kg in 0 1; do

@@ -2,6 +2,7 @@
 
     eval "$(bash devtools/device_triton.sh)"          # the H200's Triton (header.json), for its instruction counts
     python benchmarks/issue_bound.py --out sweeps/results/h200/issue_bound.csv [--shapes b32,b1] [--schemes q4_0,...]
+    python benchmarks/issue_bound.py --env KVLAB_GLUON_KIVI_FOLD=1 --schemes kivi4,kivi2 --shapes b32   # a variant
 
 For every default-dispatch Gluon row of `sweeps/results/h200/decode.csv` (issue 16's schemes, or --schemes), the row's
 own config (tile, warps, register cap, prefetch, unroll, L2 prefetch, transposed scores) is compiled offline for sm_90
@@ -95,7 +96,8 @@ def counts(rows: list[dict]) -> list[dict]:
 
 def s26_counts(args) -> list[dict]:
     """The same compiles with both loop savings off, in a child process (the switches are read at import)."""
-    env = dict(os.environ, KVLAB_GLUON_FOLD_ROWS="0", KVLAB_GLUON_FULL_TILES="0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLAB_GLUON_")}  # the s26 kernel: every switch at
+    env.update(KVLAB_GLUON_FOLD_ROWS="0", KVLAB_GLUON_FULL_TILES="0")  # its default of then, both savings off
     cmd = [sys.executable, __file__, "--counts-only", "--decode", str(args.decode), "--schemes", args.schemes,
            "--shapes", args.shapes]
     return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
@@ -159,7 +161,15 @@ def main(argv=None):
     ap.add_argument("--counts-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--reuse", type=Path, default=None, help="take the instruction counts from this earlier output CSV")
     ap.add_argument("--any-triton", action="store_true", help="count with this Triton even if it is not the H200's")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="a kernel switch for the current loop's counts (e.g. KVLAB_GLUON_KIVI_FOLD=1): the table then "
+                         "predicts that variant at each row's config and measured efficiency")
     a = ap.parse_args(argv)
+    for kv in a.env:
+        name, eq, value = kv.partition("=")
+        if not eq or not name.startswith("KVLAB_"):
+            raise SystemExit(f"--env {kv!r}: expected KVLAB_NAME=VALUE")
+        os.environ[name] = value  # (read when the kernels are imported, below)
     rows = rows_of(a.decode, a.schemes.split(","), a.shapes.split(","))
     if a.counts_only:
         print(json.dumps(counts(rows)))
@@ -184,9 +194,11 @@ def main(argv=None):
         w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         w.writeheader()
         w.writerows(out)
+    envs = "".join(f" --env {kv}" for kv in a.env)
     a.out.with_suffix(".md").write_text(
-        f"Static issue bound of the decode loop (`python benchmarks/issue_bound.py --out {os.path.relpath(a.out.resolve(), ROOT)}`, "
-        f"Triton {triton.__version__}, sm_90 offline; measured columns from decode.csv)\n\n" + markdown(out))
+        f"Static issue bound of the decode loop (`python benchmarks/issue_bound.py{envs} --out "
+        f"{os.path.relpath(a.out.resolve(), ROOT)}`, Triton {triton.__version__}, sm_90 offline; measured columns "
+        "from decode.csv)\n\n" + markdown(out))
     print(markdown(out))
 
 

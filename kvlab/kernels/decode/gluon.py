@@ -46,6 +46,7 @@ from ..paged import PagedKV
 from ..tiles.operands import LOG2E, fused_unrotation, merge_splits, merge_with_fp
 from .gluon_codecs import (
     ASM_UNPACK,
+    C_KF2,
     C_KF4,
     C_Q4G,
     CHAN,
@@ -54,8 +55,10 @@ from .gluon_codecs import (
     F4,
     F8,
     HEAD_DIMS,
+    KC2,
     KC3,
     KC4,
+    KF2,
     KF4,
     KT3,
     KT4,
@@ -406,11 +409,12 @@ def _rows2(x, L: ttgl.constexpr):
 
 @gluon.jit
 def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
-               MASK: ttgl.constexpr = True):
-    """`_scores_t` for KIVI's int4 keys folded (`C_KF4`): kt [NW, D, TW] holds the codes as fp16 subnormals (n 2^-24 at
-    even tokens, 16 n 2^-24 at odd ones, `asm_kf`), ks / kz the warp's channel scale and zero pairs (`kc_load`), one
-    pair per channel within the tile. S^T = K' (Q s)^T x 2^24 (2^20 at odd tokens) + 1 (Q m)^T, 1 all ones: two
-    HMUL2 a query register, one MMA chain of ones by Q m, one FFMA a score."""
+               ODD: ttgl.constexpr, MASK: ttgl.constexpr = True):
+    """`_scores_t` for KIVI's keys folded (`C_KF4`, `C_KF2`): kt [NW, D, TW] holds the codes as fp16 subnormals (n 2^-24
+    at even tokens, ODD n 2^-24 at odd ones: 16 for int4's high nibbles, 4 for int2's odd fields; `asm_kf`, `AKF2`),
+    ks / kz the warp's channel scale and zero pairs (`kc_load`), one pair per channel within the tile. S^T = K' (Q s)^T
+    x 2^24 (2^24 / ODD at odd tokens) + 1 (Q m)^T, 1 all ones: two HMUL2 a query register, one MMA chain of ones by
+    Q m, one FFMA a score."""
     NW: ttgl.constexpr = kt.shape[0]
     TW: ttgl.constexpr = kt.shape[2]
     GPN: ttgl.constexpr = qt.shape[2]
@@ -423,7 +427,7 @@ def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.con
     mz = mma_v2(ttgl.full([NW, TW, D], 1.0, ttgl.float16, layout=A), qt * _pairs_b(kz, B),
                 ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
     n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
-    fac = ttgl.where(tile_tok(n, TW, True) % 2 == 1, 1048576.0, 16777216.0)  # 2^20 / 2^24
+    fac = ttgl.where(tile_tok(n, TW, True) % 2 == 1, 16777216.0 / ODD, 16777216.0)  # 2^24 / ODD, 2^24
     return _online_t(s * fac[None, :, None] + mz, valid, m_i, l_i, MASK)
 
 
@@ -563,8 +567,9 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-    if KCODEC == C_KF4:
-        s, m_i, l_i, alpha = _scores_tf(q, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, MASK)
+    if KCODEC == C_KF4 or KCODEC == C_KF2:
+        s, m_i, l_i, alpha = _scores_tf(q, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B,
+                                        16 if KCODEC == C_KF4 else 4, MASK)
     elif KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
         qt, bc = q
         s, m_i, l_i, alpha = _scores_tg(qt, bc, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, D, MASK)
@@ -873,9 +878,9 @@ def scores_t(config: GluonDecodeConfig, group: int) -> bool:
 
 
 def kivi_folds(kcodec: int, config: GluonDecodeConfig, group: int) -> bool:
-    """Whether a call folds its keys' scales and zeros out of the tile (`C_KF4`): KIVI_FOLD on, KIVI's int4
-    channel-axis keys (any group of 32 tokens or more, fp16 scale and zero pairs), the transposed scores."""
-    return KIVI_FOLD and kcodec == KC4 and scores_t(config, group)
+    """Whether a call folds its keys' scales and zeros out of the tile (`C_KF4`, `C_KF2`): KIVI_FOLD on, KIVI's int4
+    or int2 channel-axis keys (any group of 32 tokens or more, fp16 scale and zero pairs), the transposed scores."""
+    return KIVI_FOLD and kcodec in (KC4, KC2) and scores_t(config, group)
 
 
 def grouped_k(kcodec: int, k_spec, D: int, config: GluonDecodeConfig, group: int) -> bool:
@@ -1007,7 +1012,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
     if grouped_k(kcodec, k_spec, D, config, group):
         kcodec = Q4G
     if kivi_folds(kcodec, config, group):
-        kcodec = KF4
+        kcodec = KF4 if kcodec == KC4 else KF2
     if ksd:
         ks = ks.view(torch.uint8)
     if vsd:

@@ -129,11 +129,14 @@ TABLES = (CB, CB2, CB3, KT2, KT3, KT4)  # codecs that read a codebook table (`cb
 # the scores are sum_c n s_c q_c + sum_c m_c q_c: the codes enter the MMA as fp16 subnormals (one AND: n 2^-24, 16 n
 # 2^-24 for the odd tokens' high nibbles), the query as q s (one HMUL2 a register a tile), and sum_c m_c q_c is one
 # MMA chain of the zeros (every row) by the query; the scores then take 2^24 (2^20 at odd tokens) in one FFMA with it
-KF4 = 22
-C_KF4 = ttgl.constexpr(KF4)
-CHAN = CHAN + (KF4,)
-CODECS[KF4] = "int4 asym channel-axis keys with scales and zeros folded into the query (kivi4 keys, KIVI_FOLD)"
-WORDS_K[KF4] = 1
+# KF2: the same for KIVI's int2 keys (n 2^-24, 4 n 2^-24 at odd tokens)
+KF4, KF2 = 22, 23
+C_KF4, C_KF2 = ttgl.constexpr(KF4), ttgl.constexpr(KF2)
+CHAN = CHAN + (KF4, KF2)
+CODECS.update({KF4: "int4 asym channel-axis keys with scales and zeros folded into the query (kivi4 keys, KIVI_FOLD)",
+               KF2: "int2 asym channel-axis keys with scales and zeros folded into the query (kivi2 keys, KIVI_FOLD)"})
+WORDS_K.update({KF4: 1, KF2: 1})
+FOLDED = {KF4: 4, KF2: 2}  # folded codec -> its code bits
 # int4 sym keys by groups (q4_0 at groups of 32, keys only, with the transposed scores; `gluon.GROUPED_K`): thread-row r
 # of a key row reads word r of each 32-channel group (the row's words r, 4 + r, 8 + r, ...), so each 16-deep MMA slice
 # lies in one scale group. The codes enter the MMA as they come out of one LOP3, 1024 + n (1024 + 16 n for the high
@@ -479,6 +482,13 @@ def asm_kf(k: int) -> str:
 
 
 AKF40, AKF41 = (ttgl.constexpr(asm_kf(k)) for k in range(2))
+# `asm_kc` (KC2) without the scale and zero (`C_KF2`): tokens 0-3 of channels c0 and c1 as fp16 subnormals, n 2^-24 at
+# tokens 0 and 2, 4 n 2^-24 at 1 and 3. In: $8 wA, $9 wB
+AKF2 = ttgl.constexpr("\n".join(
+    ["{ .reg .b32 t, v, r0, r1, r2, r3;", "prmt.b32 t, $8, $9, 0x4400;", "shr.b32 v, t, 4;",
+     "lop3.b32 r0, t, 0x00030003, 0, 0xC0;", "lop3.b32 r1, t, 0x000C000C, 0, 0xC0;",
+     "lop3.b32 r2, v, 0x00030003, 0, 0xC0;", "lop3.b32 r3, v, 0x000C000C, 0, 0xC0;"] +
+    [f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, r{i};" for i in range(3)] + ["mov.b32 {$6, $7}, r3; }"]))
 # a packed f16x2 word -> its two halves
 ASM_UNPACK = ttgl.constexpr("mov.b32 {$0, $1}, $2;")
 AKC2 = ttgl.constexpr(asm_kc(KC2, 0))
@@ -989,6 +999,10 @@ def kc_build(wa, wb, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.co
         p = ttgl.inline_asm_elementwise(AKF41, "=h,=h,=h,=h,r,r", [wa, wb], dtype=(ttgl.float16,) * 4, is_pure=True,
                                         pack=1)
         j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(p[0], p[1]), _j2(p[2], p[3])))
+    elif CODEC == C_KF2:  # codes only (`C_KF2`)
+        o = ttgl.inline_asm_elementwise(AKF2, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [wa, wb], dtype=(ttgl.float16,) * 8,
+                                        is_pure=True, pack=1)
+        j = ttgl.join(ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3])), ttgl.join(_j2(o[4], o[5]), _j2(o[6], o[7])))
     elif CODEC == C_KC4:
         o = ttgl.inline_asm_elementwise(AKC40, "=h,=h,=h,=h,r,r,r,r", [wa, wb, s, m], dtype=(ttgl.float16,) * 4,
                                         is_pure=True, pack=1)

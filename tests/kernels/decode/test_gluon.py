@@ -1638,6 +1638,9 @@ KF_CASES = [
     ("kivi4", [32, 224], 9, 3, 32, 2, 4, False, 64),                    # SmolLM2's GQA 3 at D 64
     ("kivi4", [64, 160], 8, 4, 32, 2, 4, False, 256),                   # GQA 2 at D 256
     ("k=int4:g64:chan:asym,v=nf4", [64, 192], 8, 2, 64, 2, 4, False, 128),  # groups of 64: half a group a tile
+    ("kivi2", [32, 96, 160, 320], 8, 2, 32, 3, 4, False, 128),            # int2 keys
+    ("kivi2", [0, 64, 192], 9, 3, 32, 2, 4, True, 64),
+    ("k=int2:g64:chan:asym,v=q4_0", [64, 192], 8, 4, 64, 2, 4, False, 256),
 ]
 
 
@@ -1659,7 +1662,7 @@ def test_emulated_kivi_keys_folded(c, monkeypatch):
     monkeypatch.setattr(gluon, "KIVI_FOLD", True)
     out = torch.full_like(q, float("nan"))
     got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
-    assert seen[-1] == gc.KF4 and seen[0] != gc.KF4, "the folded keys did not reach the kernel"
+    assert seen[-1] in gc.FOLDED and seen[0] not in gc.FOLDED, "the folded keys did not reach the kernel"
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
     assert _rel_err(got, base) < TOL, f"relative error against the kernel without it {_rel_err(got, base):.2e}"
@@ -1668,30 +1671,32 @@ def test_emulated_kivi_keys_folded(c, monkeypatch):
 
 
 def test_kivi_fold_applies_to_int4_channel_keys_only(monkeypatch):
-    """The fold takes KIVI's int4 channel-axis keys under the transposed scores, and nothing else (2- and 3-bit
-    channel keys, calibrated tables, token-axis int4, the padded-row scores, the switch off)."""
+    """The fold takes KIVI's int4 and int2 channel-axis keys under the transposed scores, and nothing else (3-bit
+    channel keys, calibrated tables, token-axis ints, the padded-row scores, the switch off)."""
     monkeypatch.setattr(gluon, "KIVI_FOLD", True)
     on = GluonDecodeConfig(tokens_per_warp=32, scores_t=True)
 
     def folds(name, cfg=on, group=4):
         return gluon.kivi_folds(gc.codec_of(kvlab.scheme(name).k), cfg, group)
     assert folds("kivi4") and folds("k=int4:g64:chan:asym,v=q4_0") and folds("k=int4:g128:chan:asym,v=q8_0")
-    assert not any(folds(n) for n in ("kivi2", "k=int3:g32:chan:asym,v=q4_0", "k=int4:g32:chan:asym:cal,v=q4_0",
-                                      "q4_1", "q4_0"))
+    assert folds("kivi2") and folds("k=int2:g64:chan:asym,v=q4_0")
+    assert not any(folds(n) for n in ("k=int3:g32:chan:asym,v=q4_0", "k=int4:g32:chan:asym:cal,v=q4_0",
+                                      "k=int2:g32:chan:asym:cal,v=q4_0", "q4_1", "q4_0", "int2:g32:asym"))
     assert not folds("kivi4", cfg=GluonDecodeConfig(tokens_per_warp=32, scores_t=False))
     assert not folds("kivi4", group=16)
     monkeypatch.setattr(gluon, "KIVI_FOLD", False)
     assert not folds("kivi4")
 
 
-def test_kivi_fold_compiles_for_sm90(monkeypatch):
+@pytest.mark.parametrize("scheme", ["kivi4", "kivi2"])
+def test_kivi_fold_compiles_for_sm90(scheme, monkeypatch):
     """KIVI's folded keys compile for sm_90 unspilled with the codes from one AND, the zeros' MMA chain beside the
-    scores', and fewer loop instructions than the per-element scale and zero (on the H200's Triton 3.6, its packaged
-    B 32 config: 801 -> 723 a 32-token tile)."""
+    scores', and fewer loop instructions than the per-element scale and zero (on the H200's Triton 3.6, the packaged
+    B 32 configs: kivi4 801 -> 723, kivi2 783 -> 687 a 32-token tile)."""
     counts = []
     for kf in ("0", "1"):
         monkeypatch.setenv("KVLAB_GLUON_KIVI_FOLD", kf)
-        head, _ = _sm90_offline("gluon:kivi4", "--tw", "32", "--page", "32", "--st")
+        head, _ = _sm90_offline(f"gluon:{scheme}", "--tw", "32", "--page", "32", "--st")
         assert "STACK:0" in head and "LOCAL:0" in head, head
         counts.append(int(re.search(r"loop_instrs=(\d+)", head).group(1)))
         assert int(re.search(r"HMMA:(\d+)", head).group(1)) == (40 if kf == "1" else 32), head
@@ -1702,7 +1707,8 @@ def test_kivi_fold_compiles_for_sm90(monkeypatch):
 @GPU
 @pytest.mark.parametrize("name,unroll,Hq,Hk,D,P", [("kivi4", False, 32, 8, 128, 32), ("kivi4", True, 32, 8, 128, 32),
                                                    ("kivi4", False, 9, 3, 64, 32), ("kivi4", False, 8, 4, 256, 32),
-                                                   ("k=int4:g64:chan:asym,v=q8_0", False, 8, 1, 128, 64)])
+                                                   ("k=int4:g64:chan:asym,v=q8_0", False, 8, 1, 128, 64),
+                                                   ("kivi2", False, 32, 8, 128, 32), ("kivi2", False, 8, 4, 256, 32)])
 def test_kivi_fold_on_the_gpu(name, unroll, Hq, Hk, D, P, monkeypatch):
     """KIVI's folded keys compiled for the GPU (GQA 1, 3, 4; D 64 / 128 / 256; the unrolled loop; groups of 64),
     lengths 32..4096 in whole groups, against the reference: what the emulator cannot check is the tensor cores taking
