@@ -24,6 +24,8 @@
 #   bash benchmarks/h200_run.sh s27   # session 27 (issue 16): the Gluon decode's folded load offsets and unmasked whole
 #                                     # tiles, off / on (B 32, B 1); s27b: q4_0 at 96 registers without the
 #                                     # register prefetch, and the SmolLM2 / D 256 rows off / on
+#   bash benchmarks/h200_run.sh s28   # session 28 (issue 16, after s27): KIVI's folded keys and q4_0's keys by groups
+#                                     # (GPU tests, B 32 configs off / on), 32-token tiles without the prefetch
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
 #   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
 #                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
@@ -765,35 +767,40 @@ mxfp4,nvfp4,nf4,iq4nl,int4_had,fp8_e4m3,bf16}" 2>&1 | tail -1
 s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27). q4_0's kernel now fits 96 registers
   # with the register prefetch off (offline: 365 loop instructions a tile, no spill): five programs of four warps an SM
   # instead of four. A/B at fixed configs, graph-replayed, the packaged config first; then the SmolLM2 / D 256 rows
-  # with both savings off / on
+  # with both savings off / on (session 28's additions run in `s28`, within one call's 600 s)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  # (session 28: + 32-token tiles without the register prefetch at 128 registers: offline the leanest loop that fits,
-  # q4_0 333 / q4_1 358 / int2 362 loop instructions a 16 tokens against 370 / 410 / 393 at 16-token tiles with the
-  # prefetch at 128 registers, no spill; the tuner's grid never tried it)
-  timeout "${CFG_S:-240}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG_SCHEMES:-q4_0,q4_1,int2,mxfp4}" \
-    --shape b32 --configs "${CFG_B32:-tw16:s4:r128:f,tw16:s4:r96:np:f,tw16:s4:r128:np:f,tw16:s6:r96:np:f,tw16:s2:r96:np,tw32:s4:r128:np:f,tw32:s2:r128:np:f}" \
+  timeout "${CFG_S:-200}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG_SCHEMES:-q4_0,q4_1,int2,mxfp4}" \
+    --shape b32 --configs "${CFG_B32:-tw16:s4:r128:f,tw16:s4:r96:np:f,tw16:s4:r128:np:f,tw16:s6:r96:np:f,tw16:s2:r96:np}" \
     2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32.txt"
-  # (session 28: q4_0's keys by scale groups, gluon.GROUPED_K, and KIVI's int4 keys folded, gluon.KIVI_FOLD: their GPU
-  # tests, then configs with each off / on; offline q4_0 367 -> 349 loop instructions a 16-token tile at 128 registers
-  # without the prefetch, kivi4 801 -> 723 and kivi2 783 -> 687 a 32-token tile at their packaged configs)
-  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
-    -k "grouped_keys or kivi_fold" 2>&1 | tee "$OUT/pytest_kg.log" | tail -3
-  for kf in 0 1; do
-    KVLAB_GLUON_KIVI_FOLD=$kf timeout "${KF_S:-120}" python3 benchmarks/decode_configs.py --tag "s28kf$kf" \
-      --schemes kivi4,kivi2 --shape b32 --configs "${KF_B32:-tw32:s1,tw32:s1:np,tw32:s2:np:f,tw32:s1:r168}" 2>&1 \
-      | grep "^cfg" | tee "$OUT/decode_cfg_b32_kf$kf.txt"
-  done
-  for kg in 0 1; do
-    KVLAB_GLUON_GROUPED_K=$kg timeout "${KG_S:-150}" python3 benchmarks/decode_configs.py --tag "s28kg$kg" \
-      --schemes q4_0 --shape b32 \
-      --configs "${KG_B32:-tw16:s4:r128:f,tw16:s4:r128:np:f,tw16:s4:r168:np:f,tw32:s4:r128:np:f,tw32:s4:r168:np:f,tw32:s2:np:f}" \
-      2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32_kg$kg.txt"
-  done
   timeout "${CFG1_S:-120}" python3 benchmarks/decode_configs.py --tag s27 --schemes "${CFG1_SCHEMES:-q4_0,q8_0,fp8_e4m3}" \
     --shape b1 --configs "${CFG_B1:-tw32:s33,tw32:s33:np,tw16:s33:np:r96,tw16:s33}" 2>&1 | grep "^cfg" \
     | tee "$OUT/decode_cfg_b1.txt"
   FOLD_SHAPES=smollm2,d256 FOLD_TAG=_sd DEC_S="${DEC_S:-110}" DEC_BUDGET="${DEC_BUDGET:-80}" \
     DEC_SCHEMES="${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had,nf4}" FOLD_TESTS=0 bash "$0" s27
+  ;;
+s28)  # session 28 (issue 16; run after s27): KIVI's keys folded (gluon.KIVI_FOLD) and q4_0's keys by scale groups
+  # (gluon.GROUPED_K), both off by default: their GPU tests first (the fold's check that the tensor cores take fp16
+  # subnormal codes), then B 32 configs with each off / on; then 32-token tiles without the register prefetch at 128
+  # registers, new in the tuner's grid. Offline loop instructions: kivi4 801 -> 723 and kivi2 783 -> 687 a 32-token
+  # tile at their packaged configs; q4_0 367 -> 349 a 16-token tile at 128 registers without the prefetch, 325 ->
+  # 304.5 per 16 tokens at tw32 uncapped; tw32 without the prefetch q4_0 333, q4_1 358, int2 362 per 16 tokens against
+  # their packaged 370 / 410 (tw16) / 393 (benchmarks/NOTES_decode.md, session 28)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py \
+    -k "(grouped_keys or kivi_fold) and not compile" 2>&1 | tee "$OUT/pytest_s28.log" | tail -3
+  for kf in 0 1; do
+    KVLAB_GLUON_KIVI_FOLD=$kf timeout "${KF_S:-80}" python3 benchmarks/decode_configs.py --tag "s28kf$kf" \
+      --schemes kivi4,kivi2 --shape b32 --configs "${KF_B32:-tw32:s1,tw32:s1:np,tw32:s2:np:f}" 2>&1 \
+      | grep "^cfg" | tee "$OUT/decode_cfg_b32_kf$kf.txt"
+  done
+  for kg in 0 1; do
+    KVLAB_GLUON_GROUPED_K=$kg timeout "${KG_S:-90}" python3 benchmarks/decode_configs.py --tag "s28kg$kg" \
+      --schemes q4_0 --shape b32 --configs "${KG_B32:-tw16:s4:r128:f,tw16:s4:r168:np:f,tw32:s4:r168:np:f,tw32:s2:np:f}" \
+      2>&1 | grep "^cfg" | tee "$OUT/decode_cfg_b32_kg$kg.txt"
+  done
+  timeout "${CFG_S:-110}" python3 benchmarks/decode_configs.py --tag s28 --schemes "${CFG_SCHEMES:-q4_0,q4_1,int2}" \
+    --shape b32 --configs "${CFG_B32:-tw16:s4:r128:f,tw32:s4:r128:np:f,tw32:s2:r128:np:f}" 2>&1 | grep "^cfg" \
+    | tee "$OUT/decode_cfg_b32_tw32np.txt"
   ;;
 s26b)  # session 26 (issue 16): the transposed scores on by default (int2 / int4_had's B 32 entries pinned off): the GPU
   # tests (kivi lengths fixed), the decode table's SmolLM2 (D 64) and D 256 rows off / on, then limits on decode:b32
