@@ -401,13 +401,6 @@ def _pairs_b(w, B: ttgl.constexpr):
 
 
 @gluon.jit
-def _rows2(x, L: ttgl.constexpr):
-    """[NW, R, C] -> [NW, 2 R, C] (rows R.. a copy of rows 0..), in layout L (the new row bit a register)."""
-    y = ttgl.permute(ttgl.join(x, x), [0, 3, 1, 2])
-    return ttgl.convert_layout(ttgl.reshape(y, [x.shape[0], 2 * x.shape[1], x.shape[2]]), L, assert_trivial=True)
-
-
-@gluon.jit
 def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
                ODD: ttgl.constexpr, MASK: ttgl.constexpr = True):
     """`_scores_t` for KIVI's keys folded (`C_KF4`, `C_KF2`): kt [NW, D, TW] holds the codes as fp16 subnormals (n 2^-24

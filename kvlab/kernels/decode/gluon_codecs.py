@@ -19,6 +19,10 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
 - KT2 (17) / KT3 (18) / KT4 (19): calibrated int2 / int3 / int4 channel-axis keys (`int<b>:g32:chan:asym:cal`):
   KC2's / KC3's / KC4's layout and loads, each code looked up in the layer's level table (4, 8 or 16 fp16 entries,
   PRMTs as the codebooks'), then times the scale plus the zero.
+- Q4G (20): Q4's keys read by scale groups (`gluon.GROUPED_K`): thread-row r reads word r of each group, the codes enter
+  the MMA as 1024 + n, and the scales and offsets apply to each group's partial scores (`gluon._scores_tg`).
+- KF4 (22) / KF2 (23): KC4's / KC2's keys with the scales and zeros folded out of the tile (`gluon.KIVI_FOLD`): the
+  codes as fp16 subnormals, the query times the scales, the zeros' term one MMA (`gluon._scores_tf`).
 Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
 codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
