@@ -25,7 +25,8 @@
 #                                     # tiles, off / on (B 32, B 1); s27b: q4_0 at 96 registers without the
 #                                     # register prefetch, and the SmolLM2 / D 256 rows off / on
 #   bash benchmarks/h200_run.sh s28   # session 28 (issue 16, after s27): KIVI's folded keys and q4_0's keys by groups
-#                                     # (GPU tests, B 32 configs off / on), 32-token tiles without the prefetch
+#                                     # (GPU tests, B 32 configs off / on), 32-token tiles without the prefetch;
+#                                     # s28q: the shortest useful call (~9 min) when a machine comes late
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
 #   bash benchmarks/h200_run.sh s25   # prepared in session 25 (issue 16): the Gluon decode's L2 prefetch and unrolled
 #                                     # loop (s24's A/B folded in): GPU tests + A/B at B 1 and B 32 x 32K
@@ -777,6 +778,24 @@ s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27
     | tee "$OUT/decode_cfg_b1.txt"
   FOLD_SHAPES=smollm2,d256 FOLD_TAG=_sd DEC_S="${DEC_S:-110}" DEC_BUDGET="${DEC_BUDGET:-80}" \
     DEC_SCHEMES="${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had,nf4}" FOLD_TESTS=0 bash "$0" s27
+  ;;
+s28q)  # session 28: the shortest useful call (~9 min) when a machine comes late: the GPU tests of the defaults (session
+  # 27's savings) and of both new switches, then B 32 graph-replayed cells: q4_0 / q4_1 / kivi4 at their packaged
+  # configs with session 27's savings off / on, kivi4 / kivi2 folded off / on, q4_0 at tw32 without the prefetch
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k \
+    "(gluon_matches or on_the_gpu or register_cap or cuda_graph or grouped_keys or kivi_fold) and not compile" 2>&1 \
+    | tee "$OUT/pytest_s28q.log" | tail -6
+  for v in 0 1; do
+    KVLAB_GLUON_FOLD_ROWS=$v KVLAB_GLUON_FULL_TILES=$v timeout 80 python3 benchmarks/decode_configs.py --tag "ft$v" \
+      --schemes q4_0,q4_1,kivi4 --shape b32 --configs "tw16:s4:r128:f,tw32:s1" 2>&1 | grep "^cfg" | tee "$OUT/cfg_ft$v.txt"
+  done
+  for kf in 0 1; do
+    KVLAB_GLUON_KIVI_FOLD=$kf timeout 70 python3 benchmarks/decode_configs.py --tag "kf$kf" --schemes kivi4,kivi2 \
+      --shape b32 --configs "tw32:s1,tw32:s1:np" 2>&1 | grep "^cfg" | tee "$OUT/cfg_kf$kf.txt"
+  done
+  timeout 60 python3 benchmarks/decode_configs.py --tag tw32np --schemes q4_0 --shape b32 \
+    --configs "tw16:s4:r128:f,tw32:s4:r128:np:f,tw32:s2:r128:np:f" 2>&1 | grep "^cfg" | tee "$OUT/cfg_tw32np.txt"
   ;;
 s28)  # session 28 (issue 16; run after s27): KIVI's keys folded (gluon.KIVI_FOLD) and q4_0's keys by scale groups
   # (gluon.GROUPED_K), both off by default: their GPU tests first (the fold's check that the tensor cores take fp16
