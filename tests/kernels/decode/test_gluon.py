@@ -1559,16 +1559,23 @@ def test_emulated_grouped_keys(c, monkeypatch):
     a NaN-poisoned output) and as the kernel without it, and it reaches the kernel (a wrong offset, a wrong group's
     scale or a missing high-nibble division fails these)."""
     name, lens, Hq, Hk, P, S_, NW, TW, unroll, D = c
-    seen = _spy_emulated(monkeypatch, "KCODEC")
-    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=29, q_seed=5, D=D)
-    assert torch.isfinite(ref).all()
     cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW, num_splits=S_, unroll=unroll, scores_t=True)
-    monkeypatch.setattr(gluon, "GROUPED_K", False)
+    _switch_off_and_on(monkeypatch, "GROUPED_K", (gc.Q4G,), name, lens, Hq, Hk, P, D, cfg, seed=29, q_seed=5)
+
+
+def _switch_off_and_on(monkeypatch, switch, codecs, name, lens, Hq, Hk, P, D, cfg, seed, q_seed):
+    """The emulated kernel with gluon.<switch> off, then on: on, the launch's KCODEC is one of `codecs` (off it is
+    not), every output element is written and finite, and the attention equals the float32 reference and the kernel
+    with the switch off (NaN past each sequence's end, a NaN-poisoned output; an empty first sequence gives 0)."""
+    seen = _spy_emulated(monkeypatch, "KCODEC")
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=seed, q_seed=q_seed, D=D)
+    assert torch.isfinite(ref).all()
+    monkeypatch.setattr(gluon, switch, False)
     base = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg)
-    monkeypatch.setattr(gluon, "GROUPED_K", True)
+    monkeypatch.setattr(gluon, switch, True)
     out = torch.full_like(q, float("nan"))
     got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
-    assert seen[-1] == gc.Q4G and seen[0] != gc.Q4G, "keys by groups did not reach the kernel"
+    assert seen[-1] in codecs and seen[0] not in codecs, f"{switch} did not reach the kernel"
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
     assert _rel_err(got, base) < TOL, f"relative error against the kernel without it {_rel_err(got, base):.2e}"
@@ -1653,21 +1660,8 @@ def test_emulated_kivi_keys_folded(c, monkeypatch):
     each sequence's end, a NaN-poisoned output) and as the per-element kernel, and the codec reaches the kernel (a
     wrong parity factor, a dropped zero term or scale fails these)."""
     name, lens, Hq, Hk, P, S_, NW, unroll, D = c
-    seen = _spy_emulated(monkeypatch, "KCODEC")
-    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=31, q_seed=6, D=D)
-    assert torch.isfinite(ref).all()
     cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=32, num_splits=S_, unroll=unroll, scores_t=True)
-    monkeypatch.setattr(gluon, "KIVI_FOLD", False)
-    base = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg)
-    monkeypatch.setattr(gluon, "KIVI_FOLD", True)
-    out = torch.full_like(q, float("nan"))
-    got = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg, out=out)
-    assert seen[-1] in gc.FOLDED and seen[0] not in gc.FOLDED, "the folded keys did not reach the kernel"
-    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
-    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
-    assert _rel_err(got, base) < TOL, f"relative error against the kernel without it {_rel_err(got, base):.2e}"
-    if lens[0] == 0:
-        assert (got[0] == 0).all(), "an empty sequence attends nothing"
+    _switch_off_and_on(monkeypatch, "KIVI_FOLD", tuple(gc.FOLDED), name, lens, Hq, Hk, P, D, cfg, seed=31, q_seed=6)
 
 
 def test_kivi_fold_applies_to_int4_channel_keys_only(monkeypatch):
