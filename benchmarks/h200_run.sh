@@ -751,7 +751,8 @@ s27)  # session 27 (issue 16): the Gluon decode's folded load offsets (gluon_cod
   # off -> both on: q4_0 417 -> 370; 32-token KIVI tiles kivi4 1104 -> 801
   # (benchmarks/NOTES_decode.md, session 27). GPU tests, then the decode table's B 32 x 32K and B 1 x 32K rows through
   # the public API (default dispatch, packaged configs) for each FOLD:FULL pair of FOLD_VARIANTS (KVLAB_GLUON_FOLD_ROWS,
-  # KVLAB_GLUON_FULL_TILES); FOLD_SHAPES=smollm2,d256 in a second call for those rows
+  # KVLAB_GLUON_FULL_TILES); FOLD_SHAPES=smollm2,d256 in a second call for those rows; DEC_DISPATCH=default,heuristic
+  # adds the heuristic rows (shipped configs off)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   [ "${FOLD_TESTS:-1}" = 1 ] && timeout "${PYTEST_S:-120}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE \
     tests/kernels/decode/test_gluon.py -k "${FOLD_TESTS_K:-gluon_matches or on_the_gpu or register_cap or cuda_graph}" \
@@ -760,7 +761,7 @@ s27)  # session 27 (issue 16): the Gluon decode's folded load offsets (gluon_cod
     f=${v%%:*}; ft=${v##*:}; d="$OUT/decode${FOLD_TAG:-}_f${f}t$ft"
     KVLAB_GLUON_FOLD_ROWS=$f KVLAB_GLUON_FULL_TILES=$ft KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-200}" \
       python3 benchmarks/run.py --out "$d" --cases decode --shapes "${FOLD_SHAPES:-b32,b1}" \
-      --dispatch default --budget "${DEC_BUDGET:-170}" --schemes "${DEC_SCHEMES:-q4_0,kivi4,kivi2,q8_0,q4_1,int2,int3,\
+      --dispatch "${DEC_DISPATCH:-default}" --budget "${DEC_BUDGET:-170}" --schemes "${DEC_SCHEMES:-q4_0,kivi4,kivi2,q8_0,q4_1,int2,int3,\
 mxfp4,nvfp4,nf4,iq4nl,int4_had,fp8_e4m3,bf16}" 2>&1 | tail -1
     cut -d, -f1,3,9,12,16,17,20 "$d/decode.csv" | tee "$d.txt"
   done
