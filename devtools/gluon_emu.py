@@ -6,7 +6,9 @@ tensors (layouts are ignored: Gluon's `convert_layout(..., assert_trivial=True)`
 guarantee that layouts only place elements, never change them), pointers are (flat tensor, offset
 tensor) pairs, and `inline_asm_elementwise` executes the PTX text through a small interpreter of
 the instructions the kvlab kernels use (mov, shr/shl, prmt (immediate or register selector), lop3, add/mul/fma
-.f16x2, cvt e4m3x2, cvt f32 -> f16, mul.wide.s32). What this checks is
+.f16x2, cvt e4m3x2, cvt f32 -> f16, mul.wide.s32); two tagged blocks with warp-level control flow run by their meaning
+(`kvlab:warp-any`: a warp's vote, over the last axis here; `kvlab:rescale`: a product where a flag is set). What this
+checks is
 the kernel's index algebra, masking, softmax and merge logic and its PTX constants; what it cannot
 check is the Gluon compiler or the hardware (the GPU tests do that).
 """
@@ -208,7 +210,13 @@ def _namespace() -> types.SimpleNamespace:
         ptr.flat[off[m].long()] = val[m]
 
     def inline_asm_elementwise(asm, constraints, args, dtype, is_pure=True, pack=1):
-        assert _t(pack) == 1, "the emulator runs pack=1 asm only"
+        if "kvlab:warp-any" in _t(asm):  # a warp's vote over its lanes' alphas: here, over its row of heads
+            a = torch.as_tensor(args[0])
+            return (a != 1.0).any(-1, keepdim=True).expand(a.shape).to(torch.int32)
+        if "kvlab:rescale" in _t(asm):  # the accumulator times alpha, where the warp's flag is set
+            acc, alpha, flag = torch.broadcast_tensors(*args)
+            return torch.where(flag != 0, acc * alpha, acc)
+        assert _t(pack) == 1, "the emulator runs pack=1 asm only (and the tagged kvlab:warp-any / kvlab:rescale)"
         args = torch.broadcast_tensors(*args)
         if "prefetch.global" in _t(asm):  # a hint with no result: recorded ($1 address, $2 != 0 active)
             if TRACE is not None:

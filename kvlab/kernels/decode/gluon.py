@@ -115,6 +115,31 @@ KIVI_FOLD = os.environ.get("KVLAB_GLUON_KIVI_FOLD", "0") not in ("", "0")
 # loop instructions a 16-token tile without the register prefetch: 367 -> 349 at 128 registers, 359 -> 334 at 168;
 # benchmarks/NOTES_decode.md, session 28); KVLAB_GLUON_GROUPED_K=1 turns it on (off until the H200 times it)
 GROUPED_K = os.environ.get("KVLAB_GLUON_GROUPED_K", "0") not in ("", "0")
+# the transposed scores' lazy rescale (kernel constexpr ST 2, `_online_t`, `_rescale`): a warp keeps its running max
+# until some head's grows by more than 2^LAZY_TAU, and skips the accumulator's rescale (D / 4 FMUL a thread: 32 of
+# q4_0's 370 loop instructions a 16-token tile) on a branch when none of its heads moved; exact up to rounding, as
+# the sums and the merge use the same stale max (session 29, untimed); KVLAB_GLUON_LAZY_RESCALE=1 turns it on
+LAZY_RESCALE = os.environ.get("KVLAB_GLUON_LAZY_RESCALE", "0") not in ("", "0")
+LAZY_TAU = ttgl.constexpr(8.0)  # log2 units: a tile's probabilities stay below 2^8 (fp16 P, fp32 sums: room to spare)
+
+
+def rescale_asm(n: int) -> str:
+    """PTX for `_rescale`, n elements a pack: $0.. the results, $n.. the accumulator, $2n.. alpha, $3n.. the warp's
+    flag (the first of its n copies decides): the copies always, the products only when the flag is set. The label
+    is local to the braces, so the block may be inlined many times. Tagged for the CPU emulator (devtools.gluon_emu)."""
+    body = [f"mul.f32 ${i}, ${n + i}, ${2 * n + i};" for i in range(n)]
+    return "\n".join(["{ // kvlab:rescale", ".reg .pred p;", f"setp.eq.s32 p, ${3 * n}, 0;", "@p bra.uni SKIP;"]
+                      + body + ["SKIP:", "}"])
+
+
+# the warp's flag for `_rescale`: whether any lane's alpha (both of its heads, pack 2) differs from 1 (vote.any)
+ASM_WARP_ANY = ttgl.constexpr("{ // kvlab:warp-any\n.reg .pred p, q;\nsetp.neu.f32 p, $2, 0f3F800000;\n"
+                              "setp.neu.or.f32 p, $3, 0f3F800000, p;\nvote.sync.any.pred q, p, 0xffffffff;\n"
+                              "selp.b32 $0, 1, 0, q;\nmov.b32 $1, $0;\n}")
+ASM_RESCALE16 = ttgl.constexpr(rescale_asm(16))
+ASM_RESCALE32 = ttgl.constexpr(rescale_asm(32))
+RESCALE_C16 = ttgl.constexpr(",".join(["=f"] * 16 + [str(i) for i in range(16)] + ["f"] * 16 + ["r"] * 16))
+RESCALE_C32 = ttgl.constexpr(",".join(["=f"] * 32 + [str(i) for i in range(32)] + ["f"] * 32 + ["r"] * 32))
 PAGE_UNIT = 16  # page sizes must be multiples of this; tokens per warp per tile TW is 16 or 32 (config)
 GP = ttgl.constexpr(16)  # MMA rows: the GQA group, padded
 
@@ -342,24 +367,27 @@ def _pv(p, vt, acc, alpha, OT: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.conste
 
 
 @gluon.jit
-def _scores_t(qt, kt, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, MASK: ttgl.constexpr = True):
+def _scores_t(qt, kt, MMA: ttgl.constexpr, A: ttgl.constexpr):
     """`_scores` with the scores transposed: S^T = K Q^T [NW, TW, GPN] (tokens in the MMA's M rows, the 8 heads in
     its N columns), so a tile of 16 tokens takes D / 16 MMAs instead of 2 D / 16 with 16 padded head rows. kt [NW,
     D, TW] (B fragment) is the A fragment of K [NW, TW, D] in the same registers; qt: Q^T [NW, D, GPN] (B fragment).
-    valid [NW, TW]; m_i [NW, GPN] (SliceLayout(1, MMA): alpha already in O^T's column layout); l_i [NW, TW, GPN]:
-    each score's own running sum (the kernel sums over the tokens once, after the loop, instead of a three-level
-    lane exchange a tile) -> (p^T [NW, TW, GPN], new max, new sums, alpha)."""
+    -> S^T [NW, TW, GPN] fp32 (MMA layout), for `_online_t`."""
     ka = ttgl.convert_layout(ttgl.permute(kt, [0, 2, 1]), A, assert_trivial=True)
-    s = mma_v2(ka, qt, ttgl.zeros([kt.shape[0], kt.shape[2], qt.shape[2]], ttgl.float32, layout=MMA))
-    return _online_t(s, valid, m_i, l_i, MASK)
+    return mma_v2(ka, qt, ttgl.zeros([kt.shape[0], kt.shape[2], qt.shape[2]], ttgl.float32, layout=MMA))
 
 
 @gluon.jit
-def _online_t(s, valid, m_i, l_i, MASK: ttgl.constexpr):
-    """The online-softmax step of `_scores_t` on transposed scores s [NW, TW, GPN]."""
+def _online_t(s, valid, m_i, l_i, MASK: ttgl.constexpr, LZ: ttgl.constexpr = False):
+    """The online-softmax step on transposed scores s [NW, TW, GPN]: valid [NW, TW]; m_i [NW, GPN] (SliceLayout(1,
+    MMA): alpha already in O^T's column layout); l_i [NW, TW, GPN]: each score's own running sum (the kernel sums
+    over the tokens once, after the loop, instead of a three-level lane exchange a tile) -> (p^T [NW, TW, GPN], new
+    max, new sums, alpha). LZ: a head's max moves only when it grows by more than 2^LAZY_TAU, so alpha is exactly 1
+    for the heads that keep theirs (`_rescale` then skips the warp's accumulator when all do)."""
     if MASK:
         s = ttgl.where(valid[:, :, None], s, float("-inf"))
     m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
+    if LZ:  # (-inf + tau is -inf: a head's first scores always move its max)
+        m_new = ttgl.where(m_new > m_i + LAZY_TAU, m_new, m_i)
     m_safe = ttgl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing seen yet stay at 0, not NaN
     alpha = ttgl.exp2(m_i - m_safe)
     p = ttgl.exp2(s - m_safe[:, None, :])
@@ -401,8 +429,7 @@ def _pairs_b(w, B: ttgl.constexpr):
 
 
 @gluon.jit
-def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
-               ODD: ttgl.constexpr, MASK: ttgl.constexpr = True):
+def _scores_tf(qt, kt, ks, kz, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, ODD: ttgl.constexpr):
     """`_scores_t` for KIVI's keys folded (`C_KF4`, `C_KF2`): kt [NW, D, TW] holds the codes as fp16 subnormals (n 2^-24
     at even tokens, ODD n 2^-24 at odd ones: 16 for int4's high nibbles, 4 for int2's odd fields; `asm_kf`, `AKF2`),
     ks / kz the warp's channel scale and zero pairs (`kc_load`), one pair per channel within the tile. S^T = K' (Q s)^T
@@ -421,7 +448,7 @@ def _scores_tf(qt, kt, ks, kz, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.con
                 ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
     n = ttgl.arange(0, TW, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, MMA)))
     fac = ttgl.where(tile_tok(n, TW, True) % 2 == 1, 16777216.0 / ODD, 16777216.0)  # 2^24 / ODD, 2^24
-    return _online_t(s * fac[None, :, None] + mz, valid, m_i, l_i, MASK)
+    return s * fac[None, :, None] + mz
 
 
 @gluon.jit
@@ -439,8 +466,7 @@ def _pad_rows(x):
 
 
 @gluon.jit
-def _scores_tg(qt, bc, kt, ks, ka, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr,
-               D: ttgl.constexpr, MASK: ttgl.constexpr = True):
+def _scores_tg(qt, bc, kt, ks, ka, MMA: ttgl.constexpr, A: ttgl.constexpr, B: ttgl.constexpr, D: ttgl.constexpr):
     """`_scores_t` for keys by groups (`C_Q4G`): kt [NW, D, TW] holds the codes as 1024 + n (1024 + 16 n at the high
     nibbles, whose entries of qt are divided by 16), so S^T = sum over the D / 32 groups g of scale_g [t] (K_g Q_g^T)
     [t, h] - sum_g scale_g [t] C_g [h], C_g the group's query sum times the offsets (`_decode_mma_kernel`). The offset
@@ -466,16 +492,35 @@ def _scores_tg(qt, bc, kt, ks, ka, valid, m_i, l_i, MMA: ttgl.constexpr, A: ttgl
         sg = mma_v2(kg, qg, ttgl.zeros([NW, TW, GPN], ttgl.float32, layout=MMA))
         dg = ttgl.convert_layout(_group_of(s5, g, NB), ttgl.SliceLayout(2, MMA), assert_trivial=True)
         s = s + sg * dg.to(ttgl.float32)[:, :, None]
-    return _online_t(s, valid, m_i, l_i, MASK)
+    return s
 
 
 @gluon.jit
-def _pv_t(pt, vt, acc, alpha, A: ttgl.constexpr, B: ttgl.constexpr):
+def _pv_t(pt, vt, acc, alpha, A: ttgl.constexpr, B: ttgl.constexpr, RESCALE: ttgl.constexpr = True):
     """O^T * alpha + V^T P^T with P^T from `_scores_t` ([NW, TW, GPN], the MMA's accumulator layout: its tokens
-    move from the lanes' row bits to their column bits, the B fragment's)."""
+    move from the lanes' row bits to their column bits, the B fragment's). RESCALE False: acc is already rescaled
+    (`_rescale`)."""
     pb = ttgl.convert_layout(pt.to(ttgl.float16), B)
     va = ttgl.convert_layout(ttgl.permute(vt, [0, 2, 1]), A, assert_trivial=True)
-    return mma_v2(va, pb, acc * alpha[:, None, :])
+    if RESCALE:
+        acc = acc * alpha[:, None, :]
+    return mma_v2(va, pb, acc)
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    """acc [NW, D, GPN] (O^T) times alpha [NW, GPN] (SliceLayout(1, MMA)), skipped by a branch in each warp whose
+    alphas are all exactly 1 (`_online_t` with LZ). The warp's flag is a vote over its lanes, each of which holds two
+    of the 8 heads' alphas (the m16n8 accumulator's column pair), so it is the same in all of them and the branch is
+    uniform (`rescale_asm`); D / 4 elements a thread, in packs of 32."""
+    need = ttgl.inline_asm_elementwise(ASM_WARP_ANY, "=r,=r,f,f", [alpha], dtype=ttgl.int32, is_pure=True,
+                                       pack=2)[:, None, :]
+    if acc.shape[1] >= 128:
+        return ttgl.inline_asm_elementwise(ASM_RESCALE32, RESCALE_C32, [acc, alpha[:, None, :], need],
+                                           dtype=ttgl.float32, is_pure=True, pack=32)
+    else:
+        return ttgl.inline_asm_elementwise(ASM_RESCALE16, RESCALE_C16, [acc, alpha[:, None, :], need],
+                                           dtype=ttgl.float32, is_pure=True, pack=16)
 
 
 @gluon.jit
@@ -553,26 +598,30 @@ def _attend_tile(q, c, t0, hi, q_tok, m_i, l_i, acc, ktab, vtab, KCODEC: ttgl.co
                  OT: ttgl.constexpr, A: ttgl.constexpr, GPN: ttgl.constexpr, KCHAN: ttgl.constexpr,
                  ST: ttgl.constexpr = False, MASK: ttgl.constexpr = True):
     """One tile's scores, online softmax and P V from its code registers c (`_tile_codes`): the body of
-    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two). ST: scores transposed (`_scores_t`; q is Q^T).
+    `_decode_mma_kernel`'s tile loop (rolled or unrolled by two). ST: scores transposed (`_scores_t`; q is Q^T; 2:
+    with the lazy rescale, `_online_t`).
     MASK False: every token of the tile lies before `hi` (no score mask)."""
     kw, kw2, ks, kz, va, vb, vsa, vsb, vza, vzb, vpa, vpb = c
     if KCHAN:
         kt = kc_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, ktab)
     else:
         kt = k_build(kw, kw2, ks, kz, KCODEC, B, NW, TW, D, GK, ktab)
-    if KCODEC == C_KF4 or KCODEC == C_KF2:
-        s, m_i, l_i, alpha = _scores_tf(q, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B,
-                                        16 if KCODEC == C_KF4 else 4, MASK)
-    elif KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
-        qt, bc = q
-        s, m_i, l_i, alpha = _scores_tg(qt, bc, kt, ks, kz, (t0 + q_tok) < hi, m_i, l_i, MMA, A, B, D, MASK)
-    elif ST:
-        s, m_i, l_i, alpha = _scores_t(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, A, MASK)
+    if ST:
+        if KCODEC == C_KF4 or KCODEC == C_KF2:
+            s = _scores_tf(q, kt, ks, kz, MMA, A, B, 16 if KCODEC == C_KF4 else 4)
+        elif KCODEC == C_Q4G:  # (q: Q^T and the offsets' B fragment)
+            qt, bc = q
+            s = _scores_tg(qt, bc, kt, ks, kz, MMA, A, B, D)
+        else:
+            s = _scores_t(q, kt, MMA, A)
+        s, m_i, l_i, alpha = _online_t(s, (t0 + q_tok) < hi, m_i, l_i, MASK, ST == 2)
+        if ST == 2:  # (before the values are decoded: fewer registers live across the branch)
+            acc = _rescale(acc, alpha)
     else:
         s, m_i, l_i, alpha = _scores(q, kt, (t0 + q_tok) < hi, m_i, l_i, MMA, GP, TW, NW, ROWS, SR, MASK)
     vt = v_build(va, vb, vsa, vsb, vza, vzb, vpa, vpb, VCODEC, B, NW, TW, D, vtab)
     if ST:
-        acc = _pv_t(s, vt, acc, alpha, A, B)
+        acc = _pv_t(s, vt, acc, alpha, A, B, ST != 2)
     else:
         acc = _pv(s, vt, acc, alpha, OT, A, B, MMA, GPN, NW)
     return m_i, l_i, acc
@@ -609,7 +658,7 @@ def _decode_mma_kernel(Q, OUT, OP, LSE, CNT, KC, KS, KZ, VC, VS, VZ, KTS, VTS, K
     L2N / L2B / L2U / L2S / L2E: per tensor (K codes, scales, zeros, V codes, scales, zeros) lines, bytes, unit
     bytes, unit shift and element bytes of a warp's page part (`l2_parts`); layout PFL [NW, NLP]).
     ST (with OT and GPN 8): the scores transposed, S^T = K Q^T (`_scores_t`): q is loaded as Q^T [NW, D, GPN] and
-    the softmax state lies in the accumulator's column layout.
+    the softmax state lies in the accumulator's column layout; ST 2: with the lazy rescale (`LAZY_RESCALE`).
     FT: the tiles that lie wholly before `hi` are loaded and scored without masks (with U2, two an iteration while
     the tiles loaded are whole, then one at a time); only a split's last, partial tile (and the register prefetch of
     it) keeps them; the L2 prefetch issues as in the masked loop."""
@@ -1084,7 +1133,7 @@ def run(q, kv: PagedKV, sm_scale: float, config: GluonDecodeConfig, out=None, pl
             TW=TW, DIRECT=direct, MMA=lay["MMA"], A=lay["A"], B=lay["B"], KW=lay["KW"], VW=lay["VW"],
             VWA=lay["VWA"], OT=config.transpose_o, GPN=gpn, D=D, KCHAN=kchan, KCL=lay["KCL"],
             FUSED=fused, ML=lay["ML"], SR=lay["S8"] if config.transpose_o and gpn == 8 else lay["MMA"], PS=ps,
-            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=scores_t(config, group),
+            KSD=ksd, VSD=vsd, PF=pf, U2=pf and config.unroll, ST=(2 if LAZY_RESCALE else 1) if scores_t(config, group) else 0,
             FT=FULL_TILES, KX=lay["KX"] if kcodec == Q4G else None, KA=lay["A"] if kcodec == Q4G else None,
             num_warps=NW,
             **l2kw, **launch_opts)

@@ -728,14 +728,15 @@ def _kv(q, sch, args, kw, P):
                         kw["v_tensor_scale"], q.shape[0])
 
 
-def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None, D=128):
-    """A paged cache poisoned past each sequence's end, bf16 queries and the float32 reference:
-    -> (scheme, positional args, keyword args, q, ref)."""
+def _case(name, lens, Hq, Hk, P, *, seed, q_seed, device="cpu", fp_lens=None, D=128, q_scale=1.0):
+    """A paged cache poisoned past each sequence's end, bf16 queries (standard normal times q_scale) and the float32
+    reference: -> (scheme, positional args, keyword args, q, ref)."""
     sch = kvlab.scheme(name)
     cache = make_paged(lens, Hk, D, P, sch.k, sch.v, seed=seed, device=device, fp_lens=fp_lens)
     _poison_past_end(cache, lens, P)
     args, kw = call_args(cache)
-    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(q_seed)).to(device, torch.bfloat16)
+    q = torch.randn(len(lens), Hq, D, generator=torch.Generator().manual_seed(q_seed)) * q_scale
+    q = q.to(device, torch.bfloat16)
     ref = decode(q.float(), *args, sch.k, sch.v, P, **kw, backend="reference")
     return sch, args, kw, q, ref
 
@@ -1563,12 +1564,14 @@ def test_emulated_grouped_keys(c, monkeypatch):
     _switch_off_and_on(monkeypatch, "GROUPED_K", (gc.Q4G,), name, lens, Hq, Hk, P, D, cfg, seed=29, q_seed=5)
 
 
-def _switch_off_and_on(monkeypatch, switch, codecs, name, lens, Hq, Hk, P, D, cfg, seed, q_seed):
-    """The emulated kernel with gluon.<switch> off, then on: on, the launch's KCODEC is one of `codecs` (off it is
-    not), every output element is written and finite, and the attention equals the float32 reference and the kernel
-    with the switch off (NaN past each sequence's end, a NaN-poisoned output; an empty first sequence gives 0)."""
-    seen = _spy_emulated(monkeypatch, "KCODEC")
-    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=seed, q_seed=q_seed, D=D)
+def _switch_off_and_on(monkeypatch, switch, codecs, name, lens, Hq, Hk, P, D, cfg, seed, q_seed, spy="KCODEC",
+                       q_scale=1.0):
+    """The emulated kernel with gluon.<switch> off, then on: on, the launch's constexpr `spy` is one of `codecs` (off
+    it is not), every output element is written and finite, and the attention equals the float32 reference and the
+    kernel with the switch off (NaN past each sequence's end, a NaN-poisoned output; an empty first sequence gives
+    0)."""
+    seen = _spy_emulated(monkeypatch, spy)
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=seed, q_seed=q_seed, D=D, q_scale=q_scale)
     assert torch.isfinite(ref).all()
     monkeypatch.setattr(gluon, switch, False)
     base = gluon.run(q, _kv(q, sch, args, kw, P), D ** -0.5, cfg)
@@ -1713,6 +1716,81 @@ def test_kivi_fold_on_the_gpu(name, unroll, Hq, Hk, D, P, monkeypatch):
     assert torch.isfinite(ref).all()
     cfg = GluonDecodeConfig(tokens_per_warp=32, unroll=unroll, scores_t=True)
     assert gluon.kivi_folds(gc.codec_of(sch.k), cfg, Hq // Hk)
+    got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3, config=cfg)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
+
+
+# The transposed scores' lazy rescale (`gluon.LAZY_RESCALE`, constexpr ST 2): (scheme, lens, Hq, Hk, P, splits, warps,
+# tokens per warp, unroll, D, q_scale). A q_scale of 12 spreads the scores (log2 units) so that heads' maxima grow by
+# more than 2^8 after the first tile and the rescale runs mid-sequence; at 1 the stale maxima stay and p reaches 2^8
+LZ_CASES = [
+    ("q4_0", [0, 1, 17, 1000], 8, 2, 16, 2, 4, 16, False, 128, 1.0),
+    ("q4_0", [17, 1000], 8, 2, 16, 2, 4, 16, True, 128, 12.0),
+    ("k=fp8_e4m3,v=q8_0", [500], 16, 2, 64, 1, 2, 32, False, 128, 12.0),  # GQA 8, two warps
+    ("q8_0", [1, 300], 4, 4, 32, 2, 4, 16, False, 128, 12.0),               # GQA 1
+    ("kivi4", [32, 224], 9, 3, 32, 2, 4, 32, False, 64, 12.0),               # SmolLM2's GQA 3 at D 64
+    ("mxfp4", [700], 8, 4, 16, 1, 4, 16, False, 256, 12.0),                 # D 256: two packs a thread
+    ("nf4", [64, 333], 8, 2, 16, 3, 4, 32, True, 128, 1.0),
+]
+
+
+@pytest.mark.parametrize("c", LZ_CASES, ids=[f"{c[0]}-Hq{c[2]}-Hk{c[3]}-D{c[9]}-x{c[10]:g}-u{int(c[8])}" for c in LZ_CASES])
+@EMU
+def test_emulated_lazy_rescale(c, monkeypatch):
+    """The lazy rescale: a head's max moves only when it grows by more than 2^LAZY_TAU, and a warp skips its
+    accumulator's rescale when none of its heads moved; the same attention as the float32 reference (NaN past each
+    sequence's end, a NaN-poisoned output) and as the kernel that rescales every tile, and it reaches the kernel (a
+    stale max left in the merge, a vote that misses a head or a skipped rescale that was needed fails these)."""
+    name, lens, Hq, Hk, P, S_, NW, TW, unroll, D, xq = c
+    cfg = GluonDecodeConfig(num_warps=NW, tokens_per_warp=TW, num_splits=S_, unroll=unroll, scores_t=True)
+    _switch_off_and_on(monkeypatch, "LAZY_RESCALE", (2,), name, lens, Hq, Hk, P, D, cfg, seed=37, q_seed=8, spy="ST",
+                       q_scale=xq)
+
+
+def test_lazy_rescale_asm():
+    """The rescale block: the copies' products behind one uniform branch on the first flag, its label local to the
+    braces (the block is inlined many times), operands numbered results, accumulator, alpha, flag."""
+    a = gluon.rescale_asm(4)
+    assert a.startswith("{") and a.rstrip().endswith("}") and "kvlab:rescale" in a
+    assert "setp.eq.s32 p, $12, 0;" in a and "@p bra.uni SKIP;" in a
+    assert [ln for ln in a.splitlines() if ln.startswith("mul.f32")] == \
+        [f"mul.f32 ${i}, ${4 + i}, ${8 + i};" for i in range(4)]
+    assert a.index("bra.uni") < a.index("mul.f32") < a.index("SKIP:")
+
+
+@pytest.mark.parametrize("maxnreg", [None, 128])
+def test_lazy_rescale_compiles_for_sm90(maxnreg, monkeypatch):
+    """The lazy rescale compiles for sm_90 unspilled with one vote and the accumulator's 32 FMUL behind a branch, so
+    the loop a warp runs when no head's max moved is shorter than the loop that rescales every tile (q4_0, 16-token
+    tiles; on the H200's Triton 3.6: 370 -> 354 uncapped, 370 -> 363 at 128 registers)."""
+    cap = [] if maxnreg is None else ["--maxnreg", str(maxnreg)]
+    counts = []
+    for lz in ("0", "1"):
+        monkeypatch.setenv("KVLAB_GLUON_LAZY_RESCALE", lz)
+        head, _ = _sm90_offline("gluon:q4_0", "--tw", "16", "--st", *cap)
+        assert "STACK:0" in head and "LOCAL:0" in head, head
+        assert int(re.search(r"FMUL:(\d+)", head).group(1)) == 32, head
+        assert ("VOTE:1" in head) == (lz == "1"), head
+        counts.append(int(re.search(r"loop_instrs=(\d+)", head).group(1)))
+    assert counts[1] - 32 < counts[0], counts
+
+
+@GPU
+@pytest.mark.parametrize("name,unroll,Hq,Hk,D,P,tw,xq", [
+    ("q4_0", False, 32, 8, 128, 16, 16, 1.0), ("q4_0", True, 32, 8, 128, 16, 16, 12.0),
+    ("q4_0", False, 32, 8, 128, 16, 32, 12.0), ("kivi4", False, 32, 8, 128, 32, 32, 12.0),
+    ("kivi4", False, 9, 3, 64, 32, 32, 12.0), ("mxfp4", False, 8, 4, 256, 16, 16, 12.0),
+    ("k=fp8_e4m3,v=q8_0", False, 8, 1, 128, 16, 16, 12.0), ("nvfp4", False, 8, 4, 256, 16, 32, 1.0)])
+def test_lazy_rescale_on_the_gpu(name, unroll, Hq, Hk, D, P, tw, xq, monkeypatch):
+    """The lazy rescale compiled for the GPU (GQA 3, 4, 8; D 64 / 128 / 256; both tile sizes; the unrolled loop),
+    lengths 1..4097, spread and narrow scores, against the reference: what the emulator cannot check is the vote and
+    the branch (a lane that disagrees, a pack whose flag is not the warp's)."""
+    monkeypatch.setattr(gluon, "LAZY_RESCALE", True)
+    sch, args, kw, q, ref = _case(name, _gpu_lens(name, [1, 17, 1000, 4097]), Hq, Hk, P, seed=13, q_seed=4,
+                                  device="cuda", D=D, q_scale=xq)
+    assert torch.isfinite(ref).all()
+    cfg = GluonDecodeConfig(tokens_per_warp=tw, unroll=unroll, scores_t=True)
     got = decode(q, *args, sch.k, sch.v, P, **kw, num_splits=3, config=cfg)
     assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
     assert _rel_err(got, ref) < TOL, f"relative error {_rel_err(got, ref):.2e}"
