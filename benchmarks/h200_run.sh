@@ -782,27 +782,29 @@ s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27
   FOLD_SHAPES=smollm2,d256 FOLD_TAG=_sd DEC_S="${DEC_S:-110}" DEC_BUDGET="${DEC_BUDGET:-80}" \
     DEC_SCHEMES="${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had,nf4}" FOLD_TESTS=0 bash "$0" s27
   ;;
-s29)  # session 29 (issue 16): every untimed switch in one call (~9 min), to decide the defaults before the table: the
+s29)  # session 29 (issue 16): every untimed switch in one call (~9.5 min), to decide the defaults before the table: the
   # GPU tests of the defaults (session 27's savings, on) and of the three switches (keys by groups, KIVI fold, lazy
-  # rescale), then B 32 x 32K graph-replayed cells at the packaged configs: session 27's savings off / on (q4_0, q4_1,
-  # kivi4), the lazy rescale off / on (q4_0 at 128 registers and uncapped, q4_1, kivi4, mxfp4, nf4), KIVI folded off
-  # / on (kivi4, kivi2). Then `DEC_DISPATCH=default,heuristic FOLD_VARIANTS=<winner> bash benchmarks/h200_run.sh s27`
+  # rescale); then B 32 x 32K graph-replayed cells: q4_0 with the lazy rescale x keys by groups (offline loop a
+  # 16-token tile, packaged r128 / no prefetch / r168 no prefetch: 370 / 367 / 359 -> lazy 363 / 349 / 339, both
+  # - / 339 / 311), the lazy rescale off / on at q4_1 / kivi4 / mxfp4's packaged configs, KIVI folded off / on.
+  # Then `DEC_DISPATCH=default,heuristic FOLD_VARIANTS=1:1 bash benchmarks/h200_run.sh s27` with the winners on
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-160}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k \
+  timeout "${PYTEST_S:-150}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/decode/test_gluon.py -k \
     "(gluon_matches or on_the_gpu or register_cap or cuda_graph or grouped_keys or kivi_fold or lazy) and not compile" \
     2>&1 | tee "$OUT/pytest_s29.log" | tail -8
-  for v in 0 1; do
-    KVLAB_GLUON_FOLD_ROWS=$v KVLAB_GLUON_FULL_TILES=$v timeout 70 python3 benchmarks/decode_configs.py --tag "ft$v" \
-      --schemes q4_0,q4_1,kivi4 --shape b32 --configs "tw16:s4:r128:f,tw32:s1" 2>&1 | grep "^cfg" | tee "$OUT/cfg_ft$v.txt"
+  for v in 00 10 01 11; do
+    KVLAB_GLUON_LAZY_RESCALE=${v:0:1} KVLAB_GLUON_GROUPED_K=${v:1:1} timeout 55 python3 benchmarks/decode_configs.py \
+      --tag "lzkg$v" --schemes q4_0 --shape b32 --configs "tw16:s4:r128:f,tw16:s4:np:f,tw16:s4:r168:np:f" 2>&1 \
+      | grep "^cfg" | tee "$OUT/cfg_q4_0_lzkg$v.txt"
   done
   for lz in 0 1; do
-    KVLAB_GLUON_LAZY_RESCALE=$lz timeout 75 python3 benchmarks/decode_configs.py --tag "lz$lz" \
-      --schemes q4_0,q4_1,kivi4,mxfp4,nf4 --shape b32 --configs "tw16:s4:r128:f,tw16:s4:f,tw32:s1" 2>&1 | grep "^cfg" \
+    KVLAB_GLUON_LAZY_RESCALE=$lz timeout 65 python3 benchmarks/decode_configs.py --tag "lz$lz" \
+      --schemes q4_1,kivi4,mxfp4 --shape b32 --configs "tw32:s1,tw16:s6:r128:f" 2>&1 | grep "^cfg" \
       | tee "$OUT/cfg_lz$lz.txt"
   done
   for kf in 0 1; do
-    KVLAB_GLUON_KIVI_FOLD=$kf timeout 55 python3 benchmarks/decode_configs.py --tag "kf$kf" --schemes kivi4,kivi2 \
-      --shape b32 --configs "tw32:s1,tw32:s1:np" 2>&1 | grep "^cfg" | tee "$OUT/cfg_kf$kf.txt"
+    KVLAB_GLUON_KIVI_FOLD=$kf timeout 40 python3 benchmarks/decode_configs.py --tag "kf$kf" --schemes kivi4,kivi2 \
+      --shape b32 --configs "tw32:s1" 2>&1 | grep "^cfg" | tee "$OUT/cfg_kf$kf.txt"
   done
   ;;
 s28q)  # session 28: the shortest useful call (~9 min) when a machine comes late: the GPU tests of the defaults (session

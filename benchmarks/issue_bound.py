@@ -12,6 +12,9 @@ and b1 rows). Each warp runs the paged tile loop once per TW tokens, so a call i
 
     warp tiles x loop instructions = B Hk ceil(L / TW) x loop_instrs        warp instructions,
 
+(loop_instrs on the loop's shortest path, `devtools.sm90_offline.skip_path`: a block the warps branch over when no
+head's max moved, the lazy rescale, is not counted; it runs in a warp's first tiles only on these inputs)
+
 and an H200 issues at most SMS x 4 of them a cycle (four schedulers an SM, one instruction each) at its 1.98 GHz
 boost clock. That gives, per row (prologue, epilogue and merge left out, so every bound is optimistic):
 - issue_floor_ms: the loop at the peak issue rate; no schedule can run the loop faster;
@@ -75,7 +78,7 @@ def rows_of(decode_csv: Path, schemes: list[str], shapes: list[str]) -> list[dic
 
 def count(row: dict) -> dict:
     """Offline sm_90 compile of the row's config at its shape: registers, stack bytes, loop instructions a tile."""
-    from devtools.sm90_offline import compile_gluon, loop_mix, resources, sass
+    from devtools.sm90_offline import compile_gluon, resources, sass, skip_path
     from run import SCHEMES
     c = row["cfg"]
     ks = compile_gluon(SCHEMES[row["scheme"]], c.get("num_warps", 4), c.get("tokens_per_warp", 16),
@@ -83,7 +86,7 @@ def count(row: dict) -> dict:
                        maxnreg=c.get("maxnreg"), fp=False, prefetch=c.get("prefetch"), unroll=bool(c.get("unroll")),
                        l2=int(c.get("l2_prefetch") or 0), st=c.get("scores_t"))
     k = next(k for name, k in ks if name == "_decode_mma_kernel")
-    n, _ = loop_mix(sass(k))
+    n = skip_path(sass(k))  # (a loop with a block the warps usually branch over, the lazy rescale: without it)
     res = resources(k)
     reg = int(res.split("REG:")[1].split()[0])
     stack = int(res.split("STACK:")[1].split()[0])

@@ -159,6 +159,29 @@ def loop_mix(text: str) -> tuple[int, collections.Counter]:
     return len(body), ops
 
 
+def skip_path(text: str) -> int:
+    """Instructions of `loop_mix`'s loop body on its shortest path: less those that forward branches inside the body
+    jump over (a block the warp skips when no head's max moved, `gluon._rescale`); the body's count where it has
+    none."""
+    lines = [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
+    n, _ = loop_mix(text)
+    lo = hi = 0
+    for i, ln in enumerate(lines):  # the loop body's bounds, as loop_mix picks them
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
+        if m and m.group(1) and int(m.group(1), 16) < addr[i] and addr[i] - int(m.group(1), 16) > hi - lo:
+            lo, hi = int(m.group(1), 16), addr[i]
+    skipped, end = 0, -1
+    for i, ln in enumerate(lines):
+        m = re.search(r"@!?P\d\s+BRA\s+0x([0-9a-f]+)", ln)
+        if m and lo <= addr[i] < hi and addr[i] > end:
+            tgt = int(m.group(1), 16)
+            if addr[i] < tgt <= hi:
+                skipped += sum(1 for a in addr if addr[i] < a < tgt)
+                end = tgt
+    return n - skipped
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("schemes", nargs="+")
@@ -202,11 +225,12 @@ def main(argv=None):
                 continue
             text = sass(k)
             n, ops = loop_mix(text)
+            ns = skip_path(text)
             md = k.metadata
             smem_ops = {o.strip(): c for o, c in ops.items() if o.startswith("  ")}
             ops = collections.Counter({o: c for o, c in ops.items() if not o.startswith("  ")})
             print(f"{s:24s} {resources(k).split(' CONSTANT')[0]} smem={md.shared} loop_instrs={n} "
-                  + " ".join(f"{o}:{c}" for o, c in ops.most_common(a.top)) + "\n    smem ops: "
+                  + (f"loop_skip={ns} " if ns != n else "") + " ".join(f"{o}:{c}" for o, c in ops.most_common(a.top)) + "\n    smem ops: "
                   + " ".join(f"{o}:{c}" for o, c in sorted(smem_ops.items())))
             if a.sass:
                 os.makedirs(a.sass, exist_ok=True)
