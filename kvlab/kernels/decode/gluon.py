@@ -105,20 +105,23 @@ SCORES_T = os.environ.get("KVLAB_GLUON_SCORES_T", "1") not in ("", "0")
 # the rolled loop's whole tiles loaded and scored without masks, the partial last tile with them (kernel constexpr
 # FT; KVLAB_GLUON_FULL_TILES=0 masks every tile as before; session 27, untimed)
 FULL_TILES = os.environ.get("KVLAB_GLUON_FULL_TILES", "1") not in ("", "0")
-# KIVI's int4 keys with their scales and zeros folded into the query and the scores (`gluon_codecs.C_KF4`,
-# `_scores_tf`): the codes enter the MMA from one AND, as fp16 subnormals (offline sm_90: see benchmarks/NOTES_decode.md
-# session 28); KVLAB_GLUON_KIVI_FOLD=1 turns it on (off until the H200 runs its GPU tests, which check the tensor
-# cores' subnormal inputs, and times it)
-KIVI_FOLD = os.environ.get("KVLAB_GLUON_KIVI_FOLD", "0") not in ("", "0")
+# KIVI's int4 / int2 keys with their scales and zeros folded into the query and the scores (`gluon_codecs.C_KF4`,
+# `C_KF2`, `_scores_tf`): the codes enter the MMA from one AND, as fp16 subnormals (offline sm_90: see
+# benchmarks/NOTES_decode.md session 28). On by default since its GPU tests (the tensor cores' subnormal inputs)
+# passed on an sm_90 GPU (an H100, session 29) and it timed kivi2 0.468 -> 0.398 ms, kivi4 0.508 -> 0.503 at B 32 x
+# 32K there (sweeps/results/h100/runs/s29-eb24031); KVLAB_GLUON_KIVI_FOLD=0 turns it off
+KIVI_FOLD = os.environ.get("KVLAB_GLUON_KIVI_FOLD", "1") not in ("", "0")
 # q4_0 keys read by scale groups (`gluon_codecs.C_Q4G`, `_scores_tg`): with the transposed scores, the codes enter
 # the MMA straight from one LOP3 and the group scales and offsets apply to each group's partial scores (offline sm_90,
 # loop instructions a 16-token tile without the register prefetch: 367 -> 349 at 128 registers, 359 -> 334 at 168;
-# benchmarks/NOTES_decode.md, session 28); KVLAB_GLUON_GROUPED_K=1 turns it on (off until the H200 times it)
+# benchmarks/NOTES_decode.md, session 28); KVLAB_GLUON_GROUPED_K=1 turns it on (off: 8-13% slower at q4_0's B 32
+# configs on an H100, session 29, though its GPU tests pass)
 GROUPED_K = os.environ.get("KVLAB_GLUON_GROUPED_K", "0") not in ("", "0")
 # the transposed scores' lazy rescale (kernel constexpr ST 2, `_online_t`, `_rescale`): a warp keeps its running max
 # until some head's grows by more than 2^LAZY_TAU, and skips the accumulator's rescale (D / 4 FMUL a thread: 32 of
 # q4_0's 370 loop instructions a 16-token tile) on a branch when none of its heads moved; exact up to rounding, as
-# the sums and the merge use the same stale max (session 29, untimed); KVLAB_GLUON_LAZY_RESCALE=1 turns it on
+# the sums and the merge use the same stale max (session 29: GPU tests pass on an H100; there it moved B 32 times by
+# -3% to +4.5%, so it stays off); KVLAB_GLUON_LAZY_RESCALE=1 turns it on
 LAZY_RESCALE = os.environ.get("KVLAB_GLUON_LAZY_RESCALE", "0") not in ("", "0")
 LAZY_TAU = ttgl.constexpr(8.0)  # log2 units: a tile's probabilities stay below 2^8 (fp16 P, fp32 sums: room to spare)
 
