@@ -25,7 +25,11 @@ registers are not the main pass's).
 
 Where it runs (`why_not`): int codes of 2, 4 or 8 bits on one bit plane (asym, or sym with absmax statistics), a
 group's packed bytes a whole number of 32-bit words up to eight (G x bits in 32..256), no rotation, static, tensor or
-calibrated scale. Off by default until the H200 times it (`ENABLED`, KVLAB_STORE_CHAN_WALK=1); `api.store` calls it.
+calibrated scale. `api.store` calls it where `ENABLED` (KVLAB_STORE_CHAN_WALK=0 turns it off): on by default since
+session 29, with pass 2 a word at a time (`WORD_LOOP`). Its GPU tests passed on an sm_90 GPU (an H100), and at a
+32K-token write there it stored kivi4 0.0766 -> 0.0679 ms and kivi2 0.0765 -> 0.0601 against the group-row kernel's
+64 x 1 tiles, bytes equal to the oracle's (with pass 2 a whole group at a time: 0.0771 / 0.0736;
+sweeps/results/h100/runs/s29-store-a786f59).
 """
 from __future__ import annotations
 
@@ -40,10 +44,10 @@ from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
                      kernel_pages, kernel_params)
 
-ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "0") not in ("", "0")
+ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
 LANE_ELEMS = 8  # channels a thread holds: one 16-byte load of a 16-bit token row
 MAXNREG = None  # a register cap per thread (None: the compiler's choice)
-WORD_LOOP = False  # pass 2 a packed word at a time, each word stored alone (fewer registers; constexpr WL)
+WORD_LOOP = True  # pass 2 a packed word at a time, each word stored alone (fewer registers; constexpr WL)
 # writes of TWO_PASS_MIN_TOKENS tokens or more code in two launches: the main pass without the IEEE-division path's
 # registers (offline kivi4: 255 registers and a 120-byte stack with it compiled in, 210 without), then a fixup pass
 # that only programs with an out-of-range scale enter; shorter writes keep one launch

@@ -23,7 +23,10 @@ Where it runs (`why_not`): token-axis groups of 16, 32 or 64 dividing D in a pow
 codebooks and fp4 (any scale dtype, a tensor scale), one bit plane or two, every plane a whole number of 32-bit words;
 Hadamard rotations the kernel fuses; not static or calibrated scales, nor outlier slots. `api.store` takes it only where
 the offline counts favour it (`worth`: two-plane ints and every rotated spec) and only when ENABLED
-(KVLAB_STORE_ROW_WALK=1), off until the H200 times it (`benchmarks/NOTES_store.md`, session 24).
+(KVLAB_STORE_ROW_WALK=0 turns it off). On by default since session 29: its GPU tests passed on an sm_90 GPU (an
+H100) and, at a 32K-token write there, it stored int3 0.0545 -> 0.0455 ms, int4_had 0.0763 -> 0.0567, lm2 0.0858 ->
+0.0686 against the group-row kernel's tiles, bytes equal to the oracle's (nf4, which `worth` leaves out, 0.0671 ->
+0.0689; sweeps/results/h100/runs/s29-store-a786f59, `benchmarks/NOTES_store.md`).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
-ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "0") not in ("", "0")
+ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then

@@ -158,10 +158,13 @@ def test_default_store_config_is_always_a_candidate(name, D):
 def test_untuned_store_key_gets_the_default_tile_not_the_autotuner(autotune, monkeypatch):
     """On a GPU (here: the api told it is not interpreting) a key with no tuned entry launches
     `default_config`'s tile: a first write never waits minutes for Triton's autotuner, which KVLAB_STORE_AUTOTUNE=1
-    restores (the backend then gets config None). A tuned entry still wins over the default."""
+    restores (the backend then gets config None). A tuned entry still wins over the default. (The group-row kernel's
+    tiles: KIVI keys take the channel walk by default, which has its own launch shape, so the walks are off here.)"""
     from kvlab.kernels.configs import StoreConfig
-    from kvlab.kernels.store import api
+    from kvlab.kernels.store import api, triton_chan_walk, triton_row_walk
     from kvlab.kernels.store import triton as tk
+    monkeypatch.setattr(triton_chan_walk, "ENABLED", False)
+    monkeypatch.setattr(triton_row_walk, "ENABLED", False)
     seen = []
     monkeypatch.setattr(api, "interpreting", lambda: False)
     monkeypatch.setattr(tk, "run", lambda *a, config=None, **kw: seen.append(config))
@@ -237,7 +240,8 @@ def test_kernel_spec_names_the_launched_kernel():
 
 
 def test_walk_of_follows_the_switches_the_policy_and_the_alignment(monkeypatch):
-    """`api.walk_of` names the walk `store` runs (what the store table records as its config): none while both are off;
+    """`api.walk_of` names the walk `store` runs (what the store table records as its config; both walks on by
+    default, KVLAB_STORE_CHAN_WALK / KVLAB_STORE_ROW_WALK=0 turn them off): none while both are off;
     KIVI keys to the channel walk, rotated and two-plane ints to the row walk, one-plane ints to neither; none on codes
     that do not start on a word."""
     from kvlab.kernels.store import api as store_api
@@ -246,6 +250,8 @@ def test_walk_of_follows_the_switches_the_policy_and_the_alignment(monkeypatch):
     def pages(spec):
         return PageLayout(spec, 128, max(16, spec.group), 2).allocate(4, "cpu")
     kivi, had, q4 = (kvlab.scheme(n).k for n in ("kivi4", "int4_had", "q4_0"))
+    monkeypatch.setattr(triton_chan_walk, "ENABLED", False)
+    monkeypatch.setattr(triton_row_walk, "ENABLED", False)
     assert all(store_api.walk_of(s, 128, pages(s)) is None for s in (kivi, had, q4))
     monkeypatch.setattr(triton_chan_walk, "ENABLED", True)
     monkeypatch.setattr(triton_row_walk, "ENABLED", True)
@@ -254,3 +260,15 @@ def test_walk_of_follows_the_switches_the_policy_and_the_alignment(monkeypatch):
     assert store_api.walk_of(q4, 128, pages(q4)) is None
     p = pages(had)
     assert store_api.walk_of(had, 128, dict(p, codes=p["codes"].view(-1)[1:])) is None
+
+
+def test_walks_are_on_by_default():
+    """Both walks are on unless their switch says 0 (a fresh interpreter reads the environment)."""
+    code = ("from kvlab.kernels.store import triton_chan_walk as c, triton_row_walk as r; "
+            "print(c.ENABLED, c.WORD_LOOP, r.ENABLED)")
+    env = {k: v for k, v in os.environ.items() if k not in ("KVLAB_STORE_CHAN_WALK", "KVLAB_STORE_ROW_WALK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["True", "True", "True"]
+    env.update(KVLAB_STORE_CHAN_WALK="0", KVLAB_STORE_ROW_WALK="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["False", "True", "False"]
