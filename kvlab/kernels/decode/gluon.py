@@ -127,9 +127,11 @@ LAZY_TAU = ttgl.constexpr(8.0)  # log2 units: a tile's probabilities stay below 
 
 
 def rescale_asm(n: int) -> str:
-    """PTX for `_rescale`, n elements a pack: $0.. the results, $n.. the accumulator, $2n.. alpha, $3n.. the warp's
-    flag (the first of its n copies decides): the copies always, the products only when the flag is set. The label
-    is local to the braces, so the block may be inlined many times. Tagged for the CPU emulator (devtools.gluon_emu)."""
+    """PTX for `_rescale`, n elements a pack: $0.. the results, $n.. the accumulator (tied to the results' registers by
+    the constraints "0".."n-1", `RESCALE_C16` / `RESCALE_C32`, so skipping leaves it as it was, with no copies),
+    $2n.. alpha, $3n.. the warp's flag (the first of its n copies decides): the products only when the flag is set.
+    The label is local to the braces, so the block may be inlined many times. Tagged for the CPU emulator
+    (devtools.gluon_emu)."""
     body = [f"mul.f32 ${i}, ${n + i}, ${2 * n + i};" for i in range(n)]
     return "\n".join(["{ // kvlab:rescale", ".reg .pred p;", f"setp.eq.s32 p, ${3 * n}, 0;", "@p bra.uni SKIP;"]
                       + body + ["SKIP:", "}"])
