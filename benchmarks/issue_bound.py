@@ -100,7 +100,8 @@ def counts(rows: list[dict]) -> list[dict]:
 def s26_counts(args) -> list[dict]:
     """The same compiles with both loop savings off, in a child process (the switches are read at import)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVLAB_GLUON_")}  # the s26 kernel: every switch at
-    env.update(KVLAB_GLUON_FOLD_ROWS="0", KVLAB_GLUON_FULL_TILES="0")  # its default of then, both savings off
+    env.update(KVLAB_GLUON_FOLD_ROWS="0", KVLAB_GLUON_FULL_TILES="0",  # its default of then: both savings off,
+               KVLAB_GLUON_KIVI_FOLD="0")  # and KIVI's keys per element (the fold is on by default since session 29)
     cmd = [sys.executable, __file__, "--counts-only", "--decode", str(args.decode), "--schemes", args.schemes,
            "--shapes", args.shapes]
     return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
