@@ -1780,6 +1780,24 @@ def test_lazy_rescale_compiles_for_sm90(maxnreg, monkeypatch):
     assert counts[1] - 32 < counts[0], counts
 
 
+def test_skip_path_leaves_out_what_forward_branches_jump_over():
+    """`sm90_offline.skip_path`: the loop body (the largest backward branch) less the instructions a forward branch
+    inside it jumps over; a branch out of the loop or before it skips nothing, and a body without one keeps its
+    count (`loop_mix`'s)."""
+    from devtools.sm90_offline import loop_mix, skip_path
+
+    def sass(ops):
+        return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(ops))
+    # at 0x10 .. 0x80: FMUL, a branch to the HMMA at 0x60 over three FMULs, the HMMA, a branch out of the loop,
+    # the back edge to 0x10
+    body = ["FMUL R1, R1, R2", "@!P0 BRA 0x60", "FMUL R3, R3, R4", "FMUL R5, R5, R6", "FMUL R7, R7, R8",
+            "HMMA.16816.F32 R8, R8, R10, R8", "@P1 BRA 0x400", "@!P2 BRA 0x10"]
+    text = sass(["MOV R0, RZ"] + body + ["EXIT"])
+    assert loop_mix(text)[0] == 8
+    assert skip_path(text) == 8 - 3
+    assert skip_path(sass(["MOV R0, RZ"] + [b for b in body if "0x60" not in b])) == 7  # no branch inside: the body
+
+
 @GPU
 @pytest.mark.parametrize("name,unroll,Hq,Hk,D,P,tw,xq", [
     ("q4_0", False, 32, 8, 128, 16, 16, 1.0), ("q4_0", True, 32, 8, 128, 16, 16, 12.0),
