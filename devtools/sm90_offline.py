@@ -136,8 +136,8 @@ def resources(kernel) -> str:
     return m.group(1).strip() if m else "?"
 
 
-def loop_mix(text: str) -> tuple[int, collections.Counter]:
-    """Instruction mix of the largest backward-branch loop body in the SASS."""
+def _loop_body(text: str) -> tuple[list[str], list[int]]:
+    """(SASS lines, their addresses) of the largest backward-branch loop body: `loop_mix`'s and `skip_path`'s loop."""
     lines = [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
     best = (0, 0)
@@ -147,7 +147,13 @@ def loop_mix(text: str) -> tuple[int, collections.Counter]:
             tgt = int(m.group(1), 16)
             if tgt < addr[i] and addr[i] - tgt > best[1] - best[0]:
                 best = (tgt, addr[i])
-    body = [ln for ln, a in zip(lines, addr) if best[0] <= a <= best[1]]
+    body = [(ln, a) for ln, a in zip(lines, addr) if best[0] <= a <= best[1]]
+    return [ln for ln, _ in body], [a for _, a in body]
+
+
+def loop_mix(text: str) -> tuple[int, collections.Counter]:
+    """Instruction mix of the largest backward-branch loop body in the SASS."""
+    body, _ = _loop_body(text)
     ops = collections.Counter()
     for ln in body:
         m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?((?:LDS|STS|LDSM)(?:\.[A-Z0-9_.]+)?)\s", ln)
@@ -163,23 +169,14 @@ def skip_path(text: str) -> int:
     """Instructions of `loop_mix`'s loop body on its shortest path: less those that forward branches inside the body
     jump over (a block the warp skips when no head's max moved, `gluon._rescale`); the body's count where it has
     none."""
-    lines = [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
-    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16) for ln in lines]
-    n, _ = loop_mix(text)
-    lo = hi = 0
-    for i, ln in enumerate(lines):  # the loop body's bounds, as loop_mix picks them
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ln)
-        if m and m.group(1) and int(m.group(1), 16) < addr[i] and addr[i] - int(m.group(1), 16) > hi - lo:
-            lo, hi = int(m.group(1), 16), addr[i]
+    body, addr = _loop_body(text)
     skipped, end = 0, -1
-    for i, ln in enumerate(lines):
+    for ln, a in zip(body, addr):
         m = re.search(r"@!?P\d\s+BRA\s+0x([0-9a-f]+)", ln)
-        if m and lo <= addr[i] < hi and addr[i] > end:
-            tgt = int(m.group(1), 16)
-            if addr[i] < tgt <= hi:
-                skipped += sum(1 for a in addr if addr[i] < a < tgt)
-                end = tgt
-    return n - skipped
+        if m and a > end and a < int(m.group(1), 16) <= addr[-1]:
+            end = int(m.group(1), 16)
+            skipped += sum(1 for b in addr if a < b < end)
+    return len(body) - skipped
 
 
 def main(argv=None):

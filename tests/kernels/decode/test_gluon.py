@@ -1750,8 +1750,8 @@ def test_emulated_lazy_rescale(c, monkeypatch):
 
 
 def test_lazy_rescale_asm():
-    """The rescale block: the copies' products behind one uniform branch on the first flag, its label local to the
-    braces (the block is inlined many times), operands numbered results, accumulator, alpha, flag."""
+    """The rescale block: the accumulator's products behind one uniform branch on the first flag, its label local to
+    the braces (the block is inlined many times), operands numbered results, accumulator, alpha, flag."""
     a = gluon.rescale_asm(4)
     assert a.startswith("{") and a.rstrip().endswith("}") and "kvlab:rescale" in a
     assert "setp.eq.s32 p, $12, 0;" in a and "@p bra.uni SKIP;" in a
