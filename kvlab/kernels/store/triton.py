@@ -47,7 +47,7 @@ from ..env import interpreting
 from ..tiles.exact import (as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, rint_i32_hw,
                            round_away)
 from ..tiles.rotate import byte_tiles, fwht_rows, fwht_rows_in_place
-from ..tiles.bracket import bins_for, bracket_table, lut_codes, wide_table
+from ..tiles.bracket import bins_for, bracket_table, e2m1_pow2_codes, lut_codes, wide_table
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -105,6 +105,10 @@ BRACKET_LUT = True
 # group-row stores of sorted brackets check only the per-group rare terms where the group's scale bounds |x| / s
 # (`kernel_params` BOUND); False: the per-element check as well (for `benchmarks/store_variants.py`)
 BOUND_CHECK = True
+# fp4 e2m1 codes under a power-of-two scale (e8m0, no tensor scale: mxfp4) by arithmetic (`tiles.bracket.e2m1_pow2_codes`,
+# constexpr LUT -1: a product, two compares, a ceil, no table) instead of the bin table's three gathers an element;
+# offline sm_90 hot path at 32x4: see `lut_mode`. False: the table, as nvfp4 (for `benchmarks/store_variants.py`)
+E2M1_POW2 = True
 
 
 # rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
@@ -329,7 +333,9 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
         u = _cb_search(x, s_eff, cb_ptr)
     elif CBS == 1:  # fp4 e2m1 (GGML index order): the magnitude by the binary search over the 8 ascending scaled
         # magnitudes cb[0..7] (a tie keeps the smaller, as the search's first index), the sign as index + 8 (-0 is 0)
-        if LUT > 0:
+        if LUT < 0:  # a power-of-two scale (mxfp4): by arithmetic, no table (`E2M1_POW2`)
+            mag = e2m1_pow2_codes(tl.abs(x), s_eff)
+        elif LUT > 0:
             mag = lut_codes(tl.abs(x), s_eff, cb_ptr, 8, LUT, HW and WIDE)
         else:
             mag = _sorted_codes(tl.abs(x), s_eff, cb_ptr, 8)
@@ -971,7 +977,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
              ELEM_INT=fmt == "int", HAS_TS=spec.tensor_scale, OFF=2 ** (b - 1) if sym_int else 0,
              QMAX=2 ** b - 1, XORC=(1 << (b - 1)) if sym_int and (b == 8 or spec.twos) else 0,
              CBS=2 ** b if fmt == "int" and spec.calibrated else _search_mode(fmt, spec.rule), ROT=0, RC=1.0)
-    p["LUT"] = lut_bins(fmt) if p["FMT"] == 3 and p["CBS"] >= 1 and not spec.calibrated else 0
+    p["LUT"] = lut_mode(spec) if p["FMT"] == 3 and p["CBS"] >= 1 and not spec.calibrated else 0
     # the sorted brackets' rare check per group only: with a scale from the group's own statistics, |x| / |s| is at
     # most the largest level (absmax, signed: up to the scale's rounding to f16 / bf16), 2^(emax + 1) for e8m0
     # (e2m1: 8 < 12), sqrt(G) for rms (|x_i|^2 <= sum x^2 = G rms^2: 11.3 at G 128, against 32 x lm2's 1.51), the
@@ -1069,6 +1075,14 @@ def lut_bins(fmt: str) -> int:
     0.119, lm3 0.121 -> 0.111: sweeps/results/h200/runs/s20-5f6978e/store_variants.txt)."""
     lv = _levels(fmt)
     return bins_for(lv) if BRACKET_LUT and (len(lv) == 16 or fmt == "fp4_e2m1") else 0
+
+
+def lut_mode(spec) -> int:
+    """The store's constexpr LUT for a fixed-codebook spec: -1 for e2m1 under a power-of-two scale (`E2M1_POW2`),
+    else `lut_bins` (0: the bisection)."""
+    if E2M1_POW2 and spec.fmt == "fp4_e2m1" and spec.scale_dtype == "e8m0" and not spec.tensor_scale:
+        return -1
+    return lut_bins(spec.fmt)
 
 
 def _codebook(fmt: str, device) -> torch.Tensor:

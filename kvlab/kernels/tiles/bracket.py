@@ -92,3 +92,23 @@ def lut_codes(x, s, cb_ptr, N: tl.constexpr, K: tl.constexpr, WIDE: tl.constexpr
         lo = sa * tl.load(cb_ptr + c)
         hi = sa * tl.load(cb_ptr + c + 1)
     return c + (tl.abs(hi - xs) < tl.abs(lo - xs)).to(tl.int32)
+
+
+@triton.jit
+def e2m1_pow2_codes(a, s):
+    """Index 0..7 of the nearest e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) times s to a = |x|, by arithmetic, for a
+    scale s that is a power of two (mxfp4's e8m0 scale without a tensor scale): equal to `lut_codes` over the 8
+    magnitudes where the store's rare check (`store.triton._e2m1_odd`) is 0, with no table read.
+    Why it is exact: t = a * (1 / s) is exact (s in [2^-100, 2^100]; a t that underflows is far below the first
+    midpoint), and s * level - a = s (level - t) rounds as level - t does, so the oracle compares the float32 errors
+    level - t. Near a midpoint both are exact (Sterbenz: neighbouring levels are within a factor of 3, or the lower is
+    0), so a code differs from the exactly nearest only at a midpoint itself, where the oracle's first index keeps the
+    smaller magnitude. From 1 up the magnitudes are t's float32 bits rounded to one mantissa bit: adding 2^21 - 1
+    below the kept bit carries past a remainder of more than half (a tie stays down), and the exponent and kept bit
+    shifted out are the code plus 252 (1.0 -> 254), capped at 7 (t past 7 rounds to 8: 6 is the nearest). Below 1
+    (0, 0.5, 1) the code is ceil(2 t - 1/2) (2 t exact; a tie k + 1/2 keeps k). NaN a gives 0. a [..], s [.., 1]."""
+    t = a * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)  # (one division a group)
+    y = tl.math.ceil(tl.fma(t, 2.0, -0.5))
+    low = tl.where(y == y, y, 0.0).to(tl.int32)  # (NaN t: 0)
+    high = tl.minimum((t.to(tl.int32, bitcast=True) + (0x1FFFFF - (252 << 22))) >> 22, 7)
+    return tl.where(t >= 1.0, high, low)

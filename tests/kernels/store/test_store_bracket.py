@@ -58,15 +58,40 @@ def _hard_values(fmt: str) -> torch.Tensor:
 def test_bracket_codes_exact(name, lut, monkeypatch, request):
     """Codes, scales (and tensor scales) equal to the oracle's with the table (LUT > 0) and with the bisection; the
     values sit on levels, midpoints and bin edges and a few ulps off them, scaled by exact and by odd scales, both
-    signs, a group past both ends; on the interpreter with the rare fallback off (the fast path alone)."""
+    signs, a group past both ends; on the interpreter with the rare fallback off (the fast path alone). mxfp4's
+    arithmetic codes (`E2M1_POW2`) are off here: `test_e2m1_pow2_codes_exact` checks them."""
     import kvlab.kernels.store.triton as st
     monkeypatch.setattr(st, "BRACKET_LUT", lut)
+    monkeypatch.setattr(st, "E2M1_POW2", False)
     st.kernel_params.cache_clear()  # (params are cached per spec; cleared again after the test)
     request.addfinalizer(st.kernel_params.cache_clear)
+    assert (st.kernel_params(spec_of(name), 64)["LUT"] > 0) == lut
+    assert st.kernel_params(spec_of("lm3:g64"), 64)["LUT"] == 0  # (lm2 / lm3 bisect: measured faster)
+    _check_hard_values(name, monkeypatch, f"lut={lut}")
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "fp4_e2m1:g32:s=e8m0:rot=had", "fp4_e2m1:g16:s=e8m0"])
+def test_e2m1_pow2_codes_exact(name, monkeypatch, request):
+    """fp4 e2m1 under a power-of-two scale by arithmetic (`tiles.bracket.e2m1_pow2_codes`, LUT -1): the same codes as
+    the oracle on every level, midpoint and bin edge and a few ulps either side, both signs, past both ends; only for
+    e8m0 scales without a tensor scale (nvfp4's e4m3 scale keeps the table)."""
+    import kvlab.kernels.store.triton as st
+    st.kernel_params.cache_clear()
+    request.addfinalizer(st.kernel_params.cache_clear)
+    assert st.kernel_params(spec_of(name), 64)["LUT"] == -1
+    assert st.kernel_params(spec_of("nvfp4"), 64)["LUT"] > 0
+    monkeypatch.setattr(st, "E2M1_POW2", False)
+    st.kernel_params.cache_clear()
+    assert st.kernel_params(spec_of(name), 64)["LUT"] > 0
+    monkeypatch.setattr(st, "E2M1_POW2", True)
+    st.kernel_params.cache_clear()
+    _check_hard_values(name, monkeypatch, "e2m1 by arithmetic")
+
+
+def _check_hard_values(name, monkeypatch, what):
+    import kvlab.kernels.store.triton as st
     spec = spec_of(name)
     fmt = spec.fmt
-    assert (st.kernel_params(spec, 64)["LUT"] > 0) == lut
-    assert st.kernel_params(spec_of("lm3:g64"), 64)["LUT"] == 0  # (lm2 / lm3 bisect: measured faster)
     vals = _hard_values(fmt)
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)
     D, T = 64, 32
@@ -86,7 +111,7 @@ def test_bracket_codes_exact(name, lut, monkeypatch, request):
     ref, _ = run_store(x.to(DEV), slots, lay, 2, spec, "reference", **kw)
     tri, used = run_store(x.to(DEV), slots, lay, 2, spec, "triton", **kw)
     assert used == "triton"
-    assert_same_pages(ref, tri, f"{name} lut={lut}")
+    assert_same_pages(ref, tri, f"{name} {what}")
 
 
 def test_group_level_rare_check_only_where_the_scale_bounds_x():
