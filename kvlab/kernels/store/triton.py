@@ -47,7 +47,7 @@ from ..env import interpreting
 from ..tiles.exact import (as_f32, bf16_round, encode_scale, narrow_float, next_pow2, rint_even, rint_i32_hw,
                            round_away)
 from ..tiles.rotate import byte_tiles, fwht_rows, fwht_rows_in_place
-from ..tiles.bracket import bins_for, bracket_table, e2m1_pow2_codes, lut_codes, wide_table
+from ..tiles.bracket import bins_for, bracket_table, e2m1_bracket_codes, e2m1_pow2_codes, lut_codes, wide_table
 
 FMT_IDS = {"int": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "fp4_e2m1": 3, "nf4": 3, "iq4nl": 3, "lm2": 3, "lm3": 3, "lm4": 3,
            "bf16": 4, "fp16": 5}
@@ -109,6 +109,9 @@ BOUND_CHECK = True
 # constexpr LUT -1: a product, two compares, a ceil, no table) instead of the bin table's three gathers an element;
 # offline sm_90 hot path at 32x4: see `lut_mode`. False: the table, as nvfp4 (for `benchmarks/store_variants.py`)
 E2M1_POW2 = True
+# fp4 e2m1 codes under other scales (nvfp4's e4m3 times a tensor scale) with the bracket and its two levels by arithmetic
+# (`tiles.bracket.e2m1_bracket_codes`, constexpr LUT -2) instead of the bin table's lookup and gathers: see `lut_mode`
+E2M1_ARITH = True
 
 
 # rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
@@ -333,8 +336,10 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
         u = _cb_search(x, s_eff, cb_ptr)
     elif CBS == 1:  # fp4 e2m1 (GGML index order): the magnitude by the binary search over the 8 ascending scaled
         # magnitudes cb[0..7] (a tie keeps the smaller, as the search's first index), the sign as index + 8 (-0 is 0)
-        if LUT < 0:  # a power-of-two scale (mxfp4): by arithmetic, no table (`E2M1_POW2`)
+        if LUT == -1:  # a power-of-two scale (mxfp4): by arithmetic, no table (`E2M1_POW2`)
             mag = e2m1_pow2_codes(tl.abs(x), s_eff)
+        elif LUT == -2:  # any scale (nvfp4): the bracket and its levels by arithmetic, no table (`E2M1_ARITH`)
+            mag = e2m1_bracket_codes(tl.abs(x), tl.abs(s_eff))
         elif LUT > 0:
             mag = lut_codes(tl.abs(x), s_eff, cb_ptr, 8, LUT, HW and WIDE)
         else:
@@ -1082,6 +1087,8 @@ def lut_mode(spec) -> int:
     else `lut_bins` (0: the bisection)."""
     if E2M1_POW2 and spec.fmt == "fp4_e2m1" and spec.scale_dtype == "e8m0" and not spec.tensor_scale:
         return -1
+    if E2M1_ARITH and spec.fmt == "fp4_e2m1":
+        return -2
     return lut_bins(spec.fmt)
 
 

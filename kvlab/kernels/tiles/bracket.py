@@ -112,3 +112,23 @@ def e2m1_pow2_codes(a, s):
     low = tl.where(y == y, y, 0.0).to(tl.int32)  # (NaN t: 0)
     high = tl.minimum((t.to(tl.int32, bitcast=True) + (0x1FFFFF - (252 << 22))) >> 22, 7)
     return tl.where(t >= 1.0, high, low)
+
+
+@triton.jit
+def e2m1_bracket_codes(a, s):
+    """Index 0..7 of the nearest e2m1 magnitude times s to a = |x| for any positive scale s (nvfp4's e4m3 scale times
+    its tensor scale): `lut_codes` over the 8 magnitudes with the bin table's lookup and its three gathers replaced by
+    arithmetic (the same codes). The two levels around t = a / s: from 1 up, t's float32 bits cut to one mantissa
+    bit (lo) and lo's bits plus that bit (hi), t capped below 6 first so the last bracket is (4, 6); below 1, (0, 0.5)
+    or (0.5, 1) by t >= 1/2; the lower level's code is its bits above bit 22 less 252 (1.0 -> 2). t's rounding (a times
+    the rounded reciprocal) can put the bracket one below a level t lies on, never across a midpoint, so the nearest
+    level is one of the two, as with the table; they are scaled and compared as `lut_codes` does (a tie keeps the
+    lower, NaN a gives 0: NaN t takes the lower bracket and fails the compare). a [..], s [.., 1]."""
+    t = a * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    lob = tl.minimum(t, 5.5).to(tl.int32, bitcast=True) & -0x400000  # (0xFFC00000: sign, exponent, one mantissa bit)
+    big = t >= 1.0
+    half = t >= 0.5
+    lo = tl.where(big, lob.to(tl.float32, bitcast=True), tl.where(half, 0.5, 0.0))
+    hi = tl.where(big, (lob + 0x400000).to(tl.float32, bitcast=True), tl.where(half, 1.0, 0.5))
+    c = tl.where(big, (lob >> 22) - 252, half.to(tl.int32))
+    return c + (tl.abs(s * hi - a) < tl.abs(s * lo - a)).to(tl.int32)

@@ -58,11 +58,12 @@ def _hard_values(fmt: str) -> torch.Tensor:
 def test_bracket_codes_exact(name, lut, monkeypatch, request):
     """Codes, scales (and tensor scales) equal to the oracle's with the table (LUT > 0) and with the bisection; the
     values sit on levels, midpoints and bin edges and a few ulps off them, scaled by exact and by odd scales, both
-    signs, a group past both ends; on the interpreter with the rare fallback off (the fast path alone). mxfp4's
-    arithmetic codes (`E2M1_POW2`) are off here: `test_e2m1_pow2_codes_exact` checks them."""
+    signs, a group past both ends; on the interpreter with the rare fallback off (the fast path alone). e2m1's
+    arithmetic codes (`E2M1_POW2`, `E2M1_ARITH`) are off here: `test_e2m1_arithmetic_codes_exact` checks them."""
     import kvlab.kernels.store.triton as st
     monkeypatch.setattr(st, "BRACKET_LUT", lut)
     monkeypatch.setattr(st, "E2M1_POW2", False)
+    monkeypatch.setattr(st, "E2M1_ARITH", False)
     st.kernel_params.cache_clear()  # (params are cached per spec; cleared again after the test)
     request.addfinalizer(st.kernel_params.cache_clear)
     assert (st.kernel_params(spec_of(name), 64)["LUT"] > 0) == lut
@@ -70,22 +71,24 @@ def test_bracket_codes_exact(name, lut, monkeypatch, request):
     _check_hard_values(name, monkeypatch, f"lut={lut}")
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "fp4_e2m1:g32:s=e8m0:rot=had", "fp4_e2m1:g16:s=e8m0"])
-def test_e2m1_pow2_codes_exact(name, monkeypatch, request):
-    """fp4 e2m1 under a power-of-two scale by arithmetic (`tiles.bracket.e2m1_pow2_codes`, LUT -1): the same codes as
-    the oracle on every level, midpoint and bin edge and a few ulps either side, both signs, past both ends; only for
-    e8m0 scales without a tensor scale (nvfp4's e4m3 scale keeps the table)."""
+@pytest.mark.parametrize("name,mode", [("mxfp4", -1), ("fp4_e2m1:g32:s=e8m0:rot=had", -1), ("fp4_e2m1:g16:s=e8m0", -1),
+                                       ("nvfp4", -2), ("fp4_e2m1:g32:s=f16", -2), ("fp4_e2m1:g16:s=e4m3", -2),
+                                       ("fp4_e2m1:g32:s=e4m3:rot=had", -2)])
+def test_e2m1_arithmetic_codes_exact(name, mode, monkeypatch, request):
+    """fp4 e2m1 codes by arithmetic, no bin table: under a power-of-two scale (`tiles.bracket.e2m1_pow2_codes`, LUT -1:
+    e8m0 scales without a tensor scale) and under any other (`e2m1_bracket_codes`, LUT -2: the bracket and its levels
+    built from t's bits): the oracle's codes on every level, midpoint and bin edge and a few ulps either side, exact
+    and odd scales, both signs, past both ends. Each switch off gives the table back."""
     import kvlab.kernels.store.triton as st
     st.kernel_params.cache_clear()
     request.addfinalizer(st.kernel_params.cache_clear)
-    assert st.kernel_params(spec_of(name), 64)["LUT"] == -1
-    assert st.kernel_params(spec_of("nvfp4"), 64)["LUT"] > 0
-    monkeypatch.setattr(st, "E2M1_POW2", False)
+    assert st.kernel_params(spec_of(name), 64)["LUT"] == mode
+    monkeypatch.setattr(st, "E2M1_POW2" if mode == -1 else "E2M1_ARITH", False)
     st.kernel_params.cache_clear()
-    assert st.kernel_params(spec_of(name), 64)["LUT"] > 0
-    monkeypatch.setattr(st, "E2M1_POW2", True)
+    assert st.kernel_params(spec_of(name), 64)["LUT"] == (-2 if mode == -1 else st.lut_bins("fp4_e2m1"))
+    monkeypatch.undo()
     st.kernel_params.cache_clear()
-    _check_hard_values(name, monkeypatch, "e2m1 by arithmetic")
+    _check_hard_values(name, monkeypatch, f"e2m1 by arithmetic ({mode})")
 
 
 def _check_hard_values(name, monkeypatch, what):
