@@ -48,6 +48,8 @@ def main() -> None:
                     "(`store.triton.BRACKET_LUT`)")
     ap.add_argument("--e2m1-pow2", type=int, default=1, help="0: e2m1 codes under an e8m0 scale (mxfp4) from the bin "
                     "table instead of by arithmetic (`store.triton.E2M1_POW2`)")
+    ap.add_argument("--e2m1-arith", type=int, default=1, help="0: e2m1 codes under other scales (nvfp4) from the bin "
+                    "table instead of by arithmetic (`store.triton.E2M1_ARITH`)")
     ap.add_argument("--bound", type=int, default=1, help="0: the sorted brackets' rare check per element as well, where "
                     "the group's scale bounds x (`store.triton.BOUND_CHECK`)")
     ap.add_argument("--two", type=int, default=1, help="0: the rare exact fallback inline instead of a second launch "
@@ -73,6 +75,7 @@ def main() -> None:
     st.BRACKET_LUT = bool(a.lut)
     st.BOUND_CHECK = bool(a.bound)
     st.E2M1_POW2 = bool(a.e2m1_pow2)
+    st.E2M1_ARITH = bool(a.e2m1_arith)
     vals = {name: getattr(a, opt.replace("-", "_")) for opt, name, _, _ in CONSTEXPRS}
     st.set_switches(**{k: v if k == "RARE_RELOAD" else bool(v) for k, v in vals.items()})  # before anything compiles
     flags = " ".join(f"{opt.replace('-', '_')}={vals[name]}" for opt, name, *_ in CONSTEXPRS)
@@ -106,7 +109,7 @@ def main() -> None:
             w(cfg)
             ms = triton.testing.do_bench_cudagraph(lambda: w(cfg), rep=20, return_mode="median")
             gate = "" if ref is None else f"  gate {_bytes_differ(ref, w.pages)} bytes differ"
-            print(f"variant packed={a.packed} two={a.two} lut={a.lut} e2m1_pow2={a.e2m1_pow2} bound={a.bound} {flags} {name:9s} {c:8s} {ms:.4f} ms  "
+            print(f"variant packed={a.packed} two={a.two} lut={a.lut} e2m1_pow2={a.e2m1_pow2} e2m1_arith={a.e2m1_arith} bound={a.bound} {flags} {name:9s} {c:8s} {ms:.4f} ms  "
                   f"{w.bytes / ms / 1e9 / tbps:.3f} of copy{gate}", flush=True)
 
 
