@@ -33,6 +33,8 @@ CONSTEXPRS = [
      "loaded and coded one element tile at a time"),
     ("fwht-in-place", "FWHT_IN_PLACE", 1, "0: the oracle's Hadamard stages (split / join / transpose) instead of "
      "the in-place pair exchange"),
+    ("wide-lut", "WIDE_LUT", 1, "0: the group-row kernel's codebook bin and levels by three gathers, not one "
+     "16-byte load"),
     ("chan-j", "CHAN_J", 0, "1: channel-axis element tiles loaded as [bytes, channels] and turned"),
     ("chan-heads", "CHAN_HEADS", 0, "1: channel-axis rows over (head, channel): a tile may span heads"),
     ("chan-t", "CHAN_T", 0, "1: channel-axis rows loaded as one [G, BLOCK_R] tile and transposed"),

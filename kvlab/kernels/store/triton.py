@@ -119,6 +119,12 @@ E2M1_ARITH = True
 # bits). H200, 32K-token write (runs/s23-5358204, 16x4 / 32x4): int4_had 0.150 / 0.107 -> 0.290 / 0.296 of copy,
 # lm2 0.154 -> 0.201, lm3 0.127 -> 0.181, lm4 0.109 -> 0.203. False: the oracle's stages (`fwht_rows`)
 FWHT_IN_PLACE = tl.constexpr(True)
+# the group-row kernel reads a codebook's bin and its two levels by one 16-byte load an element on the GPU
+# (`tiles.bracket.lut_codes` WIDE, as the row walk does) instead of three gathers, which Triton gave a layout of their
+# own (shared-memory turns and barriers). Offline sm_90 at 32x4 (`python -m devtools.store_sass_offline nf4 iq4nl
+# --block-rows 32 --warps 4 [--hot]`), hot path an element, barriers, registers with the rare paths: nf4 37.5 -> 32.0,
+# 22 -> 6, 128 -> 121; iq4nl 36.5 -> 33.5, 2 -> 2, 124 -> 114. Untimed on a GPU (`h200_run.sh s30`). False: gathers
+WIDE_LUT = tl.constexpr(True)
 
 
 @triton.jit
@@ -602,18 +608,18 @@ def _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT: tl.constexpr, S
     """Codes of the K element tiles [R, NB] packed into the first plane's bytes (W bits a code) and, WH > 0, the
     second plane's bits of each byte position (the codes' bits from W on, WH a code; int32 [R, NB] both)."""
     M0: tl.constexpr = (1 << W) - 1
-    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
+    u = _codes(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT, WIDE_LUT)
     byte = u & M0 if WH > 0 else u
     hi = u >> W
     if K >= 2:
-        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
+        u = _codes(f1, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT, WIDE_LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << W)
         hi = hi | ((u >> W) << WH)
     if K == 4:
-        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
+        u = _codes(f2, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT, WIDE_LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << 4)
         hi = hi | ((u >> W) << (2 * WH))
-        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT)
+        u = _codes(f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, MODE, LUT, WIDE_LUT)
         byte = byte | ((u & M0 if WH > 0 else u) << 6)
         hi = hi | ((u >> W) << (3 * WH))
     return byte, hi
