@@ -1083,9 +1083,14 @@ def lut_bins(fmt: str) -> int:
     16-level codebooks and e2m1's magnitudes; lm2 / lm3 (a bisection of 2 or 3 steps) stay slower through three
     gathers (H200, 32K-token write, of copy, bisection -> table at 16x4: nf4 0.195 -> 0.276 (32x4 0.303), iq4nl
     0.200 -> 0.262 (0.332), lm4 0.069 -> 0.085, mxfp4 0.305 -> 0.360 (32x4), nvfp4 0.288 -> 0.343, lm2 0.151 ->
-    0.119, lm3 0.121 -> 0.111: sweeps/results/h200/runs/s20-5f6978e/store_variants.txt)."""
+    0.119, lm3 0.121 -> 0.111: sweeps/results/h200/runs/s20-5f6978e/store_variants.txt).
+    With the bin read by one 16-byte load (`WIDE_LUT`), 8-level codebooks (lm3) take the table too: offline sm_90,
+    instructions an element, bisection -> table: lm3:g64 group-row 32x4 hot path 48.8 -> 41.2, lm3 (rot=had) row
+    walk 41.6 -> 35.9 (`python -m devtools.store_sass_offline lm3:g64 --block-rows 32 --warps 4 --hot`, `lm3
+    --row-walk`); lm2 gains 1-2 instructions for 37 registers and keeps the bisection. Untimed on a GPU."""
     lv = _levels(fmt)
-    return bins_for(lv) if BRACKET_LUT and (len(lv) == 16 or fmt == "fp4_e2m1") else 0
+    n = len(lv)
+    return bins_for(lv) if BRACKET_LUT and (n == 16 or fmt == "fp4_e2m1" or (n == 8 and WIDE_LUT)) else 0
 
 
 def lut_mode(spec) -> int:
