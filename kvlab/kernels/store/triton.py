@@ -408,6 +408,16 @@ def _quotient(num, den, inv):
     return tl.where(tl.abs(q) < float("inf"), tl.fma(tl.fma(-q, den, num), inv, q), q)  # (an infinite num: q)
 
 
+def quotient_safe(p: dict) -> bool:
+    """Whether an int spec's division by its stored scale (`_quotient`) can never need the rare exact fallback, so
+    the kernels compile neither it nor its check (constexpr QSAFE): an f16 scale without a tensor scale is 0, inf,
+    NaN or within [2^-24, 65504], so its reciprocal is 0, NaN or within 2^+-24, inside Markstein's 2^+-100
+    (`_inv_odd` is 0 for every group). Offline sm_90, group-row 32x4, instructions an element with the fallback and
+    its block-wide check compiled in -> without: int2:g32:asym 41.5 -> 19.5 (registers 56 -> 48, barriers 2 -> 0);
+    see `benchmarks/NOTES_store.md`, session 30."""
+    return bool(p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2 and p["SDT"] == 0 and not p["HAS_TS"])
+
+
 @triton.jit
 def _inv_odd(inv):
     """Per group: 1 where the reciprocal of the scale is out of `_quotient`'s range (past 2^100, or below 2^-100 and
@@ -827,13 +837,14 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     GB: tl.constexpr = G * (W + WH) // 8  # bytes of a group, every plane
     # the fast codes of every element tile, and one block-wide check of their rare exact fallback for all of them (a
     # check per tile is a reduction and a barrier each: K of them a program)
-    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP) or (FMT == 3 and CBS >= 1))
+    QSAFE: tl.constexpr = FMT == 0 and not RECIP and CBS < 2 and SDT == 0 and not HAS_TS  # (`quotient_safe`)
+    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1))
     if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                XORC, HW, CBS, 2, K, W, WH, LUT)
     else:
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                               XORC, HW, CBS, 1 if HAS_ODD else 0, K, W, WH, LUT)
+                               XORC, HW, CBS, 1 if HAS_ODD or QSAFE else 0, K, W, WH, LUT)
     if HAS_ODD and TWO != 2:
         odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS, BOUND)
         if K >= 2 and not BOUND:
@@ -1252,4 +1263,5 @@ def two_pass(p: dict) -> bool:
     division as a multiply, sorted-codebook brackets) keep it out of the main kernel (H200, int4:g32:asym 0.19 -> 0.58
     of copy with no fallback and no check: benchmarks/NOTES_store.md, session 16); the second launch recomputes only
     the programs the first flagged. Used only while TWO_PASS is on (off by default: no faster, session 17)."""
-    return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"]) or (p["FMT"] == 3 and p["CBS"] >= 1)))
+    return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
+                                           or (p["FMT"] == 3 and p["CBS"] >= 1)))

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..tiles.exact import next_pow2
-from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
+from .triton import (RARE_PATHS, quotient_safe, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
                      kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
@@ -228,7 +228,8 @@ def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, c
               RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 2)
     else:
         exact = 0
-        if RARE_PATHS and not RECIP:  # one check a program: a reciprocal out of Markstein's range
+        if RARE_PATHS and not RECIP and SDT != 0:  # one check a program: a reciprocal out of Markstein's range (an f16
+            # scale never is: `triton.quotient_safe`)
             exact = tl.max(tl.where(live, _odd(s_val, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT, SYM, RECIP, OFF,
                                                0), 0))
         if PASS == 1:
@@ -280,7 +281,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     warps = max(1, min(8, HB * DP // (32 * LANE_ELEMS)))
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     grid = (T // G, triton.cdiv(Hk, HB))
-    two = TWO_PASS and RARE_PATHS and not p["RECIP"] and T >= TWO_PASS_MIN_TOKENS
+    two = TWO_PASS and RARE_PATHS and not p["RECIP"] and not quotient_safe(p) and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):
         _chan_walk_kernel[grid](

@@ -269,6 +269,43 @@ def test_division_by_reciprocal_exact(name):
     assert_same_pages(ref, tri, name)
 
 
+def test_quotient_safe_only_for_f16_scales_without_a_tensor_scale():
+    """The int specs whose division can skip the rare fallback and its check (`store.triton.quotient_safe`): IEEE
+    division by an f16 scale with no tensor scale; not GGML's reciprocal, bf16 / f32 scales, calibrated levels,
+    codebooks."""
+    from kvlab.kernels.store.triton import kernel_params, quotient_safe
+    safe = {n: quotient_safe(kernel_params(spec_of(n), 64)) for n in (
+        "int2:g32:asym", "int4:g32:asym", "int3:g32:asym", "int4:g32:asym:rot=had", "int4:g32:chan:asym",
+        "int8:g32:sym", "q4_0", "q4_1", "int4:g32:asym:s=bf16", "int4:g32:asym:s=f32", "int4:g32:sym:s=e4m3:ts",
+        "int2:g32:chan:asym:cal", "nf4", "fp8_e4m3")}
+    assert [n for n, v in safe.items() if v] == ["int2:g32:asym", "int4:g32:asym", "int3:g32:asym",
+                                                 "int4:g32:asym:rot=had", "int4:g32:chan:asym", "int8:g32:sym"], safe
+
+
+@pytest.mark.parametrize("name", ["int2:g32:asym", "int4:g32:asym", "int3:g32:asym", "int4:g32:asym:rot=had",
+                                  "kivi4", "int8:g32:sym"], ids=lambda n: spec_id(n))
+def test_f16_scales_at_their_extremes_need_no_fallback(name):
+    """Specs that compile no rare division fallback (`quotient_safe`) store the oracle's bytes for groups whose f16
+    scale is subnormal (down to 2^-24), rounds to 0, sits near 65504 or overflows to inf: float32 inputs from
+    1e-12 to 1e6 times a random group, both signs."""
+    spec = spec_of(name)
+    G, D = spec.group, 64
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)
+    mags = torch.tensor([1e-12, 1e-9, 3e-8, 1e-7, 6e-6, 1e-3, 1.0, 3e3, 6e4, 5e5, 9.8e5, 1e6])
+    n = G if spec.axis == "chan" else 2 * len(mags)
+    x = torch.randn(n, 1, D, generator=g)
+    if spec.axis == "chan":  # a magnitude a channel group (tokens run down the group)
+        x = x * mags[torch.arange(D) % len(mags)][None, None, :]
+    else:
+        x = x * mags.repeat(2)[:, None, None]
+    T, P = x.shape[0], 32
+    lay, n_pages = PageLayout(spec, D, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    ref, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "reference")
+    tri, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "triton")
+    _nan_aware_equal(ref, tri, name, spec)
+
+
 @pytest.mark.parametrize("ts", [1.0, 1e-6, 1e-36], ids=["ts1", "saturated", "subnormal"])
 def test_e2m1_bracket_exact(ts):
     """fp4 e2m1 codes by bracketing |x| between two scaled magnitudes equal the 16-entry search: midpoints and
@@ -416,14 +453,15 @@ def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
         assert_same_pages(ref, inline, f"{name} inline (TWO_PASS {two}, min tokens {min_tokens})")
 
 
-TWO_PASS_SPECS = ["int4:g32:asym", "int3:g32:asym", "kivi4", "nf4", "iq4nl", "lm2:g64", "lm3:g64:rot=had", "mxfp4",
+TWO_PASS_SPECS = ["int4:g32:asym:s=f32", "int3:g32:asym:s=f32", "int4:g32:chan:asym:s=f32", "nf4", "iq4nl", "lm2:g64", "lm3:g64:rot=had", "mxfp4",
                   "nvfp4", "int2:g16:asym:s=f32"]
 
 
 @pytest.mark.parametrize("name", TWO_PASS_SPECS, ids=[spec_id(n) for n in TWO_PASS_SPECS])
 def test_two_pass_store_is_the_oracle(name, monkeypatch):
     """Every family the two-pass store takes (division ints, bit planes, channel-axis keys, sorted codebooks, fp4,
-    rotations), with small writes forced through it: the oracle's bytes on random rows with zero, huge, NaN and
+    rotations; ints with f32 scales: f16 ones need no fallback, `quotient_safe`), with small writes forced
+    through it: the oracle's bytes on random rows with zero, huge, NaN and
     subnormal groups."""
     import kvlab.kernels.store.triton as st
     monkeypatch.setattr(st, "TWO_PASS", True)
