@@ -783,22 +783,24 @@ s27b)  # session 27 (issue 16): what the two loop savings open up (run after s27
   FOLD_SHAPES=smollm2,d256 FOLD_TAG=_sd DEC_S="${DEC_S:-110}" DEC_BUDGET="${DEC_BUDGET:-80}" \
     DEC_SCHEMES="${DEC_SCHEMES:-q4_0,kivi4,q8_0,fp8_e4m3,int4_had,nf4}" FOLD_TESTS=0 bash "$0" s27
   ;;
-s30)  # session 30 (issue 17): the store's fp4 e2m1 codes by arithmetic (no bin table; store.triton.E2M1_POW2 for
-  # mxfp4's e8m0 scale, E2M1_ARITH for nvfp4; offline sm_90 hot path 39.8 -> 27.5 and 43.0 -> 38.2 an element): their
-  # GPU tests, store_variants off / on (gated against the oracle); the group-row kernel's codebook bin read by one
-  # 16-byte load (WIDE_LUT; nf4 37.5 -> 32.0, barriers 22 -> 6) off / on; then the store table's rows that changed since
-  # store.csv (both walks on by default since session 29, e2m1 by arithmetic, WIDE_LUT), ~8 min
+s30)  # session 30 (issue 17): the store's codecs without tables or fallbacks they never need: fp4 e2m1 codes by
+  # arithmetic (store.triton.E2M1_POW2 for mxfp4's e8m0 scale, E2M1_ARITH for nvfp4; offline sm_90 hot path 39.8 -> 27.5
+  # and 43.0 -> 38.2 an element), the group-row kernel's codebook bin by one 16-byte load (WIDE_LUT; nf4 37.5 -> 32.0,
+  # barriers 22 -> 6), lm3 by the table, f16-scaled ints without the rare division fallback (quotient_safe; int2
+  # compiled 41.5 -> 19.5). GPU tests, store_variants off / on (gated against the oracle), then the store table's rows
+  # that changed since store.csv (also both walks, on by default since session 29), ~9.5 min
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  timeout "${PYTEST_S:-100}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/tiles/test_bracket.py \
-    tests/kernels/store/test_store_bracket.py 2>&1 | tee "$OUT/pytest_s30.log" | tail -3
+  timeout "${PYTEST_S:-80}" python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/tiles/test_bracket.py \
+    tests/kernels/store/test_store_bracket.py tests/kernels/store/test_store_edge.py -k \
+    "bracket or e2m1 or quotient_safe or f16_scales or division or signed_zeros" 2>&1 | tee "$OUT/pytest_s30.log" | tail -3
   for e in 0 1; do
-    timeout 70 python3 benchmarks/store_variants.py mxfp4 nvfp4 --configs "${ST_CFGS:-32x4,16x4,32x8}" \
+    timeout 45 python3 benchmarks/store_variants.py mxfp4 nvfp4 --configs "${ST_CFGS:-32x4,16x4}" \
       --e2m1-pow2 $e --e2m1-arith $e 2>&1 | grep "^variant" | tee "$OUT/store_e2m1_$e.txt"
-    timeout 70 python3 benchmarks/store_variants.py nf4 iq4nl lm4 --configs "${ST_CFGS:-32x4,16x4,32x8}" \
+    timeout 45 python3 benchmarks/store_variants.py nf4 iq4nl --configs "${ST_CFGS:-32x4,16x4}" \
       --wide-lut $e 2>&1 | grep "^variant" | tee "$OUT/store_wide_$e.txt"
   done
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
-    --schemes "${ST_SCHEMES:-mxfp4,nvfp4,nf4,iq4nl,kivi4,kivi2,int3,int4_had,lm2,lm3,lm4}" 2>&1 | tail -1
+    --schemes "${ST_SCHEMES:-mxfp4,nvfp4,nf4,iq4nl,int2,int3,kivi4,kivi2,int4_had,lm3,lm2,lm4}" 2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
 s29)  # session 29 (issue 16): every untimed switch in one call (~9.5 min), to decide the defaults before the table: the
