@@ -90,7 +90,8 @@ def floor_log2(a: torch.Tensor) -> torch.Tensor:
 def store_scale(s: torch.Tensor, dtype: str, *, elem_fmt: str = "int") -> torch.Tensor:
     """Round float32 scales `s` to their storage dtype; returns the stored tensor.
 
-    f16 / bf16 / f32: IEEE casts (round to nearest even).
+    f16 / bf16 / f32: IEEE casts (round to nearest even); a NaN is a positive quiet NaN (bf16 0x7FC0), as the store
+      kernel writes it.
     e8m0: a uint8 biased exponent. For fp elements it is the OCP MX shared exponent
       floor(log2 s) (s already divided by the element's largest power of two); for int elements
       it rounds up, 2^ceil(log2 s), so no code overflows. Zero or non-finite -> byte 0 / 255.
@@ -98,8 +99,9 @@ def store_scale(s: torch.Tensor, dtype: str, *, elem_fmt: str = "int") -> torch.
     """
     if dtype == "f16":
         return s.to(torch.float16)
-    if dtype == "bf16":
-        return s.to(torch.bfloat16)
+    if dtype == "bf16":  # a NaN scale stored as the canonical 0x7FC0: torch's vectorized CPU cast writes 0xFFFF
+        b = s.to(torch.bfloat16).view(torch.int16)  # and its scalar one 0x7FC0, so the bits followed tensor size and CPU
+        return torch.where(torch.isnan(s), torch.tensor(0x7FC0, dtype=torch.int16, device=s.device), b).view(torch.bfloat16)
     if dtype == "f32":
         return s.to(torch.float32)
     if dtype == "e4m3":

@@ -156,3 +156,18 @@ def test_given_static_int_scale_saturates_non_finite_inputs():
     x = torch.tensor([[1.0, float("inf"), -float("inf"), 0.5] * 2])
     y = kvlab.dequantize(kvlab.quantize(x, "int8:tensor", scale=0.01))[0]
     assert torch.allclose(y[:4], torch.tensor([1.0, 1.27, -1.28, 0.5]))
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 16, 33, 64])
+def test_nan_scales_are_stored_as_one_canonical_nan(n):
+    """A NaN group scale is stored as the positive quiet NaN whatever the tensor's size (torch's vectorized CPU cast
+    to bf16 writes 0xFFFF, its scalar one 0x7FC0): bf16 0x7FC0, f16 0x7E00, f32 0x7FC00000, as the store kernel
+    writes them, so conformance bytes do not depend on the CPU or the tensor's length."""
+    from kvlab.quant.formats import store_scale
+    s = torch.full((n,), float("nan"))
+    s[::2] = 1.5
+    want = {"bf16": (torch.int16, 0x7FC0), "f16": (torch.int16, 0x7E00), "f32": (torch.int32, 0x7FC00000)}
+    for dt, (it, bits) in want.items():
+        got = store_scale(s, dt).view(it)[1::2].to(torch.int64) & ((1 << (8 * it.itemsize)) - 1)
+        assert (got == bits).all(), (dt, [hex(v) for v in got.tolist()])
+        assert (store_scale(s, dt)[::2].float() == 1.5).all()

@@ -453,14 +453,14 @@ def test_two_pass_fixup_rewrites_the_flagged_programs(name, monkeypatch):
         assert_same_pages(ref, inline, f"{name} inline (TWO_PASS {two}, min tokens {min_tokens})")
 
 
-TWO_PASS_SPECS = ["int4:g32:asym:s=f32", "int3:g32:asym:s=f32", "int4:g32:chan:asym:s=f32", "nf4", "iq4nl", "lm2:g64", "lm3:g64:rot=had", "mxfp4",
+TWO_PASS_SPECS = ["int4:g32:asym:s=bf16", "int3:g32:asym:s=f32", "int4:g32:chan:asym:s=bf16", "nf4", "iq4nl", "lm2:g64", "lm3:g64:rot=had", "mxfp4",
                   "nvfp4", "int2:g16:asym:s=f32"]
 
 
 @pytest.mark.parametrize("name", TWO_PASS_SPECS, ids=[spec_id(n) for n in TWO_PASS_SPECS])
 def test_two_pass_store_is_the_oracle(name, monkeypatch):
     """Every family the two-pass store takes (division ints, bit planes, channel-axis keys, sorted codebooks, fp4,
-    rotations; ints with f32 scales: f16 ones need no fallback, `quotient_safe`), with small writes forced
+    rotations; ints with bf16 or f32 scales: f16 ones need no fallback, `quotient_safe`), with small writes forced
     through it: the oracle's bytes on random rows with zero, huge, NaN and
     subnormal groups."""
     import kvlab.kernels.store.triton as st
