@@ -28,6 +28,7 @@
 #                                     # (GPU tests, B 32 configs off / on), 32-token tiles without the prefetch;
 #                                     # s28q: the shortest useful call (~9 min) when a machine comes late
 #   bash benchmarks/h200_run.sh s30   # session 30 (issue 17): fp4 e2m1 store codes by arithmetic (tests, A/B), store rows
+#   bash benchmarks/h200_run.sh s30b  # session 30: QSAFE off / on, lm3 bisection / table, the whole store table
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -801,6 +802,28 @@ s30)  # session 30 (issue 17): the store's codecs without tables or fallbacks th
   done
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-300}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     --schemes "${ST_SCHEMES:-mxfp4,nvfp4,nf4,iq4nl,int2,int3,kivi4,kivi2,int4_had,lm3,lm2,lm4}" 2>&1 | tail -1
+  cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  ;;
+s30b)  # session 30 (issue 17), after s30 ran on an H100: the e2m1 tile test launched as the store launches (no fused
+  # multiply-add), the f16-scale ints with the division fallback compiled back in (KVLAB_STORE_QSAFE=0) against
+  # without, lm3 by bisection (--lut 0) against its table, then the whole store table (~7 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/kernels/tiles/test_bracket.py 2>&1 \
+    | tee "$OUT/pytest_s30b.log" | tail -2
+  for q in 0 1; do
+    KVLAB_STORE_QSAFE=$q timeout 40 python3 benchmarks/store_variants.py int2 int4:g32:asym --configs 32x4 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant qsafe=$q /" | tee -a "$OUT/store_qsafe.txt"
+    KVLAB_STORE_QSAFE=$q timeout 40 python3 benchmarks/store_variants.py int3 int4_had --configs roww 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant qsafe=$q /" | tee -a "$OUT/store_qsafe.txt"
+    KVLAB_STORE_QSAFE=$q timeout 40 python3 benchmarks/store_variants.py kivi4 kivi2 --configs walkL 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant qsafe=$q /" | tee -a "$OUT/store_qsafe.txt"
+  done
+  for l in 0 1; do
+    timeout 30 python3 benchmarks/store_variants.py lm3 --configs roww --lut $l 2>&1 | grep "^variant" \
+      | tee -a "$OUT/store_lm3.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-250}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    ${ST_SCHEMES:+--schemes "$ST_SCHEMES"} 2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
 s29)  # session 29 (issue 16): every untimed switch in one call (~9.5 min), to decide the defaults before the table: the

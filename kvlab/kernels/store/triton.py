@@ -33,6 +33,7 @@ are rotated by `kvlab.quant.rotation.rotate` before the launch (`fuses_rotation`
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import torch
@@ -112,6 +113,9 @@ E2M1_POW2 = True
 # fp4 e2m1 codes under other scales (nvfp4's e4m3 times a tensor scale) with the bracket and its two levels by arithmetic
 # (`tiles.bracket.e2m1_bracket_codes`, constexpr LUT -2) instead of the bin table's lookup and gathers: see `lut_mode`
 E2M1_ARITH = True
+# int specs dividing by an f16 scale compile no rare IEEE-division fallback and no check for it (`quotient_safe`);
+# KVLAB_STORE_QSAFE=0 (read at import, for A/B runs) compiles them as for bf16 / f32 scales
+QUOTIENT_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_QSAFE", "1") not in ("", "0"))
 
 
 # rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
@@ -415,7 +419,8 @@ def quotient_safe(p: dict) -> bool:
     (`_inv_odd` is 0 for every group). Offline sm_90, group-row 32x4, instructions an element with the fallback and
     its block-wide check compiled in -> without: int2:g32:asym 41.5 -> 19.5 (registers 56 -> 48, barriers 2 -> 0);
     see `benchmarks/NOTES_store.md`, session 30."""
-    return bool(p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2 and p["SDT"] == 0 and not p["HAS_TS"])
+    return bool(QUOTIENT_SAFE and p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2 and p["SDT"] == 0
+                and not p["HAS_TS"])
 
 
 @triton.jit
@@ -837,7 +842,8 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     GB: tl.constexpr = G * (W + WH) // 8  # bytes of a group, every plane
     # the fast codes of every element tile, and one block-wide check of their rare exact fallback for all of them (a
     # check per tile is a reduction and a barrier each: K of them a program)
-    QSAFE: tl.constexpr = FMT == 0 and not RECIP and CBS < 2 and SDT == 0 and not HAS_TS  # (`quotient_safe`)
+    QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
+                           and not HAS_TS)  # (`quotient_safe`)
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1))
     if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,

@@ -41,7 +41,8 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..tiles.exact import next_pow2
-from .triton import (RARE_PATHS, quotient_safe, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
+from .triton import (QUOTIENT_SAFE, RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out,
+                     _zero_signed, quotient_safe,
                      kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
@@ -228,8 +229,8 @@ def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, c
               RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 2)
     else:
         exact = 0
-        if RARE_PATHS and not RECIP and SDT != 0:  # one check a program: a reciprocal out of Markstein's range (an f16
-            # scale never is: `triton.quotient_safe`)
+        if RARE_PATHS and not RECIP and (SDT != 0 or not QUOTIENT_SAFE):  # one check a program: a reciprocal out
+            # of Markstein's range (an f16 scale's never is: `triton.quotient_safe`)
             exact = tl.max(tl.where(live, _odd(s_val, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT, SYM, RECIP, OFF,
                                                0), 0))
         if PASS == 1:

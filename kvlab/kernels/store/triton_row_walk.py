@@ -38,7 +38,8 @@ import triton.language as tl
 
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
-from .triton import (RARE_PATHS, quotient_safe, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
+from .triton import (QUOTIENT_SAFE, RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd,
+                     _scales_out, quotient_safe,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
@@ -228,7 +229,8 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, False, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    QSAFE: tl.constexpr = FMT == 0 and not RECIP and CBS < 2 and SDT == 0 and not HAS_TS  # (`triton.quotient_safe`)
+    QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
+                           and not HAS_TS)  # (`triton.quotient_safe`)
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1))
     if HAS_ODD and PASS == 2:  # the fixup pass of a flagged program: the exact codes
         u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT, True)
@@ -320,7 +322,8 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
-    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p)) or (p["FMT"] == 3 and p["CBS"] >= 1))
+    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
+                           or (p["FMT"] == 3 and p["CBS"] >= 1))
     two = TWO_PASS and rare and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):

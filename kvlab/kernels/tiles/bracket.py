@@ -123,7 +123,8 @@ def e2m1_bracket_codes(a, s):
     or (0.5, 1) by t >= 1/2; the lower level's code is its bits above bit 22 less 252 (1.0 -> 2). t's rounding (a times
     the rounded reciprocal) can put the bracket one below a level t lies on, never across a midpoint, so the nearest
     level is one of the two, as with the table; they are scaled and compared as `lut_codes` does (a tie keeps the
-    lower, NaN a gives 0: NaN t takes the lower bracket and fails the compare). a [..], s [.., 1]."""
+    lower, NaN a gives 0: NaN t takes the lower bracket and fails the compare). Launch with `enable_fp_fusion=False`
+    (as `lut_codes`): a fused s * level - a skips the rounding of the product the oracle makes. a [..], s [.., 1]."""
     t = a * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     lob = tl.minimum(t, 5.5).to(tl.int32, bitcast=True) & -0x400000  # (0xFFC00000: sign, exponent, one mantissa bit)
     big = t >= 1.0

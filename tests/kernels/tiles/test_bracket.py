@@ -2,7 +2,8 @@
 oracle's rule (the nearest of s * level by float32 errors, the first index on ties, NaN 0) over the whole range the
 store's fast path gives them (|x| up to 12 s, `store.triton._e2m1_odd`): every level and midpoint and 1..3 ulps either
 side, the last bracket and past it, random values; power-of-two scales for the first, odd ones for the second. On the
-interpreter in CPU CI and compiled on a GPU."""
+interpreter in CPU CI and compiled on a GPU, launched as the store launches (`enable_fp_fusion=False`: a fused
+s * level - a skips the product's rounding and flips near-ties, as the H100 showed at s = 3e-5)."""
 from __future__ import annotations
 
 import pytest
@@ -58,7 +59,8 @@ def test_e2m1_arithmetic_codes_equal_the_oracle(pow2):
         n = triton.next_power_of_2(a.numel())
         ap = torch.cat([a, torch.zeros(n - a.numel())]).to(DEV)
         out = torch.empty(n, dtype=torch.int32, device=DEV)
-        _codes_kernel[(1,)](ap, torch.tensor([s], dtype=torch.float32, device=DEV), out, N=n, POW2=pow2)
+        _codes_kernel[(1,)](ap, torch.tensor([s], dtype=torch.float32, device=DEV), out, N=n, POW2=pow2,
+                            enable_fp_fusion=False)  # (as the store launches: s * level rounds before the subtraction)
         got, want = out[:a.numel()].cpu(), _oracle(a, s)
         bad = (got != want).nonzero().flatten()
         assert bad.numel() == 0, (s, a[bad[:5]].tolist(), got[bad[:5]].tolist(), want[bad[:5]].tolist())
