@@ -107,14 +107,19 @@ BRACKET_LUT = True
 # (`kernel_params` BOUND); False: the per-element check as well (for `benchmarks/store_variants.py`)
 BOUND_CHECK = True
 # fp4 e2m1 codes under a power-of-two scale (e8m0, no tensor scale: mxfp4) by arithmetic (`tiles.bracket.e2m1_pow2_codes`,
-# constexpr LUT -1: a product, two compares, a ceil, no table) instead of the bin table's three gathers an element;
-# offline sm_90 hot path at 32x4: see `lut_mode`. False: the table, as nvfp4 (for `benchmarks/store_variants.py`)
+# constexpr LUT -1: a product, two compares, a ceil, no table) instead of the bin table's three gathers an element:
+# offline sm_90 hot path at 32x4 39.8 -> 27.5 instructions an element; H100, 32K-token write, of copy, table ->
+# arithmetic: 32x4 0.486 -> 0.622, 16x4 0.392 -> 0.474 (sweeps/results/h100/runs/s30-store-d3d2fb3). False: the table
 E2M1_POW2 = True
 # fp4 e2m1 codes under other scales (nvfp4's e4m3 times a tensor scale) with the bracket and its two levels by arithmetic
-# (`tiles.bracket.e2m1_bracket_codes`, constexpr LUT -2) instead of the bin table's lookup and gathers: see `lut_mode`
+# (`tiles.bracket.e2m1_bracket_codes`, constexpr LUT -2) instead of the bin table's lookup and gathers: offline 43.0 ->
+# 38.2 instructions an element; H100 32x4 0.442 -> 0.452, 16x4 0.414 -> 0.416 of copy (same run: no worse)
 E2M1_ARITH = True
 # int specs dividing by an f16 scale compile no rare IEEE-division fallback and no check for it (`quotient_safe`);
-# KVLAB_STORE_QSAFE=0 (read at import, for A/B runs) compiles them as for bf16 / f32 scales
+# KVLAB_STORE_QSAFE=0 (read at import, for A/B runs) compiles them as for bf16 / f32 scales. H100, 32K-token write, of
+# copy, with -> without (sweeps/results/h100/runs/s30b-store-725cea5/store_qsafe.txt): int2 32x4 0.615 -> 0.734,
+# int4:g32:asym 0.689 -> 0.811, int3 (row walk) 0.615 -> 0.717, int4_had 0.516 -> 0.563, kivi4 (channel walk) 0.429 ->
+# 0.503, kivi2 0.440 -> 0.563
 QUOTIENT_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_QSAFE", "1") not in ("", "0"))
 
 
@@ -127,7 +132,9 @@ FWHT_IN_PLACE = tl.constexpr(True)
 # (`tiles.bracket.lut_codes` WIDE, as the row walk does) instead of three gathers, which Triton gave a layout of their
 # own (shared-memory turns and barriers). Offline sm_90 at 32x4 (`python -m devtools.store_sass_offline nf4 iq4nl
 # --block-rows 32 --warps 4 [--hot]`), hot path an element, barriers, registers with the rare paths: nf4 37.5 -> 32.0,
-# 22 -> 6, 128 -> 121; iq4nl 36.5 -> 33.5, 2 -> 2, 124 -> 114. Untimed on a GPU (`h200_run.sh s30`). False: gathers
+# 22 -> 6, 128 -> 121; iq4nl 36.5 -> 33.5, 2 -> 2, 124 -> 114. H100, of copy, gathers -> one load: nf4 32x4 0.420 ->
+# 0.446, 16x4 0.389 -> 0.428; iq4nl 32x4 0.487 -> 0.458, 16x4 0.341 -> 0.384 (runs/s30-store-d3d2fb3); the table run
+# after it put iq4nl at 0.504 with it at 32x4: within the runs' noise. False: gathers
 WIDE_LUT = tl.constexpr(True)
 
 
@@ -1101,13 +1108,12 @@ def lut_bins(fmt: str) -> int:
     gathers (H200, 32K-token write, of copy, bisection -> table at 16x4: nf4 0.195 -> 0.276 (32x4 0.303), iq4nl
     0.200 -> 0.262 (0.332), lm4 0.069 -> 0.085, mxfp4 0.305 -> 0.360 (32x4), nvfp4 0.288 -> 0.343, lm2 0.151 ->
     0.119, lm3 0.121 -> 0.111: sweeps/results/h200/runs/s20-5f6978e/store_variants.txt).
-    With the bin read by one 16-byte load (`WIDE_LUT`), 8-level codebooks (lm3) take the table too: offline sm_90,
-    instructions an element, bisection -> table: lm3:g64 group-row 32x4 hot path 48.8 -> 41.2, lm3 (rot=had) row
-    walk 41.6 -> 35.9 (`python -m devtools.store_sass_offline lm3:g64 --block-rows 32 --warps 4 --hot`, `lm3
-    --row-walk`); lm2 gains 1-2 instructions for 37 registers and keeps the bisection. Untimed on a GPU."""
+    With the bin read by one 16-byte load (`WIDE_LUT`), lm3's 8 levels by the table ran 48.8 -> 41.2 instructions an
+    element offline (group-row 32x4) and 41.6 -> 35.9 in the row walk its preset takes, but no faster on an H100
+    (row walk 0.327 -> 0.317 of copy, sweeps/results/h100/runs/s30b-store-725cea5/store_lm3.txt): lm3 bisects."""
     lv = _levels(fmt)
     n = len(lv)
-    return bins_for(lv) if BRACKET_LUT and (n == 16 or fmt == "fp4_e2m1" or (n == 8 and WIDE_LUT)) else 0
+    return bins_for(lv) if BRACKET_LUT and (n == 16 or fmt == "fp4_e2m1") else 0
 
 
 def lut_mode(spec) -> int:
