@@ -28,7 +28,8 @@ scales are large), head_dim a multiple of 8 up to 256, rotated specs whose Hadam
 (`fused_unrotation`). On the CPU under the Triton interpreter the workspace launch runs as on the GPU and a float32
 masked softmax per sequence stands in for cuDNN (`_attend_emulated`), reading the lengths the launch wrote.
 `api.extend(backend="onecall")` runs it (or says why not); backend="auto" tries it first when ENABLED
-(KVLAB_EXTEND_ONECALL=1; off until the H200 times it against the dense path).
+(KVLAB_EXTEND_ONECALL=1; off: on an H100 it was slower than the dense path at most batch-1 shapes, 1.48-1.67x cuDNN
+at 1K x 8K against 1.33-1.44x, `sweeps/results/h100/runs/s30-onecall-d3d2fb3/`; its GPU tests passed there).
 
 Backend contract (called by `api.py` only): `why_not(q, kv, qo_host)`, `run(q, k_new, v_new, qo_indptr, kv, sm_scale,
 host_lens, out, bucket)` -> out, or None where the attention call refused the shape (the caller falls back).
@@ -52,7 +53,7 @@ from ..tiles.rotate import fwht_rows
 from ...quant.rotation import norm_constant
 from .dense import page_inputs, scaled_rows
 
-ENABLED = os.environ.get("KVLAB_EXTEND_ONECALL", "0") not in ("", "0")  # auto tries this path first (untimed: off)
+ENABLED = os.environ.get("KVLAB_EXTEND_ONECALL", "0") not in ("", "0")  # auto tries this path first (slower: off)
 BLOCK_T = 64              # workspace tokens per program
 MAX_WORKSPACE = 2 << 30   # bytes of K + V workspace a call may take (2 GiB: B 8 x 64K tokens at Hk 8, D 128)
 _REFUSED: set = set()     # attention-call keys cuDNN refused: those calls fall back at once
