@@ -1,4 +1,4 @@
-"""The store's table bracket for fixed ascending codebooks (nf4, iq4nl, lm4, fp4 e2m1's magnitudes).
+"""The store's bracket for fixed ascending codebooks: a bin table (nf4, iq4nl, lm4), or arithmetic for fp4 e2m1.
 
 The nearest of N ascending levels a_j = |s| cb[j] to x is decided, as the oracle decides it, by the float32 errors
 |a_j - x| of the two levels around x (`kvlab.kernels.store.triton._sorted_codes` proves the farther ones never win).
@@ -13,8 +13,10 @@ midpoints set K: the smallest power of two in 16..256 whose bins each hold at mo
 the table's three gathers on the H200 (`store.triton.lut_bins` has the numbers: nf4 0.195 -> 0.303 of copy, iq4nl 0.200
 -> 0.332, mxfp4 0.305 -> 0.360, nvfp4 0.288 -> 0.343 at a 32K-token write).
 
-The table lives after the 16 codebook entries of the store's float32 codebook buffer, as int32 bits. This module
-imports Triton; only Triton backends and other tiles import it.
+The table lives after the 16 codebook entries of the store's float32 codebook buffer, as int32 bits. fp4 e2m1's
+magnitudes need no table since session 30 (`e2m1_pow2_codes`, `e2m1_bracket_codes`: the level from t's float32 bits;
+the table is what `store.triton.E2M1_POW2` / `E2M1_ARITH` off give back). This module imports Triton; only Triton
+backends and other tiles import it.
 """
 from __future__ import annotations
 
