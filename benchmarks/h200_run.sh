@@ -29,6 +29,7 @@
 #                                     # s28q: the shortest useful call (~9 min) when a machine comes late
 #   bash benchmarks/h200_run.sh s30   # session 30 (issue 17): fp4 e2m1 store codes by arithmetic (tests, A/B), store rows
 #   bash benchmarks/h200_run.sh s30b  # session 30: QSAFE off / on, lm3 bisection / table, the whole store table
+#   bash benchmarks/h200_run.sh s30c  # session 30 (prepared): sorted codebooks' rare groups in closed form, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -825,6 +826,19 @@ s30b)  # session 30 (issue 17), after s30 ran on an H100: the e2m1 tile test lau
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-250}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     ${ST_SCHEMES:+--schemes "$ST_SCHEMES"} 2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  ;;
+s30c)  # session 30 (issue 17, prepared, untimed): sorted codebooks with f16 scales coding their rare groups (scale 0,
+  # NaN, inf) in closed form instead of a block-wide check and the full search (KVLAB_STORE_CBSAFE, off by default):
+  # its GPU tests, then off / on for nf4 and iq4nl (group rows) and lm2-lm4 (row walk, whose second launch it drops)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 80 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_edge.py -k \
+    "codebook or sorted or zero_nan_or_infinite" 2>&1 | tee "$OUT/pytest_s30c.log" | tail -2
+  for c in 0 1; do
+    KVLAB_STORE_CBSAFE=$c timeout 45 python3 benchmarks/store_variants.py nf4 iq4nl --configs 32x4,16x4 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant cbsafe=$c /" | tee -a "$OUT/store_cbsafe.txt"
+    KVLAB_STORE_CBSAFE=$c timeout 45 python3 benchmarks/store_variants.py lm2 lm3 lm4 --configs roww 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant cbsafe=$c /" | tee -a "$OUT/store_cbsafe.txt"
+  done
   ;;
 s29)  # session 29 (issue 16): every untimed switch in one call (~9.5 min), to decide the defaults before the table: the
   # GPU tests of the defaults (session 27's savings, on) and of the three switches (keys by groups, KIVI fold, lazy

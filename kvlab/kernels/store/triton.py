@@ -121,6 +121,11 @@ E2M1_ARITH = True
 # int4:g32:asym 0.689 -> 0.811, int3 (row walk) 0.615 -> 0.717, int4_had 0.516 -> 0.563, kivi4 (channel walk) 0.429 ->
 # 0.503, kivi2 0.440 -> 0.563
 QUOTIENT_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_QSAFE", "1") not in ("", "0"))
+# sorted codebooks with f16 scales (nf4, iq4nl, lm2-lm4) code the rare groups (scale 0, NaN, inf) in closed form
+# instead of a block-wide check and the full search (`codebook_safe`). Off until a GPU times it (KVLAB_STORE_CBSAFE=1,
+# read at import): offline sm_90 it trades the check's barriers (nf4 group-row 6 -> 1) and the row walk's second
+# launch for 1-3 more instructions an element (nf4 35.0 against a 32.0 hot path; lm3's row walk 43.6 against 41.6)
+CODEBOOK_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_CBSAFE", "0") not in ("", "0"))
 
 
 # rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
@@ -290,7 +295,8 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
     magnitudes), N >= 2 an ascending codebook of N levels (a binary search over the scaled levels; with FMT 0, a
     calibrated int's levels over x - zero); both with the search as a rare exact fallback. MODE 0: the fast path, and the exact one for the whole tile where `_odd` holds anywhere in it
     (one block-wide check); 1: the fast path only (the caller checks `_odd` itself, once for several tiles); 2: the
-    exact path only. LUT > 0: a fixed codebook's two levels around x come from its bin table of LUT bins
+    exact path only; 3 (sorted codebooks, `codebook_safe`): the fast path with the odd-scale groups' codes in closed
+    form (`_odd_scale_codes`), no check. LUT > 0: a fixed codebook's two levels around x come from its bin table of LUT bins
     (`tiles.bracket.lut_codes`), not the bisection (the same codes); WIDE (with HW): in one 16-byte PTX load."""
     if FMT == 0 and CBS >= 2:  # a calibrated int: the nearest of its CBS levels scaled by the stored scale, as the
         num = x if SYM else x - m_val  # codebooks (the oracle's |s * t_j - (x - m)|; no offset, no two's complement)
@@ -370,7 +376,9 @@ def _codes(x, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT: tl.constexpr, SYM:
             u = lut_codes(x, s_eff, cb_ptr, CBS, LUT, HW and WIDE)
         else:
             u = _sorted_codes(x, s_eff, cb_ptr, CBS)
-        if RARE_PATHS and MODE == 0:
+        if MODE == 3:  # an f16 scale bounding its group: the rare groups (scale 0, NaN, inf) in closed form
+            u = _odd_scale_codes(u, s_eff, cb_ptr)
+        elif RARE_PATHS and MODE == 0:
             if tl.max(_sorted_odd(x, s_eff, cb_ptr, CBS).to(tl.int32)) > 0:  # rare: an odd scale, |x| far out of range
                 u = _cb_search(x, s_eff, cb_ptr)
     else:
@@ -428,6 +436,34 @@ def quotient_safe(p: dict) -> bool:
     see `benchmarks/NOTES_store.md`, session 30."""
     return bool(QUOTIENT_SAFE and p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2 and p["SDT"] == 0
                 and not p["HAS_TS"])
+
+
+def codebook_safe(p: dict) -> bool:
+    """Whether a sorted-codebook spec's rare exact fallback (the full search) and its block-wide check can give way to
+    per-element selects (constexpr CBSAFE, `_codes` MODE 3): an f16 scale from the group's own statistics (`BOUND`:
+    every |x| / s far inside the bracket) without a tensor scale is 0, inf, NaN or within [2^-24, 65504], so the check
+    flags only scales of 0, NaN or inf, whose search results are fixed (`_odd_scale_codes`); fixed codebooks' levels are
+    always far enough apart (the check's other term). nf4, iq4nl, lm2-lm4 with their f16 scales (with
+    `CODEBOOK_SAFE`, off by default)."""
+    return bool(CODEBOOK_SAFE and p["FMT"] == 3 and p["CBS"] >= 2 and p["BOUND"] and p["SDT"] == 0
+                and not p["HAS_TS"])
+
+
+@triton.jit
+def _odd_scale_codes(u, s, cb_ptr):
+    """u, with the codes the full search (`_cb_search`, the oracle's rule) gives where the group scale s is 0, NaN or
+    inf: 0 for a zero scale (every error |x|) or a NaN one (every error NaN); for an infinite scale and finite x (a
+    non-finite x makes the scale NaN) every error is inf but a zero level's, which is NaN and counts as smallest: the
+    first zero level (nf4's 7), or 0 where the codebook has none. u [..], s [.., 1]."""
+    zi = 0
+    found = 0
+    for j in tl.static_range(16):
+        hit = (tl.load(cb_ptr + j) == 0.0) & (found == 0)
+        zi = tl.where(hit, j, zi)
+        found = tl.where(hit, 1, found)
+    flat = (s == 0.0) | (s != s)  # per group: one override code and one flag, then one select an element
+    odd = flat | (tl.abs(s) == float("inf"))
+    return tl.where(odd, tl.where(flat, 0, zi), u)
 
 
 @triton.jit
@@ -851,13 +887,16 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     # check per tile is a reduction and a barrier each: K of them a program)
     QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
                            and not HAS_TS)  # (`quotient_safe`)
-    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1))
+    CBSAFE: tl.constexpr = (CODEBOOK_SAFE and FMT == 3 and CBS >= 2 and BOUND and SDT == 0
+                            and not HAS_TS)  # (`codebook_safe`)
+    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1
+                                                                                       and not CBSAFE))
     if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
                                XORC, HW, CBS, 2, K, W, WH, LUT)
     else:
         byte, hi = _pack_codes(f0, f1, f2, f3, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX,
-                               XORC, HW, CBS, 1 if HAS_ODD or QSAFE else 0, K, W, WH, LUT)
+                               XORC, HW, CBS, 3 if CBSAFE else (1 if HAS_ODD or QSAFE else 0), K, W, WH, LUT)
     if HAS_ODD and TWO != 2:
         odd = _odd(f0, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RECIP, OFF, CBS, BOUND)
         if K >= 2 and not BOUND:
@@ -1276,4 +1315,4 @@ def two_pass(p: dict) -> bool:
     of copy with no fallback and no check: benchmarks/NOTES_store.md, session 16); the second launch recomputes only
     the programs the first flagged. Used only while TWO_PASS is on (off by default: no faster, session 17)."""
     return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
-                                           or (p["FMT"] == 3 and p["CBS"] >= 1)))
+                                           or (p["FMT"] == 3 and p["CBS"] >= 1 and not codebook_safe(p))))

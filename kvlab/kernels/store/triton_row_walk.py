@@ -38,8 +38,8 @@ import triton.language as tl
 
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
-from .triton import (QUOTIENT_SAFE, RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd,
-                     _scales_out, quotient_safe,
+from .triton import (CODEBOOK_SAFE, QUOTIENT_SAFE, RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd,
+                     _scales_out, codebook_safe, quotient_safe,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
@@ -231,7 +231,10 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
     QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
                            and not HAS_TS)  # (`triton.quotient_safe`)
-    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1))
+    CBSAFE: tl.constexpr = (CODEBOOK_SAFE and FMT == 3 and CBS >= 2 and BOUND and SDT == 0
+                            and not HAS_TS)  # (`triton.codebook_safe`)
+    HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1
+                                                                                       and not CBSAFE))
     if HAS_ODD and PASS == 2:  # the fixup pass of a flagged program: the exact codes
         u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT, True)
     elif HAS_ODD:  # the fast codes, then one check a program for the rare exact path
@@ -244,7 +247,7 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
             u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS, 2, LUT, True)
     else:
         u = _codes(f, sr, sv, mr, mv, se, cb_ptr, FMT, SYM, RULE, RND, RECIP, OFF, QMAX, XORC, HW, CBS,
-                   1 if QSAFE else 0, LUT, True)
+                   3 if CBSAFE else (1 if QSAFE else 0), LUT, True)
     GB: tl.constexpr = G * (W0 + W1) // 8
     NW0: tl.constexpr = G * W0 // 32
     base = codes_ptr.to(tl.pointer_type(tl.int32)) + unit[:, None] * (GB // 4)
@@ -323,7 +326,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
     rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
-                           or (p["FMT"] == 3 and p["CBS"] >= 1))
+                           or (p["FMT"] == 3 and p["CBS"] >= 1 and not codebook_safe(p)))
     two = TWO_PASS and rare and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):

@@ -306,6 +306,60 @@ def test_f16_scales_at_their_extremes_need_no_fallback(name):
     _nan_aware_equal(ref, tri, name, spec)
 
 
+def _codebook_safe(monkeypatch, on: bool) -> None:
+    """Set `CODEBOOK_SAFE` where the kernels read it (the row walk imports its own binding; the interpreter reads the
+    globals at run time)."""
+    import triton.language as tl
+
+    import kvlab.kernels.store.triton as st
+    import kvlab.kernels.store.triton_row_walk as rw
+    monkeypatch.setattr(st, "CODEBOOK_SAFE", tl.constexpr(on))
+    monkeypatch.setattr(rw, "CODEBOOK_SAFE", tl.constexpr(on))
+
+
+def test_codebook_safe_only_for_f16_scales_bounding_their_group(monkeypatch):
+    """The sorted-codebook specs whose rare groups are coded in closed form (`store.triton.codebook_safe`, with
+    CODEBOOK_SAFE on): f16 scales from the group's statistics; not bf16 / e4m3 / e8m0 scales, a tensor scale, static or
+    unit scales, fp4."""
+    from kvlab.kernels.store.triton import codebook_safe, kernel_params
+    _codebook_safe(monkeypatch, True)
+    safe = {n: codebook_safe(kernel_params(spec_of(n), 64)) for n in (
+        "nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64", "lm4:g64:rot=had", "lm3:g32:rot=had", "nf4:s=bf16",
+        "nf4:g32:s=e4m3", "nf4:tensor", "mxfp4", "nvfp4", "int4:g32:asym", "int2:g32:chan:asym:cal")}
+    assert [n for n, v in safe.items() if v] == ["nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64",
+                                                 "lm4:g64:rot=had", "lm3:g32:rot=had"], safe
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["fallback", "closed_form"])
+@pytest.mark.parametrize("name", ["nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64", "lm4:g64:rot=had",
+                                  "lm3:g32:rot=had"], ids=lambda n: spec_id(n))
+def test_codebook_groups_with_zero_nan_or_infinite_scales(name, closed, monkeypatch):
+    """Sorted codebooks with f16 scales code the groups whose scale is 0 (all-zero or tiny groups), NaN (a NaN or inf
+    element) or inf (an f16 overflow) by the rare exact fallback, or in closed form with CODEBOOK_SAFE
+    (`_odd_scale_codes`): the oracle's bytes for such groups beside ordinary ones, float32 inputs."""
+    import kvlab.kernels.store.triton as st
+    _codebook_safe(monkeypatch, closed)
+    spec = spec_of(name)
+    assert st.codebook_safe(st.kernel_params(spec, 64)) == closed
+    G, D = spec.group, 64
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) % 1000)
+    x = torch.randn(12, 1, D, generator=g)
+    x[1] = 0.0  # every scale 0
+    x[2] *= 1e-30  # scales that round to 0 in f16
+    x[3, 0, 5] = float("nan")  # its group's scale NaN
+    x[4, 0, 9] = float("inf")
+    x[5] *= 1e6  # absmax / level past 65504: scales overflow to inf
+    x[6, 0, :G] *= 3e5  # one group overflowing, the others not
+    x[7, 0, :] = -0.0
+    lay, P = None, 16
+    T = x.shape[0]
+    lay, n_pages = PageLayout(spec, D, P, 1), -(-T // P) + 1
+    slots = torch.arange(T, device=DEV) + P
+    ref, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "reference")
+    tri, _ = run_store(x.to(DEV), slots, lay, n_pages, spec, "triton")
+    _nan_aware_equal(ref, tri, name, spec)
+
+
 @pytest.mark.parametrize("ts", [1.0, 1e-6, 1e-36], ids=["ts1", "saturated", "subnormal"])
 def test_e2m1_bracket_exact(ts):
     """fp4 e2m1 codes by bracketing |x| between two scaled magnitudes equal the 16-entry search: midpoints and
