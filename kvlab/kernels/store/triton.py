@@ -167,7 +167,7 @@ def set_switches(**values) -> None:
 
 
 AUTOTUNE_KEY = ["TB", "D", "HK", "FMT", "BITS", "G", "CHAN", "SYM", "RULE", "RND", "RECIP", "SDT", "W0", "W1", "W2", "FLAT", "HW", "CBS",
-                "LUT", "BOUND", "ROT", "PK", "TWO"]
+                "LUT", "BOUND", "SAFE", "ROT", "PK", "TWO"]
 
 
 @triton.jit
@@ -427,26 +427,35 @@ def _quotient(num, den, inv):
     return tl.where(tl.abs(q) < float("inf"), tl.fma(tl.fma(-q, den, num), inv, q), q)  # (an infinite num: q)
 
 
+def _safe_mode(p: dict) -> int:
+    """The kernels' constexpr SAFE for constexprs p: 1 where the int division needs no rare fallback
+    (`quotient_safe`), 2 where a sorted codebook's rare groups are coded in closed form (`codebook_safe`), else 0."""
+    f16 = p["SDT"] == 0 and not p["HAS_TS"]
+    if QUOTIENT_SAFE and f16 and p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2:
+        return 1
+    if CODEBOOK_SAFE and f16 and p["FMT"] == 3 and p["CBS"] >= 2 and p["BOUND"]:
+        return 2
+    return 0
+
+
 def quotient_safe(p: dict) -> bool:
     """Whether an int spec's division by its stored scale (`_quotient`) can never need the rare exact fallback, so
-    the kernels compile neither it nor its check (constexpr QSAFE): an f16 scale without a tensor scale is 0, inf,
+    the kernels compile neither it nor its check (constexpr SAFE 1, `_safe_mode`): an f16 scale without a tensor scale is 0, inf,
     NaN or within [2^-24, 65504], so its reciprocal is 0, NaN or within 2^+-24, inside Markstein's 2^+-100
     (`_inv_odd` is 0 for every group). Offline sm_90, group-row 32x4, instructions an element with the fallback and
     its block-wide check compiled in -> without: int2:g32:asym 41.5 -> 19.5 (registers 56 -> 48, barriers 2 -> 0);
     see `benchmarks/NOTES_store.md`, session 30."""
-    return bool(QUOTIENT_SAFE and p["FMT"] == 0 and not p["RECIP"] and p["CBS"] < 2 and p["SDT"] == 0
-                and not p["HAS_TS"])
+    return p["SAFE"] == 1
 
 
 def codebook_safe(p: dict) -> bool:
     """Whether a sorted-codebook spec's rare exact fallback (the full search) and its block-wide check can give way to
-    per-element selects (constexpr CBSAFE, `_codes` MODE 3): an f16 scale from the group's own statistics (`BOUND`:
+    per-element selects (constexpr SAFE 2, `_safe_mode`; `_codes` MODE 3): an f16 scale from the group's own statistics (`BOUND`:
     every |x| / s far inside the bracket) without a tensor scale is 0, inf, NaN or within [2^-24, 65504], so the check
     flags only scales of 0, NaN or inf, whose search results are fixed (`_odd_scale_codes`); fixed codebooks' levels are
     always far enough apart (the check's other term). nf4, iq4nl, lm2-lm4 with their f16 scales (with
     `CODEBOOK_SAFE`, off by default)."""
-    return bool(CODEBOOK_SAFE and p["FMT"] == 3 and p["CBS"] >= 2 and p["BOUND"] and p["SDT"] == 0
-                and not p["HAS_TS"])
+    return p["SAFE"] == 2
 
 
 @triton.jit
@@ -774,7 +783,7 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
                 RECIP: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr, W: tl.constexpr,
                 ST: tl.constexpr, HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr,
                 WH: tl.constexpr, PK: tl.constexpr, TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr,
-                BOUND: tl.constexpr):
+                BOUND: tl.constexpr, SAFE: tl.constexpr):
     """Token rows, one bit plane (W = bits in {2, 4, 8}): the tile is R = BLOCK_R * NG group rows
     x NB bytes, read once as K = 8 / W tiles [R, NB] (element k of every byte), so the group
     statistics, the codes and the packed bytes all live in one layout and every load and store is
@@ -885,10 +894,8 @@ def _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, t
     GB: tl.constexpr = G * (W + WH) // 8  # bytes of a group, every plane
     # the fast codes of every element tile, and one block-wide check of their rare exact fallback for all of them (a
     # check per tile is a reduction and a barrier each: K of them a program)
-    QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
-                           and not HAS_TS)  # (`quotient_safe`)
-    CBSAFE: tl.constexpr = (CODEBOOK_SAFE and FMT == 3 and CBS >= 2 and BOUND and SDT == 0
-                            and not HAS_TS)  # (`codebook_safe`)
+    QSAFE: tl.constexpr = SAFE == 1  # (`quotient_safe`)
+    CBSAFE: tl.constexpr = SAFE == 2  # (`codebook_safe`)
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1
                                                                                        and not CBSAFE))
     if HAS_ODD and TWO == 2:  # the fixup pass of a flagged program: every tile by the exact path
@@ -946,7 +953,8 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
                   W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                   ST1: tl.constexpr, W2: tl.constexpr, SH2: tl.constexpr, ST2: tl.constexpr, FLAT: tl.constexpr,
                   HW: tl.constexpr, CBS: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, PK: tl.constexpr,
-                  TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr = 0, BOUND: tl.constexpr = False):
+                  TWO: tl.constexpr, BLOCK_R: tl.constexpr, LUT: tl.constexpr = 0, BOUND: tl.constexpr = False,
+                  SAFE: tl.constexpr = 0):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     grp = tl.program_id(2)
@@ -955,7 +963,8 @@ def _store_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr,
         if TWO != 2 or tl.load(flag_ptr + prog) != 0:  # the fixup pass: flagged programs only
             _store_rows(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, static_ptr, ts_ptr, cb_ptr, flag_ptr, prog,
                         T, st, sh, sd, pid, h, grp, HK, P, D, CHAN, FMT, G, NG, STATIC, SYM, RULE, SDT, SDIV, ELEM_INT,
-                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R, LUT, BOUND)
+                        HAS_TS, RND, RECIP, OFF, QMAX, XORC, W0, ST0, HW, CBS, ROT, RC, W1, PK, TWO, BLOCK_R, LUT, BOUND,
+                        SAFE)
         return
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None, None]  # [BR, 1, 1]
     g = tl.arange(0, NGP)[None, :, None]  # [1, NGP, 1]
@@ -1025,7 +1034,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
         return dict(FMT=FMT_IDS[spec.fmt], BITS=16, G=D, NG=1, GP=next_pow2(D), NGP=1, CHAN=False, STATIC=False,
                     SYM=True, RULE=2, RND=0, RECIP=False, SDT=2, SDIV=1.0, ELEM_INT=False, HAS_TS=False, OFF=0,
                     QMAX=0, XORC=0, W0=8, SH0=0, ST0=False, W1=0, SH1=0, ST1=False, W2=0, SH2=0, ST2=False,
-                    FLAT=False, CBS=0, LUT=0, BOUND=False, ROT=0, RC=1.0)
+                    FLAT=False, CBS=0, LUT=0, BOUND=False, SAFE=0, ROT=0, RC=1.0)
     if spec.rotation != "none" and not fuses_rotation(spec, D):
         raise ValueError(f"the store kernel does not rotate {spec} at head_dim {D}; pass x rotated "
                          "(kvlab.cache.paging.prerotate) with the spec's rotation none")
@@ -1061,6 +1070,7 @@ def kernel_params(spec, D: int, flat: bool = True) -> dict:
     p["BOUND"] = bool(BOUND_CHECK and p["CBS"] >= 1 and p["FMT"] in (0, 3) and not spec.static_scale
                       and spec.rule != "unit" and (p["FMT"] == 3 or spec.calibrated) and not spec.tensor_scale
                       and spec.scale_dtype in ("f16", "bf16", "f32", "e8m0"))
+    p["SAFE"] = _safe_mode(p)
     if spec.rotation == "had":  # the oracle's transform over the whole row, in registers
         p.update(ROT=D.bit_length() - 1, RC=norm_constant(D))
     for k, (w, sh, st) in enumerate(planes[:3]):

@@ -41,8 +41,8 @@ import triton.language as tl
 
 from ..env import interpreting
 from ..tiles.exact import next_pow2
-from .triton import (QUOTIENT_SAFE, RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out,
-                     _zero_signed, quotient_safe,
+from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
+                     quotient_safe,
                      kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
@@ -138,7 +138,7 @@ def _chan_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr,
                       RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr, SDT: tl.constexpr,
                       SDIV: tl.constexpr, ELEM_INT: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr,
                       XORC: tl.constexpr, HW: tl.constexpr, NATIVE: tl.constexpr, WL: tl.constexpr,
-                      PASS: tl.constexpr):
+                      SAFE: tl.constexpr, PASS: tl.constexpr):
     """PASS 0: one launch (a program whose scale is out of Markstein's range codes by IEEE division itself); 1: the
     main pass of two (fast codes only; flag_ptr[program] = whether it needs the exact path), so the exact path's
     registers are not the kernel's; 2: the fixup pass, entered by flagged programs only."""
@@ -146,7 +146,7 @@ def _chan_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr,
     if PASS != 2 or tl.load(flag_ptr + prog) != 0:
         _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, st, sh, sd,
                         HK, HB, D, DP, P, G, W, STR, FMT, SYM, RULE, RND, RECIP, SDT, SDIV, ELEM_INT, OFF, QMAX, XORC,
-                        HW, NATIVE, WL, PASS)
+                        HW, NATIVE, WL, SAFE, PASS)
 
 
 @triton.jit
@@ -175,7 +175,7 @@ def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, c
                     RULE: tl.constexpr, RND: tl.constexpr, RECIP: tl.constexpr, SDT: tl.constexpr,
                     SDIV: tl.constexpr, ELEM_INT: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr,
                     XORC: tl.constexpr, HW: tl.constexpr, NATIVE: tl.constexpr, WL: tl.constexpr,
-                    PASS: tl.constexpr):
+                    SAFE: tl.constexpr, PASS: tl.constexpr):
     """Group grp (tokens grp G .. grp G + G - 1, one slot block), heads hb HB .. hb HB + HB - 1: scales, zeros and
     packed codes of every channel (see the module docstring)."""
     grp = tl.program_id(0)
@@ -229,8 +229,8 @@ def _chan_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, c
               RULE, RND, RECIP, OFF, QMAX, XORC, HW, WL, 2)
     else:
         exact = 0
-        if RARE_PATHS and not RECIP and (SDT != 0 or not QUOTIENT_SAFE):  # one check a program: a reciprocal out
-            # of Markstein's range (an f16 scale's never is: `triton.quotient_safe`)
+        if RARE_PATHS and not RECIP and SAFE != 1:  # one check a program: a reciprocal out of Markstein's range
+            # (an f16 scale's never is: `triton.quotient_safe`)
             exact = tl.max(tl.where(live, _odd(s_val, s_raw, s_val, m_raw, m_val, s_eff, cb_ptr, FMT, SYM, RECIP, OFF,
                                                0), 0))
         if PASS == 1:
@@ -290,5 +290,5 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
             HK=Hk, HB=HB, D=D, DP=DP, P=page_size, G=G, W=spec.bits, STR=bool(p["ST0"]), FMT=p["FMT"], SYM=p["SYM"],
             RULE=p["RULE"], RND=p["RND"], RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"],
             OFF=p["OFF"], QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), NATIVE=not interpreting(),
-            WL=bool(WORD_LOOP), PASS=pas, num_warps=warps, enable_fp_fusion=False,
+            WL=bool(WORD_LOOP), SAFE=p["SAFE"], PASS=pas, num_warps=warps, enable_fp_fusion=False,
             **({} if MAXNREG is None or interpreting() else {"maxnreg": MAXNREG}))

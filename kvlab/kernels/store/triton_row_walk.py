@@ -38,8 +38,8 @@ import triton.language as tl
 
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
-from .triton import (CODEBOOK_SAFE, QUOTIENT_SAFE, RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd,
-                     _scales_out, codebook_safe, quotient_safe,
+from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
+                     codebook_safe, quotient_safe,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
@@ -163,7 +163,7 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
                      R: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
                      RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
                      HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-                     HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
+                     HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr, SAFE: tl.constexpr,
                      W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                      ST1: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, RP: tl.constexpr, E: tl.constexpr,
                      LOGE: tl.constexpr, PASS: tl.constexpr):
@@ -174,7 +174,7 @@ def _row_walk_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, 
     if PASS != 2 or tl.load(flag_ptr + prog) != 0:
         _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb_ptr, flag_ptr, prog, T, st, sh,
                        sd, HK, D, P, G, NG, R, FMT, SYM, RULE, RND, RECIP, SDT, SDIV, ELEM_INT, HAS_TS, OFF, QMAX, XORC,
-                       HW, CBS, LUT, BOUND, W0, SH0, ST0, W1, SH1, ST1, ROT, RC, RP, E, LOGE, PASS)
+                       HW, CBS, LUT, BOUND, SAFE, W0, SH0, ST0, W1, SH1, ST1, ROT, RC, RP, E, LOGE, PASS)
 
 
 @triton.jit
@@ -183,7 +183,7 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
                    R: tl.constexpr, FMT: tl.constexpr, SYM: tl.constexpr, RULE: tl.constexpr, RND: tl.constexpr,
                    RECIP: tl.constexpr, SDT: tl.constexpr, SDIV: tl.constexpr, ELEM_INT: tl.constexpr,
                    HAS_TS: tl.constexpr, OFF: tl.constexpr, QMAX: tl.constexpr, XORC: tl.constexpr,
-                   HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr,
+                   HW: tl.constexpr, CBS: tl.constexpr, LUT: tl.constexpr, BOUND: tl.constexpr, SAFE: tl.constexpr,
                    W0: tl.constexpr, SH0: tl.constexpr, ST0: tl.constexpr, W1: tl.constexpr, SH1: tl.constexpr,
                    ST1: tl.constexpr, ROT: tl.constexpr, RC: tl.constexpr, RP: tl.constexpr, E: tl.constexpr,
                    LOGE: tl.constexpr, PASS: tl.constexpr):
@@ -229,10 +229,8 @@ def _row_walk_body(x_ptr, codes_ptr, scales_ptr, zeros_ptr, slot_ptr, ts_ptr, cb
     s_val, m_val, s_eff = _scales_out(s_raw, m_raw, scales_ptr, zeros_ptr, ts_ptr, unit, live, SYM, False, RULE, SDT,
                                       ELEM_INT, HAS_TS)
     sr, sv, mr, mv, se = s_raw[:, None], s_val[:, None], m_raw[:, None], m_val[:, None], s_eff[:, None]
-    QSAFE: tl.constexpr = (QUOTIENT_SAFE and FMT == 0 and not RECIP and CBS < 2 and SDT == 0
-                           and not HAS_TS)  # (`triton.quotient_safe`)
-    CBSAFE: tl.constexpr = (CODEBOOK_SAFE and FMT == 3 and CBS >= 2 and BOUND and SDT == 0
-                            and not HAS_TS)  # (`triton.codebook_safe`)
+    QSAFE: tl.constexpr = SAFE == 1  # (`triton.quotient_safe`)
+    CBSAFE: tl.constexpr = SAFE == 2  # (`triton.codebook_safe`)
     HAS_ODD: tl.constexpr = RARE_PATHS and ((FMT == 0 and not RECIP and not QSAFE) or (FMT == 3 and CBS >= 1
                                                                                        and not CBSAFE))
     if HAS_ODD and PASS == 2:  # the fixup pass of a flagged program: the exact codes
@@ -340,7 +338,7 @@ def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, 
         HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
         RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
-        BOUND=p["BOUND"],
+        BOUND=p["BOUND"], SAFE=p["SAFE"],
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
         ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, PASS=pas, num_warps=WARPS,
         enable_fp_fusion=False)

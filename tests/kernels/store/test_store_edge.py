@@ -306,23 +306,20 @@ def test_f16_scales_at_their_extremes_need_no_fallback(name):
     _nan_aware_equal(ref, tri, name, spec)
 
 
-def _codebook_safe(monkeypatch, on: bool) -> None:
-    """Set `CODEBOOK_SAFE` where the kernels read it (the row walk imports its own binding; the interpreter reads the
-    globals at run time)."""
-    import triton.language as tl
-
+def _codebook_safe(monkeypatch, request, on: bool) -> None:
+    """Set `CODEBOOK_SAFE` (read by `kernel_params`, whose cache is cleared now and after the test)."""
     import kvlab.kernels.store.triton as st
-    import kvlab.kernels.store.triton_row_walk as rw
-    monkeypatch.setattr(st, "CODEBOOK_SAFE", tl.constexpr(on))
-    monkeypatch.setattr(rw, "CODEBOOK_SAFE", tl.constexpr(on))
+    monkeypatch.setattr(st, "CODEBOOK_SAFE", on)
+    st.kernel_params.cache_clear()
+    request.addfinalizer(st.kernel_params.cache_clear)
 
 
-def test_codebook_safe_only_for_f16_scales_bounding_their_group(monkeypatch):
+def test_codebook_safe_only_for_f16_scales_bounding_their_group(monkeypatch, request):
     """The sorted-codebook specs whose rare groups are coded in closed form (`store.triton.codebook_safe`, with
     CODEBOOK_SAFE on): f16 scales from the group's statistics; not bf16 / e4m3 / e8m0 scales, a tensor scale, static or
     unit scales, fp4."""
     from kvlab.kernels.store.triton import codebook_safe, kernel_params
-    _codebook_safe(monkeypatch, True)
+    _codebook_safe(monkeypatch, request, True)
     safe = {n: codebook_safe(kernel_params(spec_of(n), 64)) for n in (
         "nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64", "lm4:g64:rot=had", "lm3:g32:rot=had", "nf4:s=bf16",
         "nf4:g32:s=e4m3", "nf4:tensor", "mxfp4", "nvfp4", "int4:g32:asym", "int2:g32:chan:asym:cal")}
@@ -333,12 +330,12 @@ def test_codebook_safe_only_for_f16_scales_bounding_their_group(monkeypatch):
 @pytest.mark.parametrize("closed", [False, True], ids=["fallback", "closed_form"])
 @pytest.mark.parametrize("name", ["nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64", "lm4:g64:rot=had",
                                   "lm3:g32:rot=had"], ids=lambda n: spec_id(n))
-def test_codebook_groups_with_zero_nan_or_infinite_scales(name, closed, monkeypatch):
+def test_codebook_groups_with_zero_nan_or_infinite_scales(name, closed, monkeypatch, request):
     """Sorted codebooks with f16 scales code the groups whose scale is 0 (all-zero or tiny groups), NaN (a NaN or inf
     element) or inf (an f16 overflow) by the rare exact fallback, or in closed form with CODEBOOK_SAFE
     (`_odd_scale_codes`): the oracle's bytes for such groups beside ordinary ones, float32 inputs."""
     import kvlab.kernels.store.triton as st
-    _codebook_safe(monkeypatch, closed)
+    _codebook_safe(monkeypatch, request, closed)
     spec = spec_of(name)
     assert st.codebook_safe(st.kernel_params(spec, 64)) == closed
     G, D = spec.group, 64
