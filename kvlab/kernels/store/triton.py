@@ -122,10 +122,12 @@ E2M1_ARITH = True
 # 0.503, kivi2 0.440 -> 0.563
 QUOTIENT_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_QSAFE", "1") not in ("", "0"))
 # sorted codebooks with f16 scales (nf4, iq4nl, lm2-lm4) code the rare groups (scale 0, NaN, inf) in closed form
-# instead of a block-wide check and the full search (`codebook_safe`). Off until a GPU times it (KVLAB_STORE_CBSAFE=1,
-# read at import): offline sm_90 it trades the check's barriers (nf4 group-row 6 -> 1) and the row walk's second
-# launch for 1-3 more instructions an element (nf4 35.0 against a 32.0 hot path; lm3's row walk 43.6 against 41.6)
-CODEBOOK_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_CBSAFE", "0") not in ("", "0"))
+# instead of a block-wide check and the full search (`codebook_safe`); KVLAB_STORE_CBSAFE=0 (read at import, for A/B
+# runs) keeps the check. Offline sm_90 it trades the check's barriers (nf4 group-row 6 -> 1) for 1-3 more instructions
+# an element (nf4 35.0 against a 32.0 hot path). H100, 32K-token write, of copy, without -> with
+# (sweeps/results/h100/runs/s31-store-84d4744/store_cbsafe.txt): nf4 32x4 0.443 -> 0.500, 16x4 0.428 -> 0.513; iq4nl
+# 32x4 0.457 -> 0.516, 16x4 0.382 -> 0.464. The row walk keeps its check unless `triton_row_walk.CODEBOOK_SAFE_WALK`
+CODEBOOK_SAFE = tl.constexpr(os.environ.get("KVLAB_STORE_CBSAFE", "1") not in ("", "0"))
 
 
 # rotated specs run the Hadamard stages in place (`tiles.rotate.fwht_rows_in_place`, a pair exchange by xor) instead of
@@ -454,7 +456,7 @@ def codebook_safe(p: dict) -> bool:
     every |x| / s far inside the bracket) without a tensor scale is 0, inf, NaN or within [2^-24, 65504], so the check
     flags only scales of 0, NaN or inf, whose search results are fixed (`_odd_scale_codes`); fixed codebooks' levels are
     always far enough apart (the check's other term). nf4, iq4nl, lm2-lm4 with their f16 scales (with
-    `CODEBOOK_SAFE`, off by default)."""
+    `CODEBOOK_SAFE`, on by default; the row walk takes it only with its own `CODEBOOK_SAFE_WALK`)."""
     return p["SAFE"] == 2
 
 

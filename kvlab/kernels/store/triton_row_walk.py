@@ -39,10 +39,14 @@ import triton.language as tl
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
-                     codebook_safe, quotient_safe,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
+# the row walk's sorted codebooks (lm2-lm4) keep their rare check and fixup pass unless this is on
+# (KVLAB_STORE_CBSAFE_WALK=1, read at import): the closed form of `triton.codebook_safe` in one launch timed mixed on an
+# H100 (32K-token write, of copy, check -> closed form: lm2 0.372 -> 0.386, lm3 0.327 -> 0.288, lm4 0.309 -> 0.323;
+# sweeps/results/h100/runs/s31-store-84d4744/store_cbsafe.txt), so off
+CODEBOOK_SAFE_WALK = os.environ.get("KVLAB_STORE_CBSAFE_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
@@ -323,22 +327,29 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
-    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
-                           or (p["FMT"] == 3 and p["CBS"] >= 1 and not codebook_safe(p)))
+    safe = walk_safe(p)
+    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and safe != 1) or (p["FMT"] == 3 and p["CBS"] >= 1
+                                                                                 and safe != 2))
     two = TWO_PASS and rare and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):
         _launch(grid, pas, x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device),
-                flags, T, Hk, D, page_size, G, NG, R, RP, p)
+                flags, T, Hk, D, page_size, G, NG, R, RP, p, safe)
 
 
-def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, page_size, G, NG, R, RP, p):
+def walk_safe(p: dict) -> int:
+    """The row walk's constexpr SAFE for `kernel_params` p: theirs (`triton.quotient_safe` 1, `triton.codebook_safe` 2),
+    but 0 for a sorted codebook's closed form unless `CODEBOOK_SAFE_WALK`."""
+    return 0 if p["SAFE"] == 2 and not CODEBOOK_SAFE_WALK else p["SAFE"]
+
+
+def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, page_size, G, NG, R, RP, p, safe):
     _row_walk_kernel[grid](
         x, codes, scales, zeros, slots, ts, cb, flags, T, *x.stride(),
         HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
         RECIP=p["RECIP"], SDT=p["SDT"], SDIV=p["SDIV"], ELEM_INT=p["ELEM_INT"], HAS_TS=p["HAS_TS"], OFF=p["OFF"],
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
-        BOUND=p["BOUND"], SAFE=p["SAFE"],
+        BOUND=p["BOUND"], SAFE=safe,
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
         ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, PASS=pas, num_warps=WARPS,
         enable_fp_fusion=False)

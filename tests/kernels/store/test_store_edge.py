@@ -307,9 +307,12 @@ def test_f16_scales_at_their_extremes_need_no_fallback(name):
 
 
 def _codebook_safe(monkeypatch, request, on: bool) -> None:
-    """Set `CODEBOOK_SAFE` (read by `kernel_params`, whose cache is cleared now and after the test)."""
+    """Set `CODEBOOK_SAFE` (read by `kernel_params`, whose cache is cleared now and after the test) and the row walk's
+    `CODEBOOK_SAFE_WALK` both."""
     import kvlab.kernels.store.triton as st
+    import kvlab.kernels.store.triton_row_walk as rw
     monkeypatch.setattr(st, "CODEBOOK_SAFE", on)
+    monkeypatch.setattr(rw, "CODEBOOK_SAFE_WALK", on)
     st.kernel_params.cache_clear()
     request.addfinalizer(st.kernel_params.cache_clear)
 
@@ -325,6 +328,22 @@ def test_codebook_safe_only_for_f16_scales_bounding_their_group(monkeypatch, req
         "nf4:g32:s=e4m3", "nf4:tensor", "mxfp4", "nvfp4", "int4:g32:asym", "int2:g32:chan:asym:cal")}
     assert [n for n, v in safe.items() if v] == ["nf4", "iq4nl", "iq4nl:g32:rule=signed", "lm2:g64",
                                                  "lm4:g64:rot=had", "lm3:g32:rot=had"], safe
+
+
+def test_row_walk_keeps_the_codebook_check_unless_asked(monkeypatch, request):
+    """The closed form is on by default for the group-row kernel (`CODEBOOK_SAFE`), and the row walk takes it only with
+    its own switch (`walk_safe`: SAFE 2 becomes 0), so lm2-lm4 keep their check and fixup pass; ints keep SAFE 1."""
+    import kvlab.kernels.store.triton as st
+    import kvlab.kernels.store.triton_row_walk as rw
+    monkeypatch.setattr(st, "CODEBOOK_SAFE", True)
+    st.kernel_params.cache_clear()
+    request.addfinalizer(st.kernel_params.cache_clear)
+    for on, want in ((False, 0), (True, 2)):
+        monkeypatch.setattr(rw, "CODEBOOK_SAFE_WALK", on)
+        for name in ("lm2:g64", "lm4:g64:rot=had"):
+            p = st.kernel_params(spec_of(name), 64)
+            assert p["SAFE"] == 2 and rw.walk_safe(p) == want, (name, on)
+        assert rw.walk_safe(st.kernel_params(spec_of("int3:g32:asym"), 64)) == 1
 
 
 @pytest.mark.parametrize("closed", [False, True], ids=["fallback", "closed_form"])
@@ -509,12 +528,13 @@ TWO_PASS_SPECS = ["int4:g32:asym:s=bf16", "int3:g32:asym:s=f32", "int4:g32:chan:
 
 
 @pytest.mark.parametrize("name", TWO_PASS_SPECS, ids=[spec_id(n) for n in TWO_PASS_SPECS])
-def test_two_pass_store_is_the_oracle(name, monkeypatch):
+def test_two_pass_store_is_the_oracle(name, monkeypatch, request):
     """Every family the two-pass store takes (division ints, bit planes, channel-axis keys, sorted codebooks, fp4,
-    rotations; ints with bf16 or f32 scales: f16 ones need no fallback, `quotient_safe`), with small writes forced
-    through it: the oracle's bytes on random rows with zero, huge, NaN and
-    subnormal groups."""
+    rotations; ints with bf16 or f32 scales: f16 ones need no fallback, `quotient_safe`; sorted codebooks with their
+    closed form off, `codebook_safe`), with small writes forced through it: the oracle's bytes on random rows with
+    zero, huge, NaN and subnormal groups."""
     import kvlab.kernels.store.triton as st
+    _codebook_safe(monkeypatch, request, False)
     monkeypatch.setattr(st, "TWO_PASS", True)
     monkeypatch.setattr(st, "TWO_PASS_MIN_TOKENS", 1)
     spec = spec_of(name)
