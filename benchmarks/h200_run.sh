@@ -30,6 +30,8 @@
 #   bash benchmarks/h200_run.sh s30   # session 30 (issue 17): fp4 e2m1 store codes by arithmetic (tests, A/B), store rows
 #   bash benchmarks/h200_run.sh s30b  # session 30: QSAFE off / on, lm3 bisection / table, the whole store table
 #   bash benchmarks/h200_run.sh s30c  # session 30 (prepared): sorted codebooks' rare groups in closed form, off / on
+#   bash benchmarks/h200_run.sh s31   # session 31 (an H100): decode with the derived packaged configs / the heuristic,
+#                                     # B 32 / 8 / 1, and the store table
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -825,6 +827,17 @@ s30b)  # session 30 (issue 17), after s30 ran on an H100: the e2m1 tile test lau
   done
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-250}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     ${ST_SCHEMES:+--schemes "$ST_SCHEMES"} 2>&1 | tail -1
+  cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  ;;
+s31)  # session 31 (issues 16, 17) on an H100: the decode table through the public API with the packaged configs derived
+  # for this GPU (benchmarks/derive_tuned.py; `default` rows) beside the heuristic alone (`heuristic`: shipped configs
+  # off), B 32 / 8 / 1 x 32K, then the whole store table with today's defaults (~8 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-300}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-b32,b8,b1}" --dispatch default,heuristic --budget "${DEC_BUDGET:-260}" 2>&1 | tail -1
+  cut -d, -f1,2,3,16,17 "$OUT/decode/decode.csv"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-230}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
 s30c)  # session 30 (issue 17, prepared, untimed): sorted codebooks with f16 scales coding their rare groups (scale 0,
