@@ -840,6 +840,20 @@ s31)  # session 31 (issues 16, 17) on an H100: the decode table through the publ
     2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
+s31h)  # session 31 (issue 16): the dispatch heuristic where few (sequence, KV head) programs fill the SMs, against
+  # candidate rules, at shapes no packaged config covers (B 16; Llama 3 70B's and Qwen2.5 7B's heads at B 8). The
+  # heuristic's config first (4 warps, 32-token tiles, `auto_splits`), then 8 warps at about 1 and 2 programs an SM,
+  # then 16-token tiles at about 5 and 2.5 (the H200's tuned B 8 entries: 8 warps x 2 splits for KIVI and the
+  # codebooks, 16-token tiles x 10 splits for q4_1 / q8_0 / mxfp4; both beat the heuristic on an H100 by 13-31%)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  for sc in "b16 tw32:s4,tw32:s1:w8,tw32:s2:w8,tw16:s5,tw16:s3" "llama70b_b8 tw32:s5,tw32:s2:w8,tw32:s4:w8,tw16:s10,tw16:s5" \
+            "qwen7b_b8 tw32:s9,tw32:s4:w8,tw32:s8:w8,tw16:s20,tw16:s10"; do
+    set -- $sc
+    timeout "${H_S:-100}" python3 benchmarks/decode_configs.py --tag "$1" --shape "$1" --configs "$2" \
+      --schemes "${H_SCHEMES:-kivi4,kivi2,nf4,iq4nl,q4_1,q8_0,mxfp4,int3,q4_0,fp8_e4m3}" 2>&1 | grep "^cfg" \
+      | tee -a "$OUT/heuristic_cells.txt"
+  done
+  ;;
 s30c)  # session 30 (issue 17, prepared, untimed): sorted codebooks with f16 scales coding their rare groups (scale 0,
   # NaN, inf) in closed form instead of a block-wide check and the full search (KVLAB_STORE_CBSAFE, off by default):
   # its GPU tests, then off / on for nf4 and iq4nl (group rows) and lm2-lm4 (row walk, whose second launch it drops)

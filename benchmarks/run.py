@@ -49,7 +49,12 @@ SHAPES = {"b32": dict(batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=
           # Gemma 3 270M's shape: its sliding layers hold 512 tokens, its global ones the context
           "gemma512": dict(batch=32, context=512, heads_q=4, heads_kv=1, head_dim=256),
           "gemma8k": dict(batch=32, context=8192, heads_q=4, heads_kv=1, head_dim=256),
-          "smollm2_512": dict(batch=32, context=512, heads_q=9, heads_kv=3, head_dim=64)}
+          "smollm2_512": dict(batch=32, context=512, heads_q=9, heads_kv=3, head_dim=64),
+          # shapes no packaged config covers (the dispatch heuristic's ground): a batch bucket between the tuned ones,
+          # Llama 3 70B's heads (Hq 64, Hk 8) and Qwen2.5 7B's (Hq 28, Hk 4)
+          "b16": dict(batch=16, context=32768, heads_q=32, heads_kv=8, head_dim=128),
+          "llama70b_b8": dict(batch=8, context=32768, heads_q=64, heads_kv=8, head_dim=128),
+          "qwen7b_b8": dict(batch=8, context=32768, heads_q=28, heads_kv=4, head_dim=128)}
 DECODE_COLUMNS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms",
                   "kv_bytes", "achieved_tbps", "roofline_frac", "cudnn_bf16_ms", "speedup_vs_cudnn", "flash_bf16_ms",
                   "graph_ms", "roofline_frac_graph", "ratio_graph_vs_cudnn", "gate_rel_err", "config", "error"]
