@@ -31,7 +31,8 @@
 #   bash benchmarks/h200_run.sh s30b  # session 30: QSAFE off / on, lm3 bisection / table, the whole store table
 #   bash benchmarks/h200_run.sh s30c  # session 30 (prepared): sorted codebooks' rare groups in closed form, off / on
 #   bash benchmarks/h200_run.sh s31   # session 31 (an H100): decode with the derived packaged configs / the heuristic,
-#                                     # B 32 / 8 / 1, and the store table
+#                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
+#                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -852,6 +853,20 @@ s31h)  # session 31 (issue 16): the dispatch heuristic where few (sequence, KV h
     timeout "${H_S:-100}" python3 benchmarks/decode_configs.py --tag "$1" --shape "$1" --configs "$2" \
       --schemes "${H_SCHEMES:-kivi4,kivi2,nf4,iq4nl,q4_1,q8_0,mxfp4,int3,q4_0,fp8_e4m3}" 2>&1 | grep "^cfg" \
       | tee -a "$OUT/heuristic_cells.txt"
+  done
+  ;;
+s31p)  # session 31 (issue 17, prepared, untimed): the row walk's rotated pieces of 32 elements a thread instead of 64
+  # (KVLAB_STORE_ROW_PIECE, read at import; `triton_row_walk.PIECE`). Offline sm_90, main pass: int4_had 151 -> 64
+  # registers, 8 -> 2 barriers, 40.2 -> 43.8 instructions an element; nf4:g32:rot=had 128 -> 72, 40.0 -> 45.2. ncu on
+  # an H100 put int4_had at 17.8% occupancy, latency-bound (sweeps/results/h100/runs/s31-store-84d4744/). The GPU tests
+  # of the walk, then off / on in one process, gated against the oracle (~3 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/store/test_store_row_walk.py 2>&1 \
+    | tee "$OUT/pytest_s31p.log" | tail -2
+  for e in 64 32; do
+    KVLAB_STORE_ROW_PIECE=$e timeout 60 python3 benchmarks/store_variants.py int4_had nf4:g32:rot=had \
+      int3:g32:asym:rot=had fp4_e2m1:g16:s=e4m3:ts:rot=had lm3:g32:rot=had --configs roww 2>&1 | grep "^variant" \
+      | sed "s/^variant /variant piece=$e /" | tee -a "$OUT/store_piece.txt"
   done
   ;;
 s30c)  # session 30 (issue 17, prepared, untimed): sorted codebooks with f16 scales coding their rare groups (scale 0,

@@ -15,7 +15,7 @@ into the [R, G] tile (`_group`); every per-group value is an [R] tensor computed
     which keeps the tile's layout);
   * each bit plane packed into 32-bit words by in-thread sums of shifted codes (sequential or GGML-strided), one
     vector store a plane and group.
-Rotated specs (ROT): a thread takes min(D, 64) elements of a token row (a piece), runs the Hadamard stages on the
+Rotated specs (ROT): a thread takes min(D, 64) elements of a token row (a piece; `piece`, `PIECE`), runs the Hadamard stages on the
 piece's own index bits in registers and the lane bits by one pair exchange each (`_rotated_groups`), then cuts the
 piece into its groups. Writes of TWO_PASS_MIN_TOKENS tokens or more run the rare exact path in a second launch.
 
@@ -48,6 +48,9 @@ ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
 # sweeps/results/h100/runs/s31-store-84d4744/store_cbsafe.txt), so off
 CODEBOOK_SAFE_WALK = os.environ.get("KVLAB_STORE_CBSAFE_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
+# rotated specs: a thread's piece of a token row holds min(D, PIECE) elements, at least a group (`piece`);
+# KVLAB_STORE_ROW_PIECE (read at import) for offline counts and A/B runs
+PIECE = int(os.environ.get("KVLAB_STORE_ROW_PIECE", "64"))
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
@@ -106,7 +109,7 @@ def _piece(xr, sd, lm, E: tl.constexpr):
 @triton.jit
 def _rotated_groups(x_ptr, pid, T, st, sh, sd, h, D: tl.constexpr, G: tl.constexpr, RP: tl.constexpr,
                     LOG: tl.constexpr, RC: tl.constexpr, E: tl.constexpr, LOGE: tl.constexpr):
-    """The Hadamard-rotated group rows of RP / LPR tokens ([RP E / G, G] float32, E = min(D, 64) elements a thread,
+    """The Hadamard-rotated group rows of RP / LPR tokens ([RP E / G, G] float32, E = `piece(D, G)` elements a thread,
     LPR = D / E lanes a token row): each thread loads E consecutive elements of a row (a piece), runs the transform's
     stages on the piece's own index bits in registers (the oracle's constant-geometry stage: pairs (2k, 2k + 1), sums
     then differences), then the stages on the lane bits in place by a pair exchange (`fwht_rows_in_place`'s: the sum
@@ -321,9 +324,9 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     G = spec.group_size(D)
     NG = D // G
     R = max(32 * WARPS, next_pow2(NG))
-    RP = 32 * WARPS  # rotated: pieces of min(D, 64) elements, one a thread
+    RP = 32 * WARPS  # rotated: pieces of `piece(D, G)` elements, one a thread
     if p["ROT"]:
-        R = RP * min(D, 64) // G
+        R = RP * piece(D, G) // G
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
@@ -335,6 +338,11 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     for pas in ((1, 2) if two else (0,)):
         _launch(grid, pas, x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device),
                 flags, T, Hk, D, page_size, G, NG, R, RP, p, safe)
+
+
+def piece(D: int, G: int) -> int:
+    """Elements of a token row one thread takes in a rotated walk: min(D, PIECE), never less than a group."""
+    return max(G, min(D, PIECE))
 
 
 def walk_safe(p: dict) -> int:
@@ -351,5 +359,5 @@ def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, 
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
         BOUND=p["BOUND"], SAFE=safe,
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
-        ROT=p["ROT"], RC=p["RC"], RP=RP, E=min(D, 64), LOGE=min(D, 64).bit_length() - 1, PASS=pas, num_warps=WARPS,
+        ROT=p["ROT"], RC=p["RC"], RP=RP, E=piece(D, G), LOGE=piece(D, G).bit_length() - 1, PASS=pas, num_warps=WARPS,
         enable_fp_fusion=False)
