@@ -15,7 +15,8 @@ into the [R, G] tile (`_group`); every per-group value is an [R] tensor computed
     which keeps the tile's layout);
   * each bit plane packed into 32-bit words by in-thread sums of shifted codes (sequential or GGML-strided), one
     vector store a plane and group.
-Rotated specs (ROT): a thread takes min(D, 64) elements of a token row (a piece; `piece`, `PIECE`), runs the Hadamard stages on the
+Rotated specs (ROT): a thread takes min(D, 32) elements of a token row, or a whole group where that is larger (a piece;
+`piece`, `PIECE`), runs the Hadamard stages on the
 piece's own index bits in registers and the lane bits by one pair exchange each (`_rotated_groups`), then cuts the
 piece into its groups. Writes of TWO_PASS_MIN_TOKENS tokens or more run the rare exact path in a second launch.
 
@@ -48,9 +49,12 @@ ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
 # sweeps/results/h100/runs/s31-store-84d4744/store_cbsafe.txt), so off
 CODEBOOK_SAFE_WALK = os.environ.get("KVLAB_STORE_CBSAFE_WALK", "0") not in ("", "0")
 WARPS = 4  # warps a program: R = 32 x WARPS groups
-# rotated specs: a thread's piece of a token row holds min(D, PIECE) elements, at least a group (`piece`);
-# KVLAB_STORE_ROW_PIECE (read at import) for offline counts and A/B runs
-PIECE = int(os.environ.get("KVLAB_STORE_ROW_PIECE", "64"))
+# rotated specs: a thread's piece of a token row holds min(D, PIECE) elements, at least a group (`piece`). 32 rather
+# than 64 runs one more Hadamard stage on a lane bit and halves the registers (offline sm_90, int4_had 151 -> 64,
+# +9% instructions); H100, 32K-token write, of copy, 64 -> 32 (sweeps/results/h100/runs/s31p-32a1da0/): int4_had 0.565 ->
+# 0.643, int3:g32:asym:rot=had 0.505 -> 0.553, nf4:g32:rot=had 0.375 -> 0.398, fp4 e4m3 g16 0.335 -> 0.345,
+# lm3:g32:rot=had 0.253 -> 0.316. KVLAB_STORE_ROW_PIECE=64 (read at import) for A/B runs
+PIECE = int(os.environ.get("KVLAB_STORE_ROW_PIECE", "32"))
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
@@ -302,7 +306,8 @@ def worth(spec, D: int) -> bool:
       int3 23.2 / 28.8; int4_had 39.6 (140 registers) / 76.8; int3:g32:asym:rot=had 39.1 / 95.2;
       lm2 / lm3 / lm4 rot=had 44.2 / 54.6 / 43.2 against 82.5 / 94.0 / 85.0; nf4:g32:rot=had 40.1 / 57.0;
       fp4 rot=had (e8m0 g32; e4m3 g16 with a tensor scale) 45.9 / 86.5 and 50.6 / 76.5
-    (the transform's stages on a thread's 64 elements are plain adds, one pair exchange a lane bit; the codebooks' bin
+    (those with 64-element pieces; 32-element ones, `PIECE`: int4_had 43.8 at 64 registers, faster on an H100)
+    (the transform's stages on a thread's piece are plain adds, one pair exchange a lane bit; the codebooks' bin
     table read by one 16-byte PTX load an element that keeps the tile's layout). Not the unrotated one-plane specs:
     ints run no fewer (int2 18.2 / 18.2, int4:g32:asym 32.0 / 30.5, q4_0 26.5 / 21.0: the signed extreme's first index
     costs more in one thread than the shuffles did), codebooks about as many at twice the registers (nf4 28.6 at 121
