@@ -32,7 +32,8 @@
 #   bash benchmarks/h200_run.sh s30c  # session 30 (prepared): sorted codebooks' rare groups in closed form, off / on
 #   bash benchmarks/h200_run.sh s31   # session 31 (an H100): decode with the derived packaged configs / the heuristic,
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
-#                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on
+#                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
+#                                     # s31s: lm2-lm4's groups over two pieces, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -867,6 +868,18 @@ s31p)  # session 31 (issue 17, prepared, untimed): the row walk's rotated pieces
     KVLAB_STORE_ROW_PIECE=$e timeout 60 python3 benchmarks/store_variants.py int4_had nf4:g32:rot=had \
       int3:g32:asym:rot=had fp4_e2m1:g16:s=e4m3:ts:rot=had lm3:g32:rot=had --configs roww 2>&1 | grep "^variant" \
       | sed "s/^variant /variant piece=$e /" | tee -a "$OUT/store_piece.txt"
+  done
+  ;;
+s31s)  # session 31 (issue 17, prepared, untimed): the lm presets' groups of 64 spread over two 32-element pieces
+  # (KVLAB_STORE_ROW_SPLIT=1; `triton_row_walk.SPLIT_GROUPS`). Offline sm_90, main pass, registers / instructions an
+  # element: lm2 156 / 44.6 -> 120 / 57.5, lm3 168 / 53.6 -> 96 / 64.8, lm4 206 / 44.4 -> 124 / 55.8. The walk's GPU
+  # tests with it, then off / on in one process, gated against the oracle (~2.5 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_STORE_ROW_SPLIT=1 timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE \
+    tests/kernels/store/test_store_row_walk.py 2>&1 | tee "$OUT/pytest_s31s.log" | tail -2
+  for v in 0 1 0 1; do
+    KVLAB_STORE_ROW_SPLIT=$v timeout 40 python3 benchmarks/store_variants.py lm2 lm3 lm4 --configs roww 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant split=$v /" | tee -a "$OUT/store_split.txt"
   done
   ;;
 s30c)  # session 30 (issue 17, prepared, untimed): sorted codebooks with f16 scales coding their rare groups (scale 0,

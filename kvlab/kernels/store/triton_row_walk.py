@@ -55,6 +55,11 @@ WARPS = 4  # warps a program: R = 32 x WARPS groups
 # 0.643, int3:g32:asym:rot=had 0.505 -> 0.553, nf4:g32:rot=had 0.375 -> 0.398, fp4 e4m3 g16 0.335 -> 0.345,
 # lm3:g32:rot=had 0.253 -> 0.316. KVLAB_STORE_ROW_PIECE=64 (read at import) for A/B runs
 PIECE = int(os.environ.get("KVLAB_STORE_ROW_PIECE", "32"))
+if PIECE not in (32, 64):
+    raise ValueError(f"KVLAB_STORE_ROW_PIECE={PIECE}: the row walk's rotated pieces are 32 or 64 elements")
+# a group larger than the piece (the lm presets' 64) spread over the threads of its pieces, its statistics and codes
+# by the compiler's shuffles (KVLAB_STORE_ROW_SPLIT=1, read at import; off: such a group makes the piece)
+SPLIT_GROUPS = os.environ.get("KVLAB_STORE_ROW_SPLIT", "0") not in ("", "0")
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
@@ -346,8 +351,9 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
 
 
 def piece(D: int, G: int) -> int:
-    """Elements of a token row one thread takes in a rotated walk: min(D, PIECE), never less than a group."""
-    return max(G, min(D, PIECE))
+    """Elements of a token row one thread takes in a rotated walk: min(D, PIECE), never less than a group unless
+    `SPLIT_GROUPS`."""
+    return min(D, PIECE) if SPLIT_GROUPS else max(G, min(D, PIECE))
 
 
 def walk_safe(p: dict) -> int:

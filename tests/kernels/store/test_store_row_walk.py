@@ -80,15 +80,17 @@ def test_row_walk_shapes(name, Hk, D, T):
 @pytest.mark.parametrize("name,D", [("int4_had", 64), ("int4_had", 128), ("int4_had", 256), ("nf4:g32:rot=had", 128),
                                     ("fp4_e2m1:g16:s=e4m3:ts:rot=had", 128), ("int3:g32:asym:rot=had", 128),
                                     ("lm3:g32:rot=had", 256), ("lm2:rot=had", 128)])
-@pytest.mark.parametrize("piece", [32, 64])
-def test_rotated_pieces_of_32_or_64_elements(name, D, piece, monkeypatch):
+@pytest.mark.parametrize("piece,split", [(32, False), (64, False), (32, True)])
+def test_rotated_pieces_of_32_or_64_elements(name, D, piece, split, monkeypatch):
     """Rotated specs with pieces of 32 elements a thread (`row_walk.PIECE`, the default) or 64 (before session 31):
-    with 32 more of the Hadamard's stages run on lane bits (a pair exchange each); groups stay whole in a thread; the
-    oracle's bytes either way. A group larger than the piece makes the piece (lm2's 64)."""
+    with 32 more of the Hadamard's stages run on lane bits (a pair exchange each); the oracle's bytes either way. A
+    group larger than the piece makes the piece (lm2's 64), or with `SPLIT_GROUPS` (prepared, off) spreads over the
+    threads of its pieces (lm2's 64 over two)."""
     monkeypatch.setattr(row_walk, "PIECE", piece)
+    monkeypatch.setattr(row_walk, "SPLIT_GROUPS", split)
     spec = _spec(name)
     G = spec.group_size(D)
-    assert row_walk.piece(D, G) == max(G, min(D, piece))
+    assert row_walk.piece(D, G) == (min(D, piece) if split else max(G, min(D, piece)))
     _check(spec, T=37, Hk=2, D=D, seed=D)
 
 
