@@ -73,7 +73,8 @@ def main(argv=None) -> None:
         if header.get("gpu") != a.gpu or header.get("tuned_file", "").split("/")[-1] != Path(a.base).name:
             raise SystemExit(f"{run}: measured on {header.get('gpu')!r} with tuned file {header.get('tuned_file')!r};"
                              f" this derivation needs {a.gpu!r} with {Path(a.base).name}")
-        rows += list(csv.DictReader(open(run)))
+        with open(run) as f:
+            rows += list(csv.DictReader(f))
     configs, lines = derive(base, rows, SCHEMES, a.slack)
     print("\n".join(lines))
     src = (f"derived from {Path(a.base).name} (same sm_90 architecture and SM count), checked on this GPU by "

@@ -1326,5 +1326,13 @@ def two_pass(p: dict) -> bool:
     division as a multiply, sorted-codebook brackets) keep it out of the main kernel (H200, int4:g32:asym 0.19 -> 0.58
     of copy with no fallback and no check: benchmarks/NOTES_store.md, session 16); the second launch recomputes only
     the programs the first flagged. Used only while TWO_PASS is on (off by default: no faster, session 17)."""
-    return bool(RARE_PATHS and p["FLAT"] and ((p["FMT"] == 0 and not p["RECIP"] and not quotient_safe(p))
-                                           or (p["FMT"] == 3 and p["CBS"] >= 1 and not codebook_safe(p))))
+    return bool(p["FLAT"] and has_rare(p))
+
+
+def has_rare(p: dict, safe: int | None = None) -> bool:
+    """Whether kernels launched with constexprs `p` and SAFE `safe` (default p's, `_safe_mode`) compile a rare exact
+    fallback and its check (the kernels' HAS_ODD): division ints but f16-scaled ones (SAFE 1), sorted brackets
+    and codebooks but those in closed form (SAFE 2)."""
+    safe = p["SAFE"] if safe is None else safe
+    return bool(RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and safe != 1) or (p["FMT"] == 3 and p["CBS"] >= 1
+                                                                                     and safe != 2)))

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ..configs import fuses_rotation
 from ..tiles.exact import next_pow2
-from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out,
+from .triton import (RARE_PATHS, _codebook, _codes, _hw_fp8, _nanmax, _nanmin, _negated, _odd, _scales_out, has_rare,
                      _raw_scale, _zero_signed, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_ROW_WALK", "1") not in ("", "0")
@@ -341,9 +341,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
     safe = walk_safe(p)
-    rare = RARE_PATHS and ((p["FMT"] == 0 and not p["RECIP"] and safe != 1) or (p["FMT"] == 3 and p["CBS"] >= 1
-                                                                                 and safe != 2))
-    two = TWO_PASS and rare and T >= TWO_PASS_MIN_TOKENS
+    two = TWO_PASS and has_rare(p, safe) and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):
         _launch(grid, pas, x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device),
