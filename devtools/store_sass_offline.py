@@ -94,7 +94,7 @@ def main() -> None:
         elif a.row_walk:  # one program: 32 x WARPS groups, one a thread; two launches (main, fixup) unless --one
             row_walk.TWO_PASS_MIN_TOKENS = 10 ** 9 if a.one else 0
             row_walk.run(x, pages, torch.arange(T), spec_r, P, tensor_scale=kw.get("tensor_scale"))
-            tile = 32 * row_walk.WARPS * (row_walk.piece(D, G) if st.kernel_params(spec_r, D)["ROT"] else G)
+            tile = 32 * row_walk.WARPS * (row_walk.piece(D, G, spec_r.fmt) if st.kernel_params(spec_r, D)["ROT"] else G)
             a.warps = row_walk.WARPS
         else:
             st.run(x, pages, torch.arange(T), spec_r, P, flat=not a.general,

@@ -18,6 +18,15 @@ from ..key_fold import strip_key_fold
 from ..tuned import attention_key, lookup, nearest
 
 GLUON_DEFAULT = GluonDecodeConfig(num_warps=4, tokens_per_warp=32)  # the shape most tuned Gluon entries share
+# (sequence, KV head) programs from which, up to the SM count, the untuned Gluon config is 8 warps at about one
+# program an SM rather than GLUON_DEFAULT at `auto_splits` (~2-6 an SM). H100, B x 32K, D 128, same process
+# (sweeps/results/h100/runs/s32h-c7aaa2d/heuristic_cells.txt), ms GLUON_DEFAULT -> 8 warps: Llama 3 70B's heads at B 8
+# (64 programs, 5 -> 2 splits) kivi4 0.186 -> 0.141, nf4 0.211 -> 0.169, q4_1 0.176 -> 0.136, q8_0 0.241 -> 0.203,
+# int3 0.172 -> 0.136, q4_0 0.125 -> 0.128; Qwen2.5 7B's at B 8 (32, 9 -> 4) kivi4 0.105 -> 0.078, mxfp4 0.116 ->
+# 0.087, q4_0 0.070 -> 0.072; B 16, Hk 8 (128, 4 -> 1) q4_0 0.263 -> 0.232, nf4 0.346 -> 0.324, kivi2 0.210 -> 0.213.
+# The H200's tuned B 8 entries pick the same for KIVI and the codebooks. Below 32 programs (B 1) the tuned entries
+# keep 4 warps at ~2 programs an SM, so the rule stops there; other head dims are unmeasured and keep the old rule.
+FEW_PROGRAMS = 32
 
 
 def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: int = 128) -> GluonDecodeConfig:
@@ -29,10 +38,15 @@ def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: 
     At head_dim 256 (`v_spec`, `D` given), 16-token tiles also for values other than symmetric int4, int2 and lm2:
     their 32-token kernels spill (the tile of a thread's value fragments and codes outgrows 255 registers) and
     ran slower on the H200, e.g. q8_0 0.234 -> 0.163 ms, nf4 0.237 -> 0.186, lm3 0.368 -> 0.257 at B 32 x 8K, Hk 4,
-    while q4_0 (0.115 vs 0.123) and a K lm3 / V lm2 pair kept 32 (sweeps/results/h200/runs/s15-ca78947/)."""
+    while q4_0 (0.115 vs 0.123) and a K lm3 / V lm2 pair kept 32 (sweeps/results/h200/runs/s15-ca78947/).
+    At head_dim 128 with `FEW_PROGRAMS` to SMs - 1 programs before any split: 8 warps of 32 tokens and about one
+    program an SM (splits = SMs // programs), every family (see `FEW_PROGRAMS` for the measurements)."""
+    n, sms = B * n_kv_heads, num_sms(device)
+    if D == 128 and FEW_PROGRAMS <= n < sms:
+        return GluonDecodeConfig(num_warps=8, tokens_per_warp=32, num_splits=max(1, sms // n))
     if k_spec.axis == "chan":
         return GLUON_DEFAULT
-    if B * n_kv_heads >= num_sms(device) or (D >= 256 and v_spec is not None and not _light_values(v_spec)):
+    if n >= sms or (D >= 256 and v_spec is not None and not _light_values(v_spec)):
         return GLUON_DEFAULT.replace(tokens_per_warp=16)
     return GLUON_DEFAULT
 

@@ -57,9 +57,15 @@ WARPS = 4  # warps a program: R = 32 x WARPS groups
 PIECE = int(os.environ.get("KVLAB_STORE_ROW_PIECE", "32"))
 if PIECE not in (32, 64):
     raise ValueError(f"KVLAB_STORE_ROW_PIECE={PIECE}: the row walk's rotated pieces are 32 or 64 elements")
-# a group larger than the piece (the lm presets' 64) spread over the threads of its pieces, its statistics and codes
-# by the compiler's shuffles (KVLAB_STORE_ROW_SPLIT=1, read at import; off: such a group makes the piece)
-SPLIT_GROUPS = os.environ.get("KVLAB_STORE_ROW_SPLIT", "0") not in ("", "0")
+# the formats whose groups larger than the piece (the lm presets' 64) spread over the threads of their pieces, statistics
+# and codes by the compiler's shuffles; any other such group makes the piece. Offline sm_90 (registers / instructions
+# an element): lm2 156 / 44.6 -> 120 / 57.5, lm3 168 / 53.6 -> 96 / 64.8, lm4 206 / 44.4 -> 124 / 55.8. H100, 32K-token
+# write, of copy, whole -> spread, two runs each (sweeps/results/h100/runs/s32h-c7aaa2d/store_split.txt): lm4 0.309 /
+# 0.311 -> 0.331 / 0.329, lm3 0.324 / 0.326 -> 0.319 / 0.317, lm2 0.371 / 0.373 -> 0.341 / 0.338; so lm4 only.
+# KVLAB_STORE_ROW_SPLIT (read at import): 0 none, 1 every format, or a comma-separated list of formats
+_SPLIT_ENV = os.environ.get("KVLAB_STORE_ROW_SPLIT", "lm4").strip()
+SPLIT_GROUPS: bool | frozenset = (frozenset() if _SPLIT_ENV in ("", "0") else True if _SPLIT_ENV == "1"
+                                  else frozenset(f.strip() for f in _SPLIT_ENV.split(",")))
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch
@@ -335,8 +341,9 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     NG = D // G
     R = max(32 * WARPS, next_pow2(NG))
     RP = 32 * WARPS  # rotated: pieces of `piece(D, G)` elements, one a thread
+    E = piece(D, G, spec.fmt)
     if p["ROT"]:
-        R = RP * piece(D, G) // G
+        R = RP * E // G
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     ts = tensor_scale if tensor_scale is not None else dummy
     grid = (triton.cdiv(T * NG, R), Hk)
@@ -345,13 +352,14 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):
         _launch(grid, pas, x, codes, scales, zeros, slot_mapping.contiguous(), ts, _codebook(spec.fmt, x.device),
-                flags, T, Hk, D, page_size, G, NG, R, RP, p, safe)
+                flags, T, Hk, D, page_size, G, NG, R, RP, E, p, safe)
 
 
-def piece(D: int, G: int) -> int:
-    """Elements of a token row one thread takes in a rotated walk: min(D, PIECE), never less than a group unless
-    `SPLIT_GROUPS`."""
-    return min(D, PIECE) if SPLIT_GROUPS else max(G, min(D, PIECE))
+def piece(D: int, G: int, fmt: str | None = None) -> int:
+    """Elements of a token row one thread takes in a rotated walk: min(D, PIECE), never less than a group unless the
+    spec's format `fmt` spreads its groups (`SPLIT_GROUPS`)."""
+    split = SPLIT_GROUPS is True or (fmt is not None and fmt in SPLIT_GROUPS)
+    return min(D, PIECE) if split else max(G, min(D, PIECE))
 
 
 def walk_safe(p: dict) -> int:
@@ -360,7 +368,7 @@ def walk_safe(p: dict) -> int:
     return 0 if p["SAFE"] == 2 and not CODEBOOK_SAFE_WALK else p["SAFE"]
 
 
-def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, page_size, G, NG, R, RP, p, safe):
+def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, page_size, G, NG, R, RP, E, p, safe):
     _row_walk_kernel[grid](
         x, codes, scales, zeros, slots, ts, cb, flags, T, *x.stride(),
         HK=Hk, D=D, P=page_size, G=G, NG=NG, R=R, FMT=p["FMT"], SYM=p["SYM"], RULE=p["RULE"], RND=p["RND"],
@@ -368,5 +376,5 @@ def _launch(grid, pas, x, codes, scales, zeros, slots, ts, cb, flags, T, Hk, D, 
         QMAX=p["QMAX"], XORC=p["XORC"], HW=_hw_fp8(x.device), CBS=p["CBS"], LUT=p["LUT"] if LUT else 0,
         BOUND=p["BOUND"], SAFE=safe,
         W0=p["W0"], SH0=p["SH0"], ST0=bool(p["ST0"]), W1=p["W1"], SH1=p["SH1"], ST1=bool(p["ST1"]),
-        ROT=p["ROT"], RC=p["RC"], RP=RP, E=piece(D, G), LOGE=piece(D, G).bit_length() - 1, PASS=pas, num_warps=WARPS,
+        ROT=p["ROT"], RC=p["RC"], RP=RP, E=E, LOGE=E.bit_length() - 1, PASS=pas, num_warps=WARPS,
         enable_fp_fusion=False)

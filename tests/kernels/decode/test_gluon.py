@@ -176,6 +176,27 @@ def test_gluon_default_tiles(monkeypatch):
     assert dapi.gluon_default(32, 1, q4.k, None, kvlab.scheme("q8_0").v, 128).tokens_per_warp == 32  # D 128: as before
 
 
+def test_gluon_default_few_programs(monkeypatch):
+    """At head_dim 128 with `FEW_PROGRAMS` .. SMs - 1 (sequence, KV head) programs: 8 warps of 32 tokens at about one
+    program an SM, channel-axis keys included; B 1 (8 programs), a full GPU and other head dims keep their rules."""
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(dapi, "num_sms", lambda device=None: 132)
+    q4, kv4 = kvlab.scheme("q4_0"), kvlab.scheme("kivi4")
+    shape = lambda c: (c.num_warps, c.tokens_per_warp, c.num_splits)  # noqa: E731
+    assert shape(dapi.gluon_default(8, 8, q4.k)) == (8, 32, 2)            # 64 programs x 2 = 128 <= 132
+    assert shape(dapi.gluon_default(8, 4, kv4.k)) == (8, 32, 4)           # 32 x 4
+    assert shape(dapi.gluon_default(16, 8, q4.k)) == (8, 32, 1)           # 128
+    assert shape(dapi.gluon_default(32, 3, q4.k)) == (8, 32, 1)           # 96
+    assert dapi.gluon_default(1, 8, q4.k) == dapi.GLUON_DEFAULT           # 8 < FEW_PROGRAMS
+    assert dapi.gluon_default(3, 8, q4.k) == dapi.GLUON_DEFAULT           # 24
+    assert shape(dapi.gluon_default(17, 8, q4.k)) == (4, 16, None)        # 136 >= 132: the full-GPU rule
+    assert dapi.gluon_default(8, 8, q4.k, None, q4.v, 64) == dapi.GLUON_DEFAULT  # other head dims: unmeasured
+    assert dapi.gluon_default(8, 8, q4.k, None, kvlab.scheme("q8_0").v, 256).tokens_per_warp == 16
+    for B, Hk, sch in ((8, 8, q4), (8, 4, kv4)):  # no pick is refused for its tiles
+        why = gluon.unsupported(sch.k, sch.v, 128, 32, 4, "cpu", dapi.gluon_default(B, Hk, sch.k).tokens_per_warp)
+        assert "tokens_per_warp" not in why and "needs a CUDA GPU" in why
+
+
 def test_gluon_config_rejects_other_schemes():
     sch = kvlab.scheme("int5:g32:asym")
     dev = "cuda" if CUDA else "cpu"

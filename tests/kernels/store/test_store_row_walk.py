@@ -4,6 +4,10 @@ groups 16-64, GGML packing, rounding modes, scale dtypes, two bit planes), edge 
 head counts, 16-bit inputs; and what it refuses."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from store_cases import DEV, assert_same_pages, make_input, run_store, spec_of
@@ -79,19 +83,38 @@ def test_row_walk_shapes(name, Hk, D, T):
 
 @pytest.mark.parametrize("name,D", [("int4_had", 64), ("int4_had", 128), ("int4_had", 256), ("nf4:g32:rot=had", 128),
                                     ("fp4_e2m1:g16:s=e4m3:ts:rot=had", 128), ("int3:g32:asym:rot=had", 128),
-                                    ("lm3:g32:rot=had", 256), ("lm2:rot=had", 128)])
-@pytest.mark.parametrize("piece,split", [(32, False), (64, False), (32, True)])
+                                    ("lm3:g32:rot=had", 256), ("lm2:rot=had", 128), ("lm4:rot=had", 256)])
+@pytest.mark.parametrize("piece,split", [(32, frozenset()), (64, frozenset()), (32, True), (32, frozenset({"lm4"}))])
 def test_rotated_pieces_of_32_or_64_elements(name, D, piece, split, monkeypatch):
     """Rotated specs with pieces of 32 elements a thread (`row_walk.PIECE`, the default) or 64 (before session 31):
     with 32 more of the Hadamard's stages run on lane bits (a pair exchange each); the oracle's bytes either way. A
-    group larger than the piece makes the piece (lm2's 64), or with `SPLIT_GROUPS` (prepared, off) spreads over the
-    threads of its pieces (lm2's 64 over two)."""
+    group larger than the piece makes the piece (lm2's 64), or, for the formats in `SPLIT_GROUPS` (every one: True;
+    the default: lm4), spreads over the threads of its pieces (64 over two)."""
     monkeypatch.setattr(row_walk, "PIECE", piece)
     monkeypatch.setattr(row_walk, "SPLIT_GROUPS", split)
     spec = _spec(name)
     G = spec.group_size(D)
-    assert row_walk.piece(D, G) == (min(D, piece) if split else max(G, min(D, piece)))
+    spread = split is True or spec.fmt in split
+    assert row_walk.piece(D, G, spec.fmt) == (min(D, piece) if spread else max(G, min(D, piece)))
     _check(spec, T=37, Hk=2, D=D, seed=D)
+
+
+def test_split_groups_default_and_environment():
+    """lm4 spreads its groups of 64 by default (the one format an H100 timed faster that way); KVLAB_STORE_ROW_SPLIT
+    picks none (0), every format (1) or a list, read at import."""
+    code = ("from kvlab.kernels.store import triton_row_walk as w; s = w.SPLIT_GROUPS; "
+            "print(sorted(s) if s is not True else 'all', w.piece(128, 64, 'lm4'), w.piece(128, 64, 'lm2'))")
+    got = {}
+    for env in (None, "0", "1", "lm2, lm3"):
+        e = {k: v for k, v in os.environ.items() if k != "KVLAB_STORE_ROW_SPLIT"}
+        if env is not None:
+            e["KVLAB_STORE_ROW_SPLIT"] = env
+        got[env] = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                                  check=True).stdout.split()
+    assert got[None] == ["['lm4']", "32", "64"]
+    assert got["0"] == ["[]", "64", "64"]
+    assert got["1"] == ["all", "32", "32"]
+    assert got["lm2, lm3"] == ["['lm2',", "'lm3']", "64", "32"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
