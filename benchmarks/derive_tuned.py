@@ -11,6 +11,11 @@ there the heuristic's config, with its median, becomes the entry. Dropping an en
 heuristic back: `tuned.nearest` would serve another batch bucket's config. Entries no run
 measured (other page sizes, head counts, store tiles) are kept as they are: same architecture and SM count is the
 premise of deriving at all, and the runs show how far it holds. Prints one line per measured cell.
+
+A second stage checks a packaged file against the heuristic on its own GPU: `--pair default,heuristic` over runs of
+`--dispatch default,heuristic` (the `default` rows served by the packaged file for that GPU, which is then `--base`; the
+`heuristic` rows by the dispatch heuristic alone), with the same rule. The shipped H100 file is stage one over the
+session-31 runs, then stage two over the session-32 runs (tests/benchmarks/test_derive_tuned.py re-derives it).
 """
 from __future__ import annotations
 
@@ -33,8 +38,10 @@ def cell_key(row: dict, scheme_specs: dict) -> str:
                          int(row["head_dim"]), int(row["page_size"]))
 
 
-def derive(base: dict, rows: list[dict], scheme_specs: dict, slack: float) -> tuple[dict, list[str]]:
-    """(the derived configs, report lines) from the base file's configs and the measured rows."""
+def derive(base: dict, rows: list[dict], scheme_specs: dict, slack: float,
+           pair: tuple[str, str] = ("tuned", "default")) -> tuple[dict, list[str]]:
+    """(the derived configs, report lines) from the base file's configs and the measured rows; `pair`: the dispatch
+    names of the rows the base served and of the heuristic's rows."""
     configs = dict(base["configs"])
     cells: dict[str, dict] = {}
     for r in rows:
@@ -43,7 +50,7 @@ def derive(base: dict, rows: list[dict], scheme_specs: dict, slack: float) -> tu
         cells.setdefault(cell_key(r, scheme_specs), {})[r["dispatch"]] = r
     lines = []
     for key, by in sorted(cells.items()):
-        t, d = by.get("tuned"), by.get("default")
+        t, d = by.get(pair[0]), by.get(pair[1])
         if t is None or d is None:
             continue
         tm, dm = float(t["graph_ms"]), float(d["graph_ms"])
@@ -64,22 +71,36 @@ def main(argv=None) -> None:
     ap.add_argument("--slack", type=float, default=0.05, help="how much faster the heuristic must be to replace")
     ap.add_argument("--out", required=True)
     ap.add_argument("--source", default="", help="appended to the derived file's source line")
+    ap.add_argument("--pair", default="tuned,default", choices=("tuned,default", "default,heuristic"),
+                    help="dispatch rows the base served, then the heuristic's: tuned,default (a sibling GPU's file "
+                         "passed as --tuned) or default,heuristic (the packaged file of the measured GPU itself)")
     a = ap.parse_args(argv)
+    pair = tuple(a.pair.split(","))
     from run import SCHEMES  # noqa: E402 - benchmarks/run.py's scheme names (decode.csv's)
     base = json.loads(Path(a.base).read_text())
+    if pair[0] == "default" and base.get("gpu") != a.gpu:
+        raise SystemExit(f"--pair default,heuristic: --base must be the packaged file of {a.gpu!r} (its default "
+                         f"rows' configs), got one for {base.get('gpu')!r}")
     rows = []
     for run in a.runs:
         header = json.loads((Path(run).parent / "header.json").read_text())
-        if header.get("gpu") != a.gpu or header.get("tuned_file", "").split("/")[-1] != Path(a.base).name:
+        tuned = header.get("tuned_file", "").split("/")[-1]
+        if header.get("gpu") != a.gpu or (pair[0] == "tuned" and tuned != Path(a.base).name):
             raise SystemExit(f"{run}: measured on {header.get('gpu')!r} with tuned file {header.get('tuned_file')!r};"
-                             f" this derivation needs {a.gpu!r} with {Path(a.base).name}")
+                             f" this derivation needs {a.gpu!r}" + (f" with {Path(a.base).name}" if pair[0] == "tuned"
+                                                                    else ""))
         with open(run) as f:
             rows += list(csv.DictReader(f))
-    configs, lines = derive(base, rows, SCHEMES, a.slack)
+    configs, lines = derive(base, rows, SCHEMES, a.slack, pair)
     print("\n".join(lines))
-    src = (f"derived from {Path(a.base).name} (same sm_90 architecture and SM count), checked on this GPU by "
-           f"benchmarks/derive_tuned.py --slack {a.slack} over {', '.join(a.runs)}: entries whose heuristic config ran "
-           f"more than {a.slack:.0%} faster than the base's pick put in its place")
+    if pair[0] == "tuned":
+        src = (f"derived from {Path(a.base).name} (same sm_90 architecture and SM count), checked on this GPU by "
+               f"benchmarks/derive_tuned.py --slack {a.slack} over {', '.join(a.runs)}: entries whose heuristic config "
+               f"ran more than {a.slack:.0%} faster than the base's pick put in its place")
+    else:
+        src = (f"{base.get('source', Path(a.base).name)}; then checked against the dispatch heuristic by "
+               f"benchmarks/derive_tuned.py --pair default,heuristic --slack {a.slack} over {', '.join(a.runs)}, the "
+               f"same rule")
     out = {"format": base["format"], "gpu": a.gpu, "source": src + (f"; {a.source}" if a.source else ""),
            "configs": configs}
     Path(a.out).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "sweeps/results/h100/runs/s31-decode-50963f6"
+RUNS2 = ROOT / "sweeps/results/h100/runs/s32v-145fa37/b8_b16"
 BASE = ROOT / "kvlab/kernels/data/tuned_nvidia_h200.json"
 SHIPPED = ROOT / "kvlab/kernels/data/tuned_nvidia_h100_80gb_hbm3.json"
 
@@ -62,10 +63,35 @@ def test_runs_from_another_gpu_or_tuned_file_are_refused(dt, tmp_path):
 
 
 def test_the_shipped_h100_file_is_the_derivation_of_the_committed_runs(dt, tmp_path, capsys):
-    out = tmp_path / "h100.json"
+    """Stage one: the H200 file checked on the H100 (session 31's runs); stage two: that file checked against the
+    session-32 heuristic (8 warps at about one program an SM) on the same GPU."""
+    stage1, out = tmp_path / "stage1.json", tmp_path / "h100.json"
     dt.main(["--base", str(BASE), "--gpu", "NVIDIA H100 80GB HBM3", "--runs",
-             str(RUNS / "b32_b1/decode.csv"), str(RUNS / "b8_smollm2_d256/decode.csv"), "--out", str(out)])
+             str(RUNS / "b32_b1/decode.csv"), str(RUNS / "b8_smollm2_d256/decode.csv"), "--out", str(stage1)])
+    dt.main(["--base", str(stage1), "--gpu", "NVIDIA H100 80GB HBM3", "--pair", "default,heuristic", "--runs",
+             str(RUNS2 / "decode.csv"), "--out", str(out)])
     got, shipped = json.loads(out.read_text()), json.loads(SHIPPED.read_text())
     assert got["configs"] == shipped["configs"] and got["gpu"] == shipped["gpu"] == "NVIDIA H100 80GB HBM3"
     with open(RUNS / "b32_b1/decode.csv") as f:
         assert {r["dispatch"] for r in csv.DictReader(f)} == {"tuned", "default"}
+
+
+def test_stage_two_needs_the_measured_gpus_own_file(dt, tmp_path):
+    """--pair default,heuristic: the base must be the packaged file of the GPU the runs measured."""
+    with pytest.raises(SystemExit, match="packaged file of 'NVIDIA H100 80GB HBM3'"):
+        dt.main(["--base", str(BASE), "--gpu", "NVIDIA H100 80GB HBM3", "--pair", "default,heuristic", "--runs",
+                 str(RUNS2 / "decode.csv"), "--out", str(tmp_path / "o.json")])
+
+
+def test_pair_picks_the_rows_compared(dt):
+    from kvlab.kernels.tuned import attention_key
+    import kvlab
+    key = attention_key("decode", kvlab.scheme("q4_0").k, kvlab.scheme("q4_0").v, 32, 32, 8, 128, 16)
+    old = {"kernel": "gluon", "num_warps": 4, "tokens_per_warp": 16, "num_splits": 4, "ms": 0.40}
+    heur = {"version": 1, "kernel": "gluon", "num_warps": 8, "tokens_per_warp": 32, "num_splits": 1}
+    rows = [_row("q4_0", "default", 0.50, old), _row("q4_0", "heuristic", 0.40, heur),
+            _row("q4_0", "tuned", 0.30, old)]
+    configs, _ = dt.derive({"configs": {key: old}}, rows, {"q4_0": "q4_0"}, 0.05, ("default", "heuristic"))
+    assert configs[key] == {**heur, "ms": 0.40}
+    configs, _ = dt.derive({"configs": {key: old}}, rows, {"q4_0": "q4_0"}, 0.05)  # tuned 0.30 vs default 0.50
+    assert configs[key] == old

@@ -1241,6 +1241,27 @@ def test_gluon_matches_reference(c):
 
 
 @GPU
+@pytest.mark.parametrize("name", SCHEMES + ["kivi4", "kivi2", "lm4:rot=had"])
+@pytest.mark.parametrize("B,Hq,Hk", [(8, 32, 8), (8, 28, 4)])
+def test_gluon_few_programs_default_on_the_gpu(name, B, Hq, Hk):
+    """The untuned config where few (sequence, KV head) programs fill the SMs (`api.gluon_default`: 8 warps of 32
+    tokens, about one program an SM) on ragged lengths, an empty sequence and poisoned pages == the reference."""
+    from kvlab.kernels.decode import api as dapi
+    sch = kvlab.scheme(name)
+    P = 32 if sch.k.axis == "chan" else 16
+    cfg = dapi.gluon_default(B, Hk, sch.k, "cuda", sch.v, 128)
+    assert (cfg.num_warps, cfg.tokens_per_warp) == (8, 32) and cfg.num_splits >= 1
+    lens = [1, 17, 1000, 4097, 0, 63, 2000, 333][:B] if sch.k.axis != "chan" else [32, 96, 1024, 4096, 0, 64, 2048, 320]
+    sch, args, kw, q, ref = _case(name, lens, Hq, Hk, P, seed=11, q_seed=3, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    got = decode(q, *args, sch.k, sch.v, P, **kw, out=out, config=cfg)
+    assert torch.isfinite(got).all(), "unwritten, NaN or inf output elements"
+    err = _rel_err(got, ref)
+    assert err < TOL, f"relative error {err:.2e}"
+    assert (got[4] == 0).all()  # the empty sequence
+
+
+@GPU
 @pytest.mark.parametrize("c", EMU_D_CASES, ids=[f"{c[0]}-D{c[8]}-Hq{c[2]}-Hk{c[3]}-tw{c[7]}" for c in EMU_D_CASES])
 def test_gluon_matches_reference_at_other_head_dims(c):
     name, lens, Hq, Hk, P, S_, NW, TW, D, fp_lens = c
