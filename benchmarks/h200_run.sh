@@ -34,6 +34,7 @@
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
+#   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -841,6 +842,17 @@ s31)  # session 31 (issues 16, 17) on an H100: the decode table through the publ
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-230}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  ;;
+s32)  # session 32 (issue 16): the heuristic's few-programs rule (8 warps at about one program an SM, head_dim 128, 32 to
+  # SMs - 1 programs; `decode.api.FEW_PROGRAMS`, measured on an H100 only) through the public API at B 16 and Llama 3
+  # 70B's / Qwen2.5 7B's heads at B 8, default and heuristic rows (~5 min; run after s31, whose B 8 rows it complements).
+  # On an H200, decide with these rows whether tuned_nvidia_h200.json needs the stage-two derivation the H100 file got
+  # (python benchmarks/derive_tuned.py --pair default,heuristic --base kvlab/kernels/data/tuned_nvidia_h200.json ...)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-300}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-b16,llama70b_b8,qwen7b_b8}" --dispatch default,heuristic --budget "${DEC_BUDGET:-280}" \
+    2>&1 | tail -1
+  cut -d, -f1,2,3,5,16,17 "$OUT/decode/decode.csv"
   ;;
 s31h)  # session 31 (issue 16): the dispatch heuristic where few (sequence, KV head) programs fill the SMs, against
   # candidate rules, at shapes no packaged config covers (B 16; Llama 3 70B's and Qwen2.5 7B's heads at B 8). The
