@@ -8,7 +8,9 @@ Each run is a `benchmarks/run.py --cases decode --dispatch tuned,default --tuned
 kept, except where a measured cell's heuristic config beat what the base file served (its entry, or for a key with
 none the nearest batch bucket's config, `tuned.nearest`) by more than `--slack` (graph-replayed medians, same run):
 there the heuristic's config, with its median, becomes the entry. Dropping an entry instead would not give the
-heuristic back: `tuned.nearest` would serve another batch bucket's config. Entries no run
+heuristic back: `tuned.nearest` would serve another batch bucket's config. A key with no entry whose nearest bucket's
+config beat the heuristic by more than the slack gets that config as served ("pinned"), since where few programs occupy
+the SMs dispatch tries the heuristic before the nearest bucket. Entries no run
 measured (other page sizes, head counts, store tiles) are kept as they are: same architecture and SM count is the
 premise of deriving at all, and the runs show how far it holds. Prints one line per measured cell.
 
@@ -57,6 +59,9 @@ def derive(base: dict, rows: list[dict], scheme_specs: dict, slack: float,
         if dm * (1 + slack) < tm:  # (a key with no entry: the base's nearest bucket served the tuned row)
             what = "replaced" if key in configs else "added"
             configs[key] = {**json.loads(d["config"]), "ms": dm}
+        elif key not in configs and tm * (1 + slack) < dm:  # the nearest bucket's config won: pin what it served,
+            what = "pinned"  # as dispatch may try the heuristic before `tuned.nearest` (`decode.api.candidates`)
+            configs[key] = {**json.loads(t["config"]), "ms": tm}
         else:
             what = "kept" if key in configs else "none"
         lines.append(f"{what:9s} {key}: base {tm:.4f} ms, heuristic {dm:.4f} ms ({tm / dm:.3f}x)")

@@ -42,13 +42,15 @@ def test_kept_within_slack_replaced_or_added_beyond(dt):
             _row("q8_0", "tuned", 0.50, old), _row("q8_0", "default", 0.45, heur),  # 11%: replaced
             _row("q4_0", "tuned", 0.14, old, 8), _row("q4_0", "default", 0.12, heur, 8),  # no entry, 17%: added
             _row("q8_0", "tuned", 0.14, old, 8), _row("q8_0", "default", 0.139, heur, 8),  # no entry, within: none
-            _row("q8_0", "tuned", 0.1, old, 1), {**_row("q8_0", "default", 0.01, heur, 1), "error": "gate"}]
+            _row("q8_0", "tuned", 0.1, old, 1), {**_row("q8_0", "default", 0.01, heur, 1), "error": "gate"},
+            _row("q4_0", "tuned", 0.10, old, 16), _row("q4_0", "default", 0.12, heur, 16)]  # no entry, base 17%: pinned
     configs, lines = dt.derive(base, rows, specs, 0.05)
     assert configs[key("q4_0", 32)] == old
     assert configs[key("q8_0", 32)] == {**heur, "ms": 0.45}
     assert configs[key("q4_0", 8)] == {**heur, "ms": 0.12}
     assert key("q8_0", 8) not in configs and key("q8_0", 1) not in configs
-    assert [ln.split()[0] for ln in lines] == ["kept", "added", "replaced", "none"]  # (sorted keys)
+    assert configs[key("q4_0", 16)] == {**old, "ms": 0.10}
+    assert [ln.split()[0] for ln in lines] == ["pinned", "kept", "added", "replaced", "none"]  # (sorted keys)
     assert base["configs"][key("q8_0", 32)] == old  # the base is not changed in place
 
 

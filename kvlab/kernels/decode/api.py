@@ -5,9 +5,9 @@ attends one query token per sequence to its quantized pages (CSR block table, Fl
 its full-precision tokens. Backends: `reference.py` (torch), `triton.py` (every spec family), `gluon.py`
 (MMA fragments on CUDA: every family but int3 off head_dim 128 and 3-bit codebooks; `gluon.unsupported` says
 why). This module alone chooses among them: an explicit config names its kernel; otherwise, in order, the tuned entry for this GPU and shape (the user's file, then
-the configs shipped with kvlab), the entry tuned at the closest batch bucket (its split count re-derived),
-the Gluon kernel's default on a GPU it is verified on, and the Triton default, each taken only if that
-backend's own `why_not` accepts the call. Never imports Triton at import time.
+the configs shipped with kvlab), the entry tuned at the closest batch bucket (its split count re-derived; after the
+Gluon default where few programs occupy the SMs, `candidates`), the Gluon kernel's default on a GPU it is verified
+on, and the Triton default, each taken only if that backend's own `why_not` accepts the call. Never imports Triton at import time.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: 
     At head_dim 128 with `FEW_PROGRAMS` to SMs - 1 programs before any split: 8 warps of 32 tokens and about one
     program an SM (splits = SMs // programs), every family (see `FEW_PROGRAMS` for the measurements)."""
     n, sms = B * n_kv_heads, num_sms(device)
-    if D == 128 and FEW_PROGRAMS <= n < sms:
+    if few_programs(B, n_kv_heads, D, device):
         return GluonDecodeConfig(num_warps=8, tokens_per_warp=32, num_splits=max(1, sms // n))
     if k_spec.axis == "chan":
         return GLUON_DEFAULT
@@ -88,6 +88,31 @@ def tile_tokens(cfg, kv=None) -> int:
     return max([cfg.block_n] + groups)
 
 
+def few_programs(B: int, n_kv_heads: int, D: int, device=None) -> bool:
+    """True where the untuned Gluon config is the few-programs one (`FEW_PROGRAMS`): head_dim 128 and 32 to SMs - 1
+    (sequence, KV head) programs before any split."""
+    return D == 128 and FEW_PROGRAMS <= B * n_kv_heads < num_sms(device)
+
+
+def candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device, gluon_ok: bool) -> list:
+    """The untuned-call configs `resolve` tries, in order: the tuned entry of `key`; else the closest tuned batch
+    bucket's (`tuned.nearest`), except that in the few-programs regime (`few_programs`) the Gluon default goes first:
+    on an H100 it beat another bucket's config for 12 of 17 schemes at B 16 (int3 by 20%; mxfp4 9% slower) and by
+    14-36% at B 8 for the keys with no B 8 entry (int4_had, lm2, lm3; sweeps/results/h100/runs/s32v-145fa37/); then the
+    Gluon default (`gluon_ok`: a GPU it is verified on) and the Triton default."""
+    tuned = lookup(key)
+    gd = gluon_default(B, n_kv_heads, k_spec, device, v_spec, D) if gluon_ok else None
+    if tuned is not None:
+        cands = [tuned]
+    else:
+        cands = [c for c in (nearest(key),) if c is not None]
+        if gd is not None and few_programs(B, n_kv_heads, D, device):
+            cands.insert(0, gd)
+    if gd is not None:
+        cands.append(gd)
+    return cands + [TritonDecodeConfig()]
+
+
 def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int | None = None):
     """(backend module, typed config with num_splits set) for a checked call.
 
@@ -105,11 +130,8 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
         need(why is None, f"config kernel={cfg.kernel!r} cannot run this call: {why}")
     else:
         key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
-        tuned = lookup(key)
-        cands = [tuned] if tuned is not None else [c for c in (nearest(key),) if c is not None]
-        if q.is_cuda and _gluon_verified(q.device):
-            cands.append(gluon_default(B, kv.n_kv_heads, kv.k_spec, q.device, kv.v_spec, D))
-        cands.append(TritonDecodeConfig())
+        cands = candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
+                           q.is_cuda and _gluon_verified(q.device))
         for cfg in cands:
             try:
                 mod = _kernel(cfg.kernel)

@@ -197,6 +197,30 @@ def test_gluon_default_few_programs(monkeypatch):
         assert "tokens_per_warp" not in why and "needs a CUDA GPU" in why
 
 
+def test_untuned_candidates_order(monkeypatch):
+    """`api.candidates`: the key's own entry alone before the defaults; without one, the nearest bucket's config
+    before the defaults, except where few programs occupy the SMs (the Gluon default goes first there)."""
+    from kvlab.kernels.configs import TritonDecodeConfig
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(dapi, "num_sms", lambda device=None: 132)
+    q4 = kvlab.scheme("q4_0")
+    mine = GluonDecodeConfig(num_warps=4, tokens_per_warp=16, num_splits=3)
+    near = GluonDecodeConfig(num_warps=2, tokens_per_warp=16)  # what the closest bucket's entry would give
+    entries = {}
+    monkeypatch.setattr(dapi, "lookup", lambda key: entries.get(key))
+    monkeypatch.setattr(dapi, "nearest", lambda key: near)
+    few = dapi.gluon_default(8, 8, q4.k)
+    assert (few.num_warps, few.num_splits) == (8, 2)
+    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, True) == [few, near, few, TritonDecodeConfig()]
+    assert dapi.candidates("k", 32, 8, 128, q4.k, q4.v, None, True)[0] == near  # a full GPU: nearest first
+    assert dapi.candidates("k", 1, 8, 128, q4.k, q4.v, None, True)[0] == near   # B 1: 8 programs
+    assert dapi.candidates("k", 8, 8, 64, q4.k, q4.v, None, True)[0] == near    # other head dims
+    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, False) == [near, TritonDecodeConfig()]  # no Gluon
+    entries["k"] = mine
+    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, True)[0] == mine   # the key's entry always first
+    assert dapi.few_programs(8, 8, 128) and not dapi.few_programs(8, 8, 256) and not dapi.few_programs(3, 8, 128)
+
+
 def test_gluon_config_rejects_other_schemes():
     sch = kvlab.scheme("int5:g32:asym")
     dev = "cuda" if CUDA else "cpu"
