@@ -34,7 +34,8 @@
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
-#   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8
+#   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
+#                                     # s32s: the channel walk's threads holding 4 channels, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
 #                                     # B 32 A/B cells of each (FOLD/FT, lazy rescale, KIVI fold), ~9 min
 #   bash benchmarks/h200_run.sh s26   # session 26 (issue 16): the Gluon decode's transposed scores, default off / on
@@ -853,6 +854,18 @@ s32)  # session 32 (issue 16): the heuristic's few-programs rule (8 warps at abo
     --shapes "${DEC_SHAPES:-b16,llama70b_b8,qwen7b_b8}" --dispatch default,heuristic --budget "${DEC_BUDGET:-280}" \
     2>&1 | tail -1
   cut -d, -f1,2,3,5,16,17 "$OUT/decode/decode.csv"
+  ;;
+s32s)  # session 32 (issue 17, prepared, untimed): the channel walk's threads holding 4 channels (8-byte loads, 8 warps
+  # a program) instead of 8 (KVLAB_STORE_CHAN_LANE, read at import; `triton_chan_walk.LANE_ELEMS`). Offline sm_90:
+  # kivi4 154 -> 124 registers, kivi2 162 -> 100, +8-9% instructions an element. The walk's GPU tests with it, then
+  # 8 / 4 twice in one process each, gated against the oracle (~2 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_STORE_CHAN_LANE=4 timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE \
+    tests/kernels/store/test_store_chan_walk.py 2>&1 | tee "$OUT/pytest_s32s.log" | tail -2
+  for v in 8 4 8 4; do
+    KVLAB_STORE_CHAN_LANE=$v timeout 40 python3 benchmarks/store_variants.py kivi4 kivi2 --configs walkL 2>&1 \
+      | grep "^variant" | sed "s/^variant /variant lane=$v /" | tee -a "$OUT/store_lane.txt"
+  done
   ;;
 s31h)  # session 31 (issue 16): the dispatch heuristic where few (sequence, KV head) programs fill the SMs, against
   # candidate rules, at shapes no packaged config covers (B 16; Llama 3 70B's and Qwen2.5 7B's heads at B 8). The

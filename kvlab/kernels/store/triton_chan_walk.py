@@ -46,7 +46,14 @@ from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_s
                      kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
-LANE_ELEMS = 8  # channels a thread holds: one 16-byte load of a 16-bit token row
+# channels a thread holds: 8 (one 16-byte load of a 16-bit token row, 4 warps for 8 heads at head_dim 128) or 4 (8-byte
+# loads, 8 warps). Offline sm_90 (device Triton 3.6, two-pass main kernel, word loop): kivi4 154 -> 124 registers, kivi2
+# 162 -> 100, for +8% / +9% instructions an element; prepared and untimed (`bash benchmarks/h200_run.sh s32s` A/B's it;
+# ncu on an H100 put kivi4 at 17% occupancy, latency-bound: sweeps/results/h100/runs/s31-store-84d4744/).
+# KVLAB_STORE_CHAN_LANE (read at import) picks it
+LANE_ELEMS = int(os.environ.get("KVLAB_STORE_CHAN_LANE", "8"))
+if LANE_ELEMS not in (4, 8):
+    raise ValueError(f"KVLAB_STORE_CHAN_LANE={LANE_ELEMS}: the channel walk's threads hold 4 or 8 channels")
 MAXNREG = None  # a register cap per thread (None: the compiler's choice)
 WORD_LOOP = True  # pass 2 a packed word at a time, each word stored alone (fewer registers; constexpr WL)
 # writes of TWO_PASS_MIN_TOKENS tokens or more code in two launches: the main pass without the IEEE-division path's

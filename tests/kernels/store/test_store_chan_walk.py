@@ -104,3 +104,26 @@ def test_walk_two_launches(text, word_loop, monkeypatch):
     x = edge_input(spec)
     _check(spec, T=x.shape[0], Hk=1, D=64, x=x)
     _check(spec, T=64, seed=5)
+
+
+@pytest.mark.parametrize("lane", [4, 8])
+@pytest.mark.parametrize("text,Hk,D", [("kivi4", 8, 128), ("kivi2", 3, 64), ("int8:g32:chan:sym", 4, 256)])
+def test_walk_lane_channels(text, Hk, D, lane, monkeypatch):
+    """`LANE_ELEMS`: 4 channels a thread (twice the warps) or 8 (the default); the oracle's bytes either way."""
+    monkeypatch.setattr(chan_walk, "LANE_ELEMS", lane)
+    spec = spec_of(kvlab.scheme(text).k if text.startswith("kivi") else text)
+    _check(spec, T=2 * spec.group, Hk=Hk, D=D, seed=lane + Hk)
+
+
+def test_walk_lane_environment():
+    """KVLAB_STORE_CHAN_LANE picks 4 or 8 channels a thread at import; anything else is refused by name."""
+    import os
+    import subprocess
+    import sys
+    code = "from kvlab.kernels.store import triton_chan_walk as w; print(w.LANE_ELEMS)"
+    env = {k: v for k, v in os.environ.items() if k != "KVLAB_STORE_CHAN_LANE"}
+    run = lambda e: subprocess.run([sys.executable, "-c", code], env={**env, **e}, capture_output=True, text=True)  # noqa: E731
+    assert run({}).stdout.split() == ["8"]
+    assert run({"KVLAB_STORE_CHAN_LANE": "4"}).stdout.split() == ["4"]
+    bad = run({"KVLAB_STORE_CHAN_LANE": "16"})
+    assert bad.returncode != 0 and "KVLAB_STORE_CHAN_LANE=16" in bad.stderr and "4 or 8" in bad.stderr
