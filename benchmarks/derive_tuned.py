@@ -97,6 +97,8 @@ def main(argv=None) -> None:
         with open(run) as f:
             rows += list(csv.DictReader(f))
     configs, lines = derive(base, rows, SCHEMES, a.slack, pair)
+    if not lines:
+        raise SystemExit(f"no measured cell has both {pair[0]!r} and {pair[1]!r} rows (run.py --dispatch {a.pair})")
     print("\n".join(lines))
     if pair[0] == "tuned":
         src = (f"derived from {Path(a.base).name} (same sm_90 architecture and SM count), checked on this GPU by "

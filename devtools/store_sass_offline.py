@@ -84,13 +84,13 @@ def main() -> None:
         if spec.static_scale:
             kw["scale"] = torch.ones(1)
         kernels.clear()
-        if a.chan_walk:  # one program: G tokens x min(Hk, 1024 / D) heads of channels, 8 channels a thread
+        if a.chan_walk:  # one program: G tokens x HB heads of channels, LANE_ELEMS channels a thread
             chan_walk.MAXNREG = a.maxnreg
             chan_walk.TWO_PASS_MIN_TOKENS = 10 ** 9 if a.one else 0
             chan_walk.WORD_LOOP = a.word_loop
             chan_walk.run(x, pages, torch.arange(T), spec_r, P)
-            tile = G * 8 * D
-            a.warps = 4
+            hb, a.warps = chan_walk.launch_shape(Hk, D)
+            tile = G * hb * D
         elif a.row_walk:  # one program: 32 x WARPS groups, one a thread; two launches (main, fixup) unless --one
             row_walk.TWO_PASS_MIN_TOKENS = 10 ** 9 if a.one else 0
             row_walk.run(x, pages, torch.arange(T), spec_r, P, tensor_scale=kw.get("tensor_scale"))

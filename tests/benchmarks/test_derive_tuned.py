@@ -97,3 +97,14 @@ def test_pair_picks_the_rows_compared(dt):
     assert configs[key] == {**heur, "ms": 0.40}
     configs, _ = dt.derive({"configs": {key: old}}, rows, {"q4_0": "q4_0"}, 0.05)  # tuned 0.30 vs default 0.50
     assert configs[key] == old
+
+
+def test_runs_without_the_pair_are_refused(dt, tmp_path):
+    """Stage two over runs that hold no default / heuristic pair (session 31's are tuned / default) derives nothing:
+    refused by name rather than writing the base back unchanged."""
+    stage1 = tmp_path / "stage1.json"
+    dt.main(["--base", str(BASE), "--gpu", "NVIDIA H100 80GB HBM3", "--runs", str(RUNS / "b32_b1/decode.csv"),
+             "--out", str(stage1)])
+    with pytest.raises(SystemExit, match="no measured cell has both 'default' and 'heuristic'"):
+        dt.main(["--base", str(stage1), "--gpu", "NVIDIA H100 80GB HBM3", "--pair", "default,heuristic", "--runs",
+                 str(RUNS / "b32_b1/decode.csv"), "--out", str(tmp_path / "o.json")])

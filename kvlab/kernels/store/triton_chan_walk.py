@@ -275,6 +275,13 @@ def fits(pages: dict) -> bool:
     return pages["codes"].data_ptr() % 4 == 0
 
 
+def launch_shape(Hk: int, D: int) -> tuple[int, int]:
+    """(heads a program takes, its warps): up to 1024 padded channels a program, `LANE_ELEMS` of them a thread."""
+    DP = next_pow2(D)
+    HB = max(1, min(next_pow2(Hk), 1024 // DP))
+    return HB, max(1, min(8, HB * DP // (32 * LANE_ELEMS)))
+
+
 def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_size: int) -> None:
     """Launch the token walk: x [T, Hk, D] (T a multiple of the group), pages of `PageLayout(spec, D, page_size, Hk)`,
     slot_mapping [T] (whole groups of consecutive slots from a multiple of G; -1 skips a group), as `triton.run`
@@ -285,8 +292,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     p = kernel_params(spec, D)
     G = spec.group
     DP = next_pow2(D)
-    HB = max(1, min(next_pow2(Hk), 1024 // DP))
-    warps = max(1, min(8, HB * DP // (32 * LANE_ELEMS)))
+    HB, warps = launch_shape(Hk, D)
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     grid = (T // G, triton.cdiv(Hk, HB))
     two = TWO_PASS and RARE_PATHS and not p["RECIP"] and not quotient_safe(p) and T >= TWO_PASS_MIN_TOKENS

@@ -63,9 +63,12 @@ if PIECE not in (32, 64):
 # write, of copy, whole -> spread, two runs each (sweeps/results/h100/runs/s32h-c7aaa2d/store_split.txt): lm4 0.309 /
 # 0.311 -> 0.331 / 0.329, lm3 0.324 / 0.326 -> 0.319 / 0.317, lm2 0.371 / 0.373 -> 0.341 / 0.338; so lm4 only.
 # KVLAB_STORE_ROW_SPLIT (read at import): 0 none, 1 every format, or a comma-separated list of formats
+SPLITTABLE = ("lm2", "lm3", "lm4")  # the formats whose groups (64) outgrow a 32-element piece
 _SPLIT_ENV = os.environ.get("KVLAB_STORE_ROW_SPLIT", "lm4").strip()
 SPLIT_GROUPS: bool | frozenset = (frozenset() if _SPLIT_ENV in ("", "0") else True if _SPLIT_ENV == "1"
                                   else frozenset(f.strip() for f in _SPLIT_ENV.split(",")))
+if SPLIT_GROUPS is not True and not SPLIT_GROUPS <= set(SPLITTABLE):
+    raise ValueError(f"KVLAB_STORE_ROW_SPLIT={_SPLIT_ENV}: 0, 1 or a comma-separated list of {', '.join(SPLITTABLE)}")
 # writes of TWO_PASS_MIN_TOKENS tokens or more (a prefill's, where occupancy matters) code in two launches: the main
 # pass without the exact path's registers (lm2:rot=had offline: 112 registers against 255 with it compiled in), then
 # a fixup pass that only flagged programs enter; shorter writes (a decode step's) keep one launch

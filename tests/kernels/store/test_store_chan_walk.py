@@ -109,7 +109,9 @@ def test_walk_two_launches(text, word_loop, monkeypatch):
 @pytest.mark.parametrize("lane", [4, 8])
 @pytest.mark.parametrize("text,Hk,D", [("kivi4", 8, 128), ("kivi2", 3, 64), ("int8:g32:chan:sym", 4, 256)])
 def test_walk_lane_channels(text, Hk, D, lane, monkeypatch):
-    """`LANE_ELEMS`: 4 channels a thread (twice the warps) or 8 (the default); the oracle's bytes either way."""
+    """`LANE_ELEMS`: 4 channels a thread (twice the warps) or 8 (the default); the oracle's bytes either way. It only
+    changes num_warps, which the interpreter ignores: on the CPU this checks the launch, the GPU run checks the layout
+    (`bash benchmarks/h200_run.sh s32s` runs this file with KVLAB_STORE_CHAN_LANE=4)."""
     monkeypatch.setattr(chan_walk, "LANE_ELEMS", lane)
     spec = spec_of(kvlab.scheme(text).k if text.startswith("kivi") else text)
     _check(spec, T=2 * spec.group, Hk=Hk, D=D, seed=lane + Hk)

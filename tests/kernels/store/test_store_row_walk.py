@@ -106,7 +106,7 @@ def test_split_groups_default_and_environment():
             "print(sorted(s) if s is not True else 'all', w.piece(128, 64, 'lm4'), w.piece(128, 64, 'lm2'))")
     got = {}
     for env in (None, "0", "1", "lm2, lm3"):
-        e = {k: v for k, v in os.environ.items() if k != "KVLAB_STORE_ROW_SPLIT"}
+        e = {k: v for k, v in os.environ.items() if k not in ("KVLAB_STORE_ROW_SPLIT", "KVLAB_STORE_ROW_PIECE")}
         if env is not None:
             e["KVLAB_STORE_ROW_SPLIT"] = env
         got[env] = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
@@ -115,6 +115,11 @@ def test_split_groups_default_and_environment():
     assert got["0"] == ["[]", "64", "64"]
     assert got["1"] == ["all", "32", "32"]
     assert got["lm2, lm3"] == ["['lm2',", "'lm3']", "64", "32"]
+    e = {k: v for k, v in os.environ.items() if k != "KVLAB_STORE_ROW_PIECE"}
+    for bad in ("yes", "lm5"):  # not 0 / 1 and not a format the walk spreads: refused by name, not ignored
+        r = subprocess.run([sys.executable, "-c", code], env={**e, "KVLAB_STORE_ROW_SPLIT": bad}, capture_output=True,
+                           text=True)
+        assert r.returncode != 0 and f"KVLAB_STORE_ROW_SPLIT={bad}" in r.stderr, r.stderr[-300:]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
