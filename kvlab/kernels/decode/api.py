@@ -11,6 +11,8 @@ on, and the Triton default, each taken only if that backend's own `why_not` acce
 """
 from __future__ import annotations
 
+import logging
+
 from ..checks import check_out, check_prefix, check_query, check_sm_scale, need
 from ..configs import GluonDecodeConfig, TritonDecodeConfig, auto_splits, config_from_dict
 from ..env import num_sms
@@ -100,17 +102,50 @@ def candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device
     on an H100 it beat another bucket's config for 12 of 17 schemes at B 16 (int3 by 20%; mxfp4 9% slower) and by
     14-36% at B 8 for the keys with no B 8 entry (int4_had, lm2, lm3; sweeps/results/h100/runs/s32v-145fa37/); then the
     Gluon default (`gluon_ok`: a GPU it is verified on) and the Triton default."""
+    return [c for _, c in sourced_candidates(key, B, n_kv_heads, D, k_spec, v_spec, device, gluon_ok)]
+
+
+def sourced_candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device,
+                       gluon_ok: bool) -> list[tuple[str, object]]:
+    """`candidates` as (where each comes from, config) pairs; the sources are the `SOURCES` strings."""
     tuned = lookup(key)
     gd = gluon_default(B, n_kv_heads, k_spec, device, v_spec, D) if gluon_ok else None
+    few = gd is not None and few_programs(B, n_kv_heads, D, device)
+    gd_src = "gluon few-programs default" if few else "gluon default"
     if tuned is not None:
-        cands = [tuned]
+        cands = [("tuned: user file" if lookup(key, packaged=False) is not None else "tuned: packaged", tuned)]
     else:
-        cands = [c for c in (nearest(key),) if c is not None]
-        if gd is not None and few_programs(B, n_kv_heads, D, device):
-            cands.insert(0, gd)
+        cands = [("nearest batch bucket", c) for c in (nearest(key),) if c is not None]
+        if few:
+            cands.insert(0, (gd_src, gd))
     if gd is not None:
-        cands.append(gd)
-    return cands + [TritonDecodeConfig()]
+        cands.append((gd_src, gd))
+    return cands + [("triton default", TritonDecodeConfig())]
+
+
+SOURCES = ("explicit config", "tuned: user file", "tuned: packaged", "nearest batch bucket", "gluon few-programs default",
+           "gluon default", "triton default")
+_LAST: dict = {}
+
+
+def last_dispatch() -> dict:
+    """How the most recent `decode` / `resolve` call in this process chose its kernel: {"key": the tuned-store key
+    (None for an explicit config), "source": one of `SOURCES`, "config": the typed config launched (splits set),
+    "refused": [(source, config, reason)] for the candidates tried before it}. Empty before the first call. Also
+    logged at DEBUG on the "kvlab.dispatch" logger, once per key and source."""
+    return dict(_LAST)
+
+
+def _record(key, source, cfg, refused) -> None:
+    _LAST.clear()
+    _LAST.update(key=key, source=source, config=cfg, refused=refused)
+    if (key, source) not in _LOGGED:
+        _LOGGED.add((key, source))
+        logging.getLogger("kvlab.dispatch").debug("decode %s: %s %s%s", key, source, cfg,
+                                                  "".join(f"; refused {s}: {w}" for s, _, w in refused))
+
+
+_LOGGED: set = set()
 
 
 def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int | None = None):
@@ -123,23 +158,27 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
     fill, so no split program is left without a tile (at Gemma 3's 512-token sliding layers the default 9 splits of
     128-token tiles left 5 of 9 programs empty: 0.020 ms against 0.014 at 4 splits, H200, benchmarks/NOTES_decode.md)."""
     B, Hq, D = q.shape
+    refused = []
     if config is not None:
+        key, source = None, "explicit config"
         cfg = config_from_dict("decode", config)
         mod = _kernel(cfg.kernel)
         why = mod.why_not(q, kv, cfg)
         need(why is None, f"config kernel={cfg.kernel!r} cannot run this call: {why}")
     else:
         key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
-        cands = candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
-                           q.is_cuda and _gluon_verified(q.device))
-        for cfg in cands:
+        cands = sourced_candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
+                                   q.is_cuda and _gluon_verified(q.device))
+        for source, cfg in cands:
             try:
                 mod = _kernel(cfg.kernel)
-            except ValueError:
+            except ValueError as e:
+                refused.append((source, cfg, str(e)))
                 continue
             why = mod.why_not(q, kv, cfg)
             if why is None:
                 break
+            refused.append((source, cfg, why))
         need(why is None, why)
     if num_splits is not None:
         cfg = cfg.replace(num_splits=num_splits)
@@ -147,6 +186,7 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
         cfg = cfg.replace(num_splits=auto_splits(B, kv.n_kv_heads, q.device))
     if max_kv_len is not None and num_splits is None:
         cfg = cfg.replace(num_splits=max(1, min(cfg.num_splits, -(-max_kv_len // tile_tokens(cfg, kv)))))
+    _record(key, source, cfg, refused)
     return mod, cfg
 
 

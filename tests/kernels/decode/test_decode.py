@@ -347,3 +347,52 @@ def test_tuner_offers_rowfirst_for_fast_path_specs():
         sch = kvlab.scheme(name)
         cands = autotune.triton_space(32, 8, sch.k, sch.v)
         assert any(c.layout == "rowfirst" for c in cands) == want, name
+
+
+def test_last_dispatch_names_the_source(tmp_path, monkeypatch, caplog):
+    """`last_dispatch()` says where the launched config came from: the user's tuned file, the closest batch bucket,
+    the default, or an explicit config (with the split count set), and what was refused before it; logged at DEBUG."""
+    import json
+    import logging
+
+    from kvlab.kernels import tuned
+    from kvlab.kernels.checks import check_prefix
+    from kvlab.kernels.configs import TritonDecodeConfig
+    from kvlab.kernels.decode import api as dapi
+    from kvlab.kernels.decode import last_dispatch
+    from kvlab.kernels.tuned import attention_key
+    monkeypatch.setenv("KVLAB_PACKAGED_CONFIGS", "0")
+    monkeypatch.setattr(dapi, "_LOGGED", set())  # logged once per key and source in a process
+    sch = kvlab.scheme("q4_0")
+    c = make_paged([40, 17], 2, 64, 16, sch.k, sch.v, seed=5)
+    args, kw = call_args(c)
+    q = torch.randn(2, 8, 64)
+    kv = check_prefix(q, *args, sch.k, sch.v, 16, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
+                      kw["v_tensor_scale"], 2)
+    path = tmp_path / "tuned.json"
+    try:
+        tuned.set_cache_path(str(path))  # empty: the Triton default
+        with caplog.at_level(logging.DEBUG, logger="kvlab.dispatch"):
+            dapi.resolve(q, kv)
+        d = last_dispatch()
+        assert d["source"] == "triton default" and d["refused"] == [] and d["config"].num_splits >= 1
+        assert d["key"] == attention_key("decode", sch.k, sch.v, 2, 8, 2, 64, 16)
+        assert any("triton default" in r.getMessage() for r in caplog.records)
+        mine = {"kernel": "triton", "version": 1, "block_n": 32, "num_warps": 2, "num_stages": 1, "num_splits": 3}
+        key_b4 = attention_key("decode", sch.k, sch.v, 4, 8, 2, 64, 16)
+        path.write_text(json.dumps({"format": 2, "configs": {key_b4: mine}}))
+        tuned.set_cache_path(str(path))  # a B 4 entry: the B 2 call takes it from the closest bucket, splits re-derived
+        dapi.resolve(q, kv)
+        d = last_dispatch()
+        assert d["source"] == "nearest batch bucket" and d["config"].block_n == 32
+        path.write_text(json.dumps({"format": 2, "configs": {d["key"]: mine}}))
+        tuned.set_cache_path(str(path))
+        dapi.resolve(q, kv)
+        d = last_dispatch()
+        assert d["source"] == "tuned: user file" and (d["config"].block_n, d["config"].num_splits) == (32, 3)
+        dapi.resolve(q, kv, TritonDecodeConfig(block_n=64), 5)
+        d = last_dispatch()
+        assert (d["source"], d["key"], d["config"].num_splits) == ("explicit config", None, 5)
+    finally:
+        tuned.set_cache_path(None)
+    assert set(dapi.SOURCES) >= {"tuned: packaged", "gluon few-programs default", "gluon default"}
