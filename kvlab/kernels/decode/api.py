@@ -96,18 +96,14 @@ def few_programs(B: int, n_kv_heads: int, D: int, device=None) -> bool:
     return D == 128 and FEW_PROGRAMS <= B * n_kv_heads < num_sms(device)
 
 
-def candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device, gluon_ok: bool) -> list:
-    """The untuned-call configs `resolve` tries, in order: the tuned entry of `key`; else the closest tuned batch
-    bucket's (`tuned.nearest`), except that in the few-programs regime (`few_programs`) the Gluon default goes first:
-    on an H100 it beat another bucket's config for 12 of 17 schemes at B 16 (int3 by 20%; mxfp4 9% slower) and by
-    14-36% at B 8 for the keys with no B 8 entry (int4_had, lm2, lm3; sweeps/results/h100/runs/s32v-145fa37/); then the
-    Gluon default (`gluon_ok`: a GPU it is verified on) and the Triton default."""
-    return [c for _, c in sourced_candidates(key, B, n_kv_heads, D, k_spec, v_spec, device, gluon_ok)]
-
-
-def sourced_candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device,
-                       gluon_ok: bool) -> list[tuple[str, object]]:
-    """`candidates` as (where each comes from, config) pairs; the sources are the `SOURCES` strings."""
+def candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device,
+               gluon_ok: bool) -> list[tuple[str, object]]:
+    """The untuned-call configs `resolve` tries, in order, as (source, config), sources from `SOURCES`: the tuned entry
+    of `key`; else the closest tuned batch bucket's (`tuned.nearest`), except that in the few-programs regime
+    (`few_programs`) the Gluon default goes first: on an H100 it beat another bucket's config for 12 of 17 schemes at
+    B 16 (int3 by 20%; mxfp4 9% slower) and by 14-36% at B 8 for the keys with no B 8 entry (int4_had, lm2, lm3;
+    sweeps/results/h100/runs/s32v-145fa37/); then the Gluon default (`gluon_ok`: a GPU it is verified on) and the
+    Triton default."""
     tuned = lookup(key)
     gd = gluon_default(B, n_kv_heads, k_spec, device, v_spec, D) if gluon_ok else None
     few = gd is not None and few_programs(B, n_kv_heads, D, device)
@@ -167,8 +163,8 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
         need(why is None, f"config kernel={cfg.kernel!r} cannot run this call: {why}")
     else:
         key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
-        cands = sourced_candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
-                                   q.is_cuda and _gluon_verified(q.device))
+        cands = candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
+                           q.is_cuda and _gluon_verified(q.device))
         for source, cfg in cands:
             try:
                 mod = _kernel(cfg.kernel)

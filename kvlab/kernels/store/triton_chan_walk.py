@@ -42,8 +42,7 @@ import triton.language as tl
 from ..env import interpreting
 from ..tiles.exact import next_pow2
 from .triton import (RARE_PATHS, _codes, _hw_fp8, _nanmax, _nanmin, _odd, _raw_scale, _scales_out, _zero_signed,
-                     quotient_safe,
-                     kernel_pages, kernel_params)
+                     has_rare, kernel_pages, kernel_params)
 
 ENABLED = os.environ.get("KVLAB_STORE_CHAN_WALK", "1") not in ("", "0")
 # channels a thread holds: 8 (one 16-byte load of a 16-bit token row, 4 warps for 8 heads at head_dim 128) or 4 (8-byte
@@ -295,7 +294,7 @@ def run(x: torch.Tensor, pages: dict, slot_mapping: torch.Tensor, spec, page_siz
     HB, warps = launch_shape(Hk, D)
     codes, scales, zeros, dummy = kernel_pages(pages, x.device)
     grid = (T // G, triton.cdiv(Hk, HB))
-    two = TWO_PASS and RARE_PATHS and not p["RECIP"] and not quotient_safe(p) and T >= TWO_PASS_MIN_TOKENS
+    two = TWO_PASS and has_rare(p) and T >= TWO_PASS_MIN_TOKENS
     flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device) if two else dummy
     for pas in ((1, 2) if two else (0,)):
         _chan_walk_kernel[grid](

@@ -207,21 +207,22 @@ def test_untuned_candidates_order(monkeypatch):
     mine = GluonDecodeConfig(num_warps=4, tokens_per_warp=16, num_splits=3)
     near = GluonDecodeConfig(num_warps=2, tokens_per_warp=16)  # what the closest bucket's entry would give
     entries = {}
+    configs = lambda *a: [c for _, c in dapi.candidates(*a)]  # noqa: E731
     monkeypatch.setattr(dapi, "lookup", lambda key, packaged=True: entries.get(key))
     monkeypatch.setattr(dapi, "nearest", lambda key: near)
     few = dapi.gluon_default(8, 8, q4.k)
     assert (few.num_warps, few.num_splits) == (8, 2)
-    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, True) == [few, near, few, TritonDecodeConfig()]
-    assert dapi.candidates("k", 32, 8, 128, q4.k, q4.v, None, True)[0] == near  # a full GPU: nearest first
-    assert dapi.candidates("k", 1, 8, 128, q4.k, q4.v, None, True)[0] == near   # B 1: 8 programs
-    assert dapi.candidates("k", 8, 8, 64, q4.k, q4.v, None, True)[0] == near    # other head dims
-    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, False) == [near, TritonDecodeConfig()]  # no Gluon
+    assert configs("k", 8, 8, 128, q4.k, q4.v, None, True) == [few, near, few, TritonDecodeConfig()]
+    assert configs("k", 32, 8, 128, q4.k, q4.v, None, True)[0] == near  # a full GPU: nearest first
+    assert configs("k", 1, 8, 128, q4.k, q4.v, None, True)[0] == near   # B 1: 8 programs
+    assert configs("k", 8, 8, 64, q4.k, q4.v, None, True)[0] == near    # other head dims
+    assert configs("k", 8, 8, 128, q4.k, q4.v, None, False) == [near, TritonDecodeConfig()]  # no Gluon
     entries["k"] = mine
-    assert dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, True)[0] == mine   # the key's entry always first
-    assert [s for s, _ in dapi.sourced_candidates("k", 8, 8, 128, q4.k, q4.v, None, True)] == [
+    assert configs("k", 8, 8, 128, q4.k, q4.v, None, True)[0] == mine   # the key's entry always first
+    assert [s for s, _ in dapi.candidates("k", 8, 8, 128, q4.k, q4.v, None, True)] == [
         "tuned: user file", "gluon few-programs default", "triton default"]
     del entries["k"]
-    assert [s for s, _ in dapi.sourced_candidates("k", 32, 8, 128, q4.k, q4.v, None, True)] == [
+    assert [s for s, _ in dapi.candidates("k", 32, 8, 128, q4.k, q4.v, None, True)] == [
         "nearest batch bucket", "gluon default", "triton default"]
     assert dapi.few_programs(8, 8, 128) and not dapi.few_programs(8, 8, 256) and not dapi.few_programs(3, 8, 128)
 
