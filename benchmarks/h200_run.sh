@@ -34,6 +34,7 @@
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
+#   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs)
 #   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
 #                                     # s32s: the channel walk's threads holding 4 channels, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
@@ -843,6 +844,22 @@ s31)  # session 31 (issues 16, 17) on an H100: the decode table through the publ
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-230}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
+  ;;
+s33)  # session 33 (issue 16): head dims 64 and 256, where few packaged entries exist (the default is the heuristic's
+  # 4 warps x auto_splits = 4). The decode rows at SmolLM2's shape (B 32 x 8K, Hq 9, Hk 3, D 64: 96 programs) and
+  # D 256 (B 32 x 8K, Hq 8, Hk 4: 128 programs) with default dispatch, then candidate configs beside the heuristic's
+  # (8 warps at about one program an SM, as the D 128 few-programs rule; fewer / more splits; 16-token tiles) (~8 min)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-170}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-smollm2,d256}" --dispatch default --budget "${DEC_BUDGET:-150}" 2>&1 | tail -1
+  cut -d, -f1,2,3,7,16,17,18 "$OUT/decode/decode.csv"
+  for sc in "smollm2 tw32:s4,tw32:s1:w8,tw32:s2:w8,tw32:s2,tw16:s4,tw32:s8" \
+            "d256 tw16:s4,tw32:s4,tw16:s1:w8,tw16:s2:w8,tw32:s1:w8,tw16:s2"; do
+    set -- $sc
+    timeout "${H_S:-170}" python3 benchmarks/decode_configs.py --tag "$1" --shape "$1" --configs "$2" \
+      --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,int2,nf4,mxfp4,nvfp4}" 2>&1 | grep "^cfg" \
+      | tee -a "$OUT/d64_d256_cells.txt"
+  done
   ;;
 s32)  # session 32 (issue 16): the heuristic's few-programs rule (8 warps at about one program an SM, head_dim 128, 32 to
   # SMs - 1 programs; `decode.api.FEW_PROGRAMS`, measured on an H100 only) through the public API at B 16 and Llama 3
