@@ -34,7 +34,8 @@
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
-#   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs)
+#   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs);
+#                                     # s33b: s32s, then ncu over the B 32 decode misses (limits decode:b32)
 #   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
 #                                     # s32s: the channel walk's threads holding 4 channels, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
@@ -860,6 +861,12 @@ s33)  # session 33 (issue 16): head dims 64 and 256, where few packaged entries 
       --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,int2,nf4,mxfp4,nvfp4}" 2>&1 | grep "^cfg" \
       | tee -a "$OUT/d64_d256_cells.txt"
   done
+  ;;
+s33b)  # session 33 (issues 16, 17): the channel walk's 4-channel lanes off / on (s32s), then Nsight Compute over the
+  # public decode's default dispatch at B 32 x 32K for every scheme the committed table has under 0.85 of roofline
+  # (`limits decode:b32`: the profile evidence the issue asks for) (~7 min)
+  bash "$0" s32s
+  LIMITS_PARTS="${LIMITS_PARTS:-decode:b32}" LIMITS_S="${LIMITS_S:-170}" LIMITS_BUDGET="${LIMITS_BUDGET:-110}" bash "$0" limits
   ;;
 s32)  # session 32 (issue 16): the heuristic's few-programs rule (8 warps at about one program an SM, head_dim 128, 32 to
   # SMs - 1 programs; `decode.api.FEW_PROGRAMS`, measured on an H100 only) through the public API at B 16 and Llama 3
