@@ -35,7 +35,8 @@
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
 #   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs);
-#                                     # s33b: s32s, then ncu over the B 32 decode misses (limits decode:b32)
+#                                     # s33b: s32s, then ncu over the B 32 decode misses (limits decode:b32);
+#                                     # s33c: B 1's L2 prefetch, then s33 in ~8 min
 #   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
 #                                     # s32s: the channel walk's threads holding 4 channels, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
@@ -861,6 +862,24 @@ s33)  # session 33 (issue 16): head dims 64 and 256, where few packaged entries 
       --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,int2,nf4,mxfp4,nvfp4}" 2>&1 | grep "^cfg" \
       | tee -a "$OUT/d64_d256_cells.txt"
   done
+  ;;
+s33c)  # session 33 (issue 16), the one call when device time is short (~8 min): session 25's L2 prefetch (config
+  # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then s33's head
+  # dims 64 / 256 (candidate configs beside the heuristic's, then the default rows through the public API)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${B1_S:-100}" python3 benchmarks/decode_configs.py --tag b1 --shape b1 \
+    --schemes "${B1_SCHEMES:-q4_0,int2,nf4,kivi4,fp8_e4m3}" \
+    --configs "tw32:s33,tw32:s33:l2,tw32:s33:l4,tw32:s33:w8:l4,tw32:s66:l4" 2>&1 | grep "^cfg" | tee "$OUT/b1_l2_cells.txt"
+  for sc in "smollm2 tw32:s4,tw32:s1:w8,tw32:s2:w8,tw32:s2,tw16:s4,tw32:s8" \
+            "d256 tw16:s4,tw32:s4,tw16:s1:w8,tw16:s2:w8,tw32:s1:w8,tw16:s2"; do
+    set -- $sc
+    timeout "${H_S:-130}" python3 benchmarks/decode_configs.py --tag "$1" --shape "$1" --configs "$2" \
+      --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,nf4,mxfp4}" 2>&1 | grep "^cfg" \
+      | tee -a "$OUT/d64_d256_cells.txt"
+  done
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-150}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-smollm2,d256}" --dispatch default --budget "${DEC_BUDGET:-130}" 2>&1 | tail -1
+  cut -d, -f1,2,3,7,16,17,18 "$OUT/decode/decode.csv"
   ;;
 s33b)  # session 33 (issues 16, 17): the channel walk's 4-channel lanes off / on (s32s), then Nsight Compute over the
   # public decode's default dispatch at B 32 x 32K for every scheme the committed table has under 0.85 of roofline
