@@ -34,6 +34,8 @@
 #                                     # B 32 / 8 / 1, and the store table; s31h: the heuristic against candidate rules at
 #                                     # shapes no packaged config covers; s31p: the row walk's 32-element pieces, off / on;
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
+#   bash benchmarks/h200_run.sh close1 | close2 | close3  # issues 16 / 17's tables with today's defaults (decode +
+#                                     # store; extend), then ncu over their misses: the three calls that settle them
 #   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs);
 #                                     # s33b: s32s, then ncu over the B 32 decode misses (limits decode:b32);
 #                                     # s33c: B 1's L2 prefetch, then s33 in ~8 min
@@ -862,6 +864,27 @@ s33)  # session 33 (issue 16): head dims 64 and 256, where few packaged entries 
       --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,int2,nf4,mxfp4,nvfp4}" 2>&1 | grep "^cfg" \
       | tee -a "$OUT/d64_d256_cells.txt"
   done
+  ;;
+close1)  # issues 16 / 17 closing, call 1 of 3 (~9 min; on the H200 the issues name): the decode table of issue 16 with
+  # today's defaults (B 32 / B 1 x 32K, SmolLM2's D 64 and the D 256 shape; default and heuristic rows), then the store
+  # table. Merge the rows into sweeps/results/<gpu>/decode.csv / store.csv; `python benchmarks/targets.py` reads them
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-360}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
+    --shapes "${DEC_SHAPES:-b32,b1,smollm2,d256}" --dispatch default,heuristic --budget "${DEC_BUDGET:-330}" 2>&1 | tail -1
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-190}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
+    2>&1 | tail -1
+  python3 benchmarks/targets.py --results "$OUT" 2>&1 | tee "$OUT/targets.md" | head -12
+  ;;
+close2)  # closing, call 2 of 3 (~9 min): the extend table (host lengths replayed, and eager), every shape of issue 17
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
+    --extend-budget "${EXT_BUDGET:-500}" --extend-backends auto_host,auto --extend-sweep none --fresh none \
+    --extend-shapes p32k_b1,p8k_b1,p32k_b8,p8k_b8,smollm2_p8k,d256_p8k 2>&1 | tail -3
+  python3 benchmarks/targets.py --results "$OUT" 2>&1 | tee "$OUT/targets.md" | head -12
+  ;;
+close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the committed tables (merge calls 1-2 first):
+  # decode B 32 and B 1, then the store; `python benchmarks/targets.py --limits <the limits_*.csv>` joins them
+  LIMITS_PARTS="${LIMITS_PARTS:-decode:b32 decode:b1 store}" LIMITS_S="${LIMITS_S:-150}" bash "$0" limits
   ;;
 s33c)  # session 33 (issue 16), the one call when device time is short (~8 min): session 25's L2 prefetch (config
   # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then s33's head
