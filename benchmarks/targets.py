@@ -62,6 +62,14 @@ def _find(folder: Path | None, name: str) -> Path | None:
     return None
 
 
+def _rel(path: Path) -> str:
+    """The path from the repository root where it lies inside it (so a committed report names no machine)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def _rows(path: Path | None) -> list[dict]:
     return list(csv.DictReader(open(path))) if path else []
 
@@ -142,7 +150,7 @@ def read_limits(paths: list[Path]) -> dict[str, dict]:
 def report(cells: list[Cell], lim: dict[str, dict], sources: dict[str, Path | None]) -> str:
     """Markdown: the files read, one line a check (met / cells, the misses with their values), then a table of
     every miss with its limiter where profiled."""
-    lines = ["Files: " + ", ".join(f"{k} `{v}`" for k, v in sources.items() if v) + "", ""]
+    lines = ["Files: " + ", ".join(f"{k} `{_rel(v)}`" for k, v in sources.items() if v), ""]
     lines += ["| issue | check | met | misses (value vs target) |", "|---|---|---|---|"]
     checks: dict[tuple, list[Cell]] = {}
     for c in cells:
