@@ -873,18 +873,23 @@ close1)  # issues 16 / 17 closing, call 1 of 3 (~9 min; on the H200 the issues n
     --shapes "${DEC_SHAPES:-b32,b1,smollm2,d256}" --dispatch default,heuristic --budget "${DEC_BUDGET:-330}" 2>&1 | tail -1
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-190}" python3 benchmarks/run.py --out "$OUT/store" --cases store \
     2>&1 | tail -1
-  python3 benchmarks/targets.py --results "$OUT" 2>&1 | tee "$OUT/targets.md" | head -12
+  python3 benchmarks/targets.py --results "$OUT" --out "$OUT/targets.md" && cat "$OUT/targets.md"
   ;;
-close2)  # closing, call 2 of 3 (~9 min): the extend table (host lengths replayed, and eager), every shape of issue 17
+close2)  # closing, call 2 of 3 (~9 min): the extend table (auto_host: host lengths, batch 1 replayed through its CUDA
+  # graph; auto: lengths on the device), every shape of issue 17. (FlashInfer's XQA, issue 16's B 1 peer, is its own call
+  # with the wheel carried: ../shared/peers/flashinfer_wheel.sh, benchmarks/flashinfer_fp8.py)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
     --extend-budget "${EXT_BUDGET:-500}" --extend-backends auto_host,auto --extend-sweep none --fresh none \
     --extend-shapes p32k_b1,p8k_b1,p32k_b8,p8k_b8,smollm2_p8k,d256_p8k 2>&1 | tail -3
-  python3 benchmarks/targets.py --results "$OUT" 2>&1 | tee "$OUT/targets.md" | head -12
+  python3 benchmarks/targets.py --results "$OUT" --out "$OUT/targets.md" && cat "$OUT/targets.md"
   ;;
 close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the committed tables (merge calls 1-2 first):
-  # decode B 32 and B 1, then the store; `python benchmarks/targets.py --limits <the limits_*.csv>` joins them
+  # decode B 32 and B 1, then the store (LIMITS_PARTS="decode:smollm2 decode:d256 extend" for the rest), then the
+  # committed tables' targets joined to these profiles
   LIMITS_PARTS="${LIMITS_PARTS:-decode:b32 decode:b1 store}" LIMITS_S="${LIMITS_S:-150}" bash "$0" limits
+  python3 benchmarks/targets.py --limits "$(ls "$OUT"/limits_*.csv | paste -sd, -)" --out "$OUT/targets.md" \
+    && cat "$OUT/targets.md"
   ;;
 s33c)  # session 33 (issue 16), the one call when device time is short (~8 min): session 25's L2 prefetch (config
   # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then s33's head
