@@ -36,9 +36,8 @@
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
 #   bash benchmarks/h200_run.sh close1 | close2 | close3  # issues 16 / 17's tables with today's defaults (decode +
 #                                     # store; extend), then ncu over their misses: the three calls that settle them
-#   bash benchmarks/h200_run.sh s33   # session 33: decode at head dims 64 / 256 (default rows, candidate configs);
-#                                     # s33b: s32s, then ncu over the B 32 decode misses (limits decode:b32);
-#                                     # s33c: B 1's L2 prefetch, then s33 in ~8 min
+#   bash benchmarks/h200_run.sh s33c  # session 33: B 1's L2 prefetch, decode at head dims 64 / 256 (candidate configs,
+#                                     # default rows); s33b: s32s, then ncu over the B 32 decode misses
 #   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
 #                                     # s32s: the channel walk's threads holding 4 channels, off / on
 #   bash benchmarks/h200_run.sh s29   # session 29 (issue 16): GPU tests of the defaults and the three untimed switches, then
@@ -849,22 +848,6 @@ s31)  # session 31 (issues 16, 17) on an H100: the decode table through the publ
     2>&1 | tail -1
   cut -d, -f1,7,9-11 "$OUT/store/store.csv"
   ;;
-s33)  # session 33 (issue 16): head dims 64 and 256, where few packaged entries exist (the default is the heuristic's
-  # 4 warps x auto_splits = 4). The decode rows at SmolLM2's shape (B 32 x 8K, Hq 9, Hk 3, D 64: 96 programs) and
-  # D 256 (B 32 x 8K, Hq 8, Hk 4: 128 programs) with default dispatch, then candidate configs beside the heuristic's
-  # (8 warps at about one program an SM, as the D 128 few-programs rule; fewer / more splits; 16-token tiles) (~8 min)
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-  KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${DEC_S:-170}" python3 benchmarks/run.py --out "$OUT/decode" --cases decode \
-    --shapes "${DEC_SHAPES:-smollm2,d256}" --dispatch default --budget "${DEC_BUDGET:-150}" 2>&1 | tail -1
-  cut -d, -f1,2,3,7,16,17,18 "$OUT/decode/decode.csv"
-  for sc in "smollm2 tw32:s4,tw32:s1:w8,tw32:s2:w8,tw32:s2,tw16:s4,tw32:s8" \
-            "d256 tw16:s4,tw32:s4,tw16:s1:w8,tw16:s2:w8,tw32:s1:w8,tw16:s2"; do
-    set -- $sc
-    timeout "${H_S:-170}" python3 benchmarks/decode_configs.py --tag "$1" --shape "$1" --configs "$2" \
-      --schemes "${H_SCHEMES:-q4_0,q8_0,fp8_e4m3,kivi4,kivi2,int3,int2,nf4,mxfp4,nvfp4}" 2>&1 | grep "^cfg" \
-      | tee -a "$OUT/d64_d256_cells.txt"
-  done
-  ;;
 close1)  # issues 16 / 17 closing, call 1 of 3 (~9 min; on the H200 the issues name): the decode table of issue 16 with
   # today's defaults (B 32 / B 1 x 32K, SmolLM2's D 64 and the D 256 shape; default and heuristic rows), then the store
   # table. Merge the rows into sweeps/results/<gpu>/decode.csv / store.csv; `python benchmarks/targets.py` reads them
@@ -892,8 +875,9 @@ close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the 
     && cat "$OUT/targets.md"
   ;;
 s33c)  # session 33 (issue 16), the one call when device time is short (~8 min): session 25's L2 prefetch (config
-  # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then s33's head
-  # dims 64 / 256 (candidate configs beside the heuristic's, then the default rows through the public API)
+  # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then head
+  # dims 64 / 256 (candidate configs beside the heuristic's: 8 warps at about one program an SM, as the D 128 few-programs
+  # rule; fewer / more splits; 16-token tiles), then the default rows through the public API
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${B1_S:-100}" python3 benchmarks/decode_configs.py --tag b1 --shape b1 \
     --schemes "${B1_SCHEMES:-q4_0,int2,nf4,kivi4,fp8_e4m3}" \
