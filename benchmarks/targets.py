@@ -59,19 +59,19 @@ class Cell:
 
     @property
     def ok(self) -> bool | None:
-        if self.value is None or math.isnan(self.value):
+        if self.value is None:
             return None
         return self.value <= self.target if self.le else self.value >= self.target
 
 
-def _find(folder: Path, name: str) -> Path | None:
-    """`folder/name`, else the one `folder/*/name`; several of those are an error (name the file with its option)."""
+def _find(folder: Path, name: str, option: str) -> Path | None:
+    """`folder/name`, else the one `folder/*/name`; several of those are an error (name the file with `--option`)."""
     if (folder / name).is_file():
         return folder / name
     found = sorted(p for p in folder.glob(f"*/{name}") if p.is_file())
     if len(found) > 1:
         raise SystemExit(f"{folder}: {len(found)} files named {name} one folder down ({', '.join(str(p) for p in found)});"
-                         f" pass the one to check with --{name.split('.')[0].replace('flashinfer_fp8', 'peers')}")
+                         f" pass the one to check with --{option}")
     return found[0] if found else None
 
 
@@ -95,15 +95,12 @@ def _rows(path: Path | None, kind: str) -> list[dict]:
         return list(r)
 
 
-def _f(text) -> float | None:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
-
-
 def _value(r: dict | None, col: str) -> float | None:
-    v = _f(r.get(col)) if r else None
+    """A row's number in `col`; None for no row, an empty or unparsable cell, or NaN."""
+    try:
+        v = float(r[col]) if r else None
+    except (KeyError, TypeError, ValueError):
+        return None
     return None if v is None or math.isnan(v) else v
 
 
@@ -257,7 +254,7 @@ def main(argv=None) -> str:
                         ("peers", "flashinfer_fp8.csv")):
         if direct[name] and not Path(direct[name]).is_file():
             raise SystemExit(f"--{name} {direct[name]}: no such file")
-        files[name] = Path(direct[name]) if direct[name] else (_find(folder, fname) if folder else None)
+        files[name] = Path(direct[name]) if direct[name] else (_find(folder, fname, name) if folder else None)
     if not any(files.values()):
         raise SystemExit(f"no decode.csv, store.csv, extend.csv or flashinfer_fp8.csv in {folder} or one folder down")
     rows = {n: _rows(p, n) for n, p in files.items()}

@@ -121,7 +121,8 @@ def candidates(key: str, B: int, n_kv_heads: int, D: int, k_spec, v_spec, device
 
 SOURCES = ("explicit config", "tuned: user file", "tuned: packaged", "nearest batch bucket", "gluon few-programs default",
            "gluon default", "triton default")
-_LAST: dict = {}
+_LAST: dict = {}     # `last_dispatch()`'s record of the latest call
+_LOGGED: set = set()  # (key, source) pairs already logged at DEBUG
 
 
 def last_dispatch() -> dict:
@@ -139,9 +140,6 @@ def _record(key, source, cfg, refused) -> None:
         _LOGGED.add((key, source))
         logging.getLogger("kvlab.dispatch").debug("decode %s: %s %s%s", key, source, cfg,
                                                   "".join(f"; refused {s}: {w}" for s, _, w in refused))
-
-
-_LOGGED: set = set()
 
 
 def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int | None = None):
