@@ -1,0 +1,119 @@
+"""Merging a device run into a GPU's committed tables (`benchmarks/merge_results.py`): cells replace their committed
+row in place, new cells append, rows without a value keep the committed one, the header keeps its history, and a run
+from another GPU, with other columns or with a cell twice is refused before anything is written."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COLS = ["scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size", "graph_ms", "error"]
+B32 = dict(dispatch="default", batch=32, context=32768, heads_q=32, heads_kv=8, head_dim=128, page_size=16)
+
+
+@pytest.fixture(scope="module")
+def mr():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import merge_results
+    return merge_results
+
+
+def _write(path: Path, rows: list[dict], cols=COLS, gpu="NVIDIA H200", commit="abc1234") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:   # the run's own writer: "\r\n" line ends, as benchmarks/run.py's
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows({c: str(r.get(c, "")) for c in cols} for r in rows)
+    (path.parent / ("header.json" if path.stem == "decode" else f"{path.stem}_header.json")).write_text(
+        json.dumps({"gpu": gpu, "commit": commit}))
+    return path
+
+
+def _row(scheme, ms, **kw):
+    return dict(B32, scheme=scheme, graph_ms=ms, **kw)
+
+
+def _committed(tmp_path):
+    into = tmp_path / "h200"
+    _write(into / "decode.csv", [_row("bf16", 1.0), _row("q4_0", 0.5), _row("int2", 0.4)], commit="old0000")
+    return into
+
+
+def test_replace_in_place_append_and_keep(mr, tmp_path):
+    into = _committed(tmp_path)
+    run = tmp_path / "run"
+    _write(run / "decode" / "decode.csv", [_row("q4_0", 0.3), _row("kivi4", 0.6), dict(_row("bf16", 0.9), batch="32.0")],
+           commit="new1111")
+    (line,) = mr.merge(run, into)
+    assert "2 replaced, 1 added, 1 kept" in line
+    text = (into / "decode.csv").read_text()
+    assert "\r" not in text
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [(r["scheme"], r["graph_ms"]) for r in rows] == [("bf16", "0.9"), ("q4_0", "0.3"), ("int2", "0.4"),
+                                                             ("kivi4", "0.6")]
+    head = json.loads((into / "header.json").read_text())
+    assert head["commit"] == "new1111" and head["history"][0]["commit"] == "old0000"
+    _write(run / "decode" / "decode.csv", [_row("int2", 0.35)], commit="new2222")
+    mr.merge(run, into)
+    head = json.loads((into / "header.json").read_text())
+    assert [h["commit"] for h in head["history"]] == ["new1111", "old0000"]
+
+
+def test_row_without_value_keeps_the_committed_one(mr, tmp_path):
+    into = _committed(tmp_path)
+    run = tmp_path / "run"
+    _write(run / "decode.csv", [_row("q4_0", "", error="skipped: budget"), _row("int2", "nan", error="gate failed")])
+    (line,) = mr.merge(run, into)
+    assert "0 replaced" in line and "2 run rows without a value not merged" in line
+    assert [r["graph_ms"] for r in csv.DictReader(open(into / "decode.csv"))] == ["1.0", "0.5", "0.4"]
+    mr.merge(run, into, keep_empty=True)
+    rows = list(csv.DictReader(open(into / "decode.csv")))
+    assert [r["error"] for r in rows] == ["", "skipped: budget", "gate failed"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("gpu", "ran on 'NVIDIA H100 80GB HBM3'"),
+    ("columns", "lacks error"),
+    ("twice", "appears twice"),
+    ("nogpu", "says which GPU"),
+])
+def test_refused_before_anything_is_written(mr, tmp_path, case, message):
+    into = _committed(tmp_path)
+    before = {p.name: p.read_bytes() for p in into.iterdir()}
+    run = tmp_path / "run"
+    rows = [_row("q4_0", 0.3)]
+    if case == "gpu":
+        _write(run / "decode.csv", rows, gpu="NVIDIA H100 80GB HBM3")
+    elif case == "columns":
+        _write(run / "decode.csv", rows, cols=COLS[:-1])
+    elif case == "twice":
+        _write(run / "decode.csv", rows + [dict(_row("q4_0", 0.2), context="32768.0")])
+    else:
+        _write(run / "decode.csv", rows)
+        (run / "header.json").unlink()
+    # a good store table beside it must not be written either: the checks come before the first write
+    _write(run / "store.csv", [dict(scheme="q4_0", tokens=32768, backend="triton", graph_ms=0.01)],
+           cols=["scheme", "tokens", "backend", "graph_ms"])
+    with pytest.raises(SystemExit, match=message):
+        mr.merge(run, into)
+    assert {p.name: p.read_bytes() for p in into.iterdir()} == before
+
+
+def test_dry_run_and_missing_inputs(mr, tmp_path):
+    into = _committed(tmp_path)
+    before = (into / "decode.csv").read_bytes()
+    run = tmp_path / "run"
+    _write(run / "decode.csv", [_row("q4_0", 0.3)])
+    (line,) = mr.merge(run, into, dry_run=True)
+    assert "1 replaced" in line and (into / "decode.csv").read_bytes() == before
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no decode.csv"):
+        mr.merge(tmp_path / "empty", into)
+    with pytest.raises(SystemExit, match="is not one of"):
+        mr.merge(run, into, tables=["prefill"])
+    with pytest.raises(SystemExit, match="not a folder"):
+        mr.merge(tmp_path / "nowhere", into)
