@@ -6,7 +6,8 @@
 
 A config is `tw{16|32}:s{splits}[:r{maxnreg}][:w{warps}][:f][:pf|:np][:u][:l{n}][:t]` (f: fused merge; pf / np:
 the register prefetch on / off, else the kernel's default; u: the prefetching tile loop unrolled by two; l{n}: the L2
-prefetch n tiles ahead; t: the scores transposed, S^T = K Q^T). Prints one line per cell:
+prefetch n tiles ahead; t: the scores transposed, S^T = K Q^T), or `default`: the public `decode` with its default
+dispatch (whichever kernel it picks; the line names it). Prints one line per cell:
 `cfg <tag> <scheme> <config> <graph-replayed median ms>` and the kvlab file it imported, so two runs in one
 session (one per tree, on one warm GPU) compare the kernels at equal configs.
 """
@@ -71,7 +72,7 @@ def main() -> None:
     print(f"cfg {a.tag} imports {kvlab.__file__}", flush=True)
     shape = SHAPES[a.shape]
     B, L, Hq, Hk, D = (shape[k] for k in ("batch", "context", "heads_q", "heads_kv", "head_dim"))
-    configs = [(c, parse_config(c)) for c in a.configs.split(",")]
+    configs = [(c, None if c == "default" else parse_config(c)) for c in a.configs.split(",")]
     for name in a.schemes.split(","):
         sch = kvlab.scheme(SCHEMES.get(name, name))
         P = page_size(sch)
@@ -80,6 +81,15 @@ def main() -> None:
         kv = check_prefix(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
                           sch.k, sch.v, P, None, None, None, c["k_ts"], c["v_ts"], B)
         for text, cfg in configs:
+            if cfg is None:  # the public decode, default dispatch
+                from kvlab.kernels.decode import decode, last_dispatch
+                fn = decode(q, c["k_pages"], c["v_pages"], c["kv_indptr"], c["kv_indices"], c["kv_last_page_len"],
+                            sch.k, sch.v, P, k_tensor_scale=c["k_ts"], v_tensor_scale=c["v_ts"], plan=True)
+                fn()
+                ms = triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median")
+                d = last_dispatch()
+                print(f"cfg {a.tag} {name} default {ms:.4f} ({d.get('source')}: {d.get('config')})", flush=True)
+                continue
             why = gluon.why_not(q, kv, cfg)
             if why:
                 print(f"cfg {a.tag} {name} {text} skipped: {why}", flush=True)

@@ -36,6 +36,8 @@
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
 #   bash benchmarks/h200_run.sh close1 | close2 | close3  # issues 16 / 17's tables with today's defaults (decode +
 #                                     # store; extend), then ncu over their misses: the three calls that settle them
+#   bash benchmarks/h200_run.sh s34   # session 34: the int5 / int6 Gluon codecs' GPU tests, then their decode cells at
+#                                     # fixed configs beside the default dispatch (B 32 / B 1 x 32K)
 #   bash benchmarks/h200_run.sh s33c  # session 33: B 1's L2 prefetch, decode at head dims 64 / 256 (candidate configs,
 #                                     # default rows); s33b: s32s, then ncu over the B 32 decode misses
 #   bash benchmarks/h200_run.sh s32   # session 32: the decode heuristic's few-programs rule at B 16 and other heads at B 8;
@@ -873,6 +875,19 @@ close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the 
   LIMITS_PARTS="${LIMITS_PARTS:-decode:b32 decode:b1 store}" LIMITS_S="${LIMITS_S:-150}" bash "$0" limits
   python3 benchmarks/targets.py --limits "$(ls "$OUT"/limits_*.csv | paste -sd, -)" --out "$OUT/targets.md" \
     && cat "$OUT/targets.md"
+  ;;
+s34)  # session 34 (issue 16, ~6 min): the int5 / int6 Gluon codecs (q5_0, q5_1, int5 / int6 sequential; gluon.py keeps
+  # them in GPU_UNTESTED, off the default path, until these tests pass): their GPU tests, then B 32 and B 1 x 32K cells
+  # at fixed configs beside the public decode's default dispatch (today the Triton kernels), q4_1 as the reference
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE \
+    tests/kernels/decode/test_gluon.py -k "int5 or int6 or q5 or untested" 2>&1 | tee "$OUT/pytest_np.log" | tail -12
+  for sh in "b32 tw16:s2,tw16:s2:r128,tw32:s2" "b1 tw32:s33,tw16:s33"; do
+    set -- $sh
+    timeout "${NP_S:-100}" python3 benchmarks/decode_configs.py --tag np --shape "$1" --configs "default,$2" \
+      --schemes "${NP_SCHEMES:-q4_1,q5_0,q5_1,int5:g32:asym,int6:g32:sym,int6:g32:asym}" 2>&1 | grep "^cfg" \
+      | tee -a "$OUT/np_cells.txt"
+  done
   ;;
 s33c)  # session 33 (issue 16), the one call when device time is short (~8 min): session 25's L2 prefetch (config
   # l2_prefetch, never timed) at B 1 x 32K, where two programs an SM wait on DRAM a tile at a time, then head

@@ -60,7 +60,7 @@ def gluon_space(sch, B: int, Hq: int, Hk: int, D: int, P: int, device=None) -> l
         from .decode import gluon
     except ImportError:  # a Triton without the Gluon dialect
         return []
-    if not (gluon.gpu_verified(device or "cuda") or os.environ.get("KVLAB_GLUON") == "1"):
+    if not (gluon.gpu_verified(device or "cuda", sch.k, sch.v) or os.environ.get("KVLAB_GLUON") == "1"):
         return []
     if gluon.unsupported(sch.k, sch.v, D, P, Hq // Hk, device or "cuda") is not None:
         return []

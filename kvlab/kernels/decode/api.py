@@ -73,9 +73,9 @@ def _kernel(name: str):
     return triton
 
 
-def _gluon_verified(device) -> bool:
+def _gluon_verified(device, k_spec=None, v_spec=None) -> bool:
     try:
-        return _kernel("gluon").gpu_verified(device)
+        return _kernel("gluon").gpu_verified(device, k_spec, v_spec)
     except ValueError:
         return False
 
@@ -162,7 +162,7 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
     else:
         key = attention_key("decode", kv.k_spec, kv.v_spec, B, Hq, kv.n_kv_heads, D, kv.page_size)
         cands = candidates(key, B, kv.n_kv_heads, D, kv.k_spec, kv.v_spec, q.device,
-                           q.is_cuda and _gluon_verified(q.device))
+                           q.is_cuda and _gluon_verified(q.device, kv.k_spec, kv.v_spec))
         for source, cfg in cands:
             try:
                 mod = _kernel(cfg.kernel)

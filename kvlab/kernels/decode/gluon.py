@@ -62,6 +62,7 @@ from .gluon_codecs import (
     KF4,
     KT3,
     KT4,
+    NIBP,
     PER_WORD,
     Q4,
     Q4G,
@@ -88,11 +89,19 @@ from .gluon_codecs import (
 # (it times candidates, it does not check their results); a config with kernel "gluon" runs it on request
 # anywhere `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
 GPU_VERIFIED: tuple[tuple[int, int], ...] = ((9, 0),)
+# codecs whose GPU tests have not run yet (checked on CPU only: the emulated kernel against the reference, the asm value
+# by value, the sm_90 offline compile): default dispatch and the tuner leave them to the Triton kernels; an explicit
+# config with kernel "gluon" runs them. int5 / int6 (session 34): `bash benchmarks/h200_run.sh s34` runs their tests
+GPU_UNTESTED: tuple[int, ...] = NIBP
 
 
-def gpu_verified(device) -> bool:
-    """True when `device` is a CUDA GPU of a compute capability in GPU_VERIFIED."""
+def gpu_verified(device, k_spec=None, v_spec=None) -> bool:
+    """True when `device` is a CUDA GPU of a compute capability in GPU_VERIFIED (and, given specs, neither side's
+    codec is in GPU_UNTESTED)."""
     dev = torch.device(device)
+    if k_spec is not None and (codec_of(k_spec) in GPU_UNTESTED or
+                               (v_spec is not None and codec_of(v_spec, "v") in GPU_UNTESTED)):
+        return False
     return dev.type == "cuda" and torch.cuda.is_available() and \
         tuple(torch.cuda.get_device_capability(dev)) in GPU_VERIFIED
 

@@ -23,6 +23,9 @@ A codec turns a page's code words into fp16 `mma.sync.m16n8k16` B-operand fragme
   the MMA as 1024 + n, and the scales and offsets apply to each group's partial scores (`gluon._scores_tg`).
 - KF4 (22) / KF2 (23): KC4's / KC2's keys with the scales and zeros folded out of the tile (`gluon.KIVI_FOLD`): the
   codes as fp16 subnormals, the query times the scales, the zeros' term one MMA (`gluon._scores_tf`).
+- I5 (24) / I5A (25) / I6 (26) / I6A (27): int5 / int6 sym / asym (a 4-bit plane and a 1- or 2-bit plane per group,
+  sequential packing, groups of 32, 64 or 128); I5G (28) / I5GA (29): int5 with GGML's q5_0 / q5_1 blocks (the 1-bit
+  plane, then GGML nibbles, groups of 32). Each nibble comes out as Q4's, its plane bits OR-ed in above it.
 Group scales are fp16 as loaded, or bytes converted to fp16 per row (`scale16`): e8m0 (mxfp4), e4m3 (nvfp4, and the
 codebooks and symmetric int codecs with `s=e4m3`).
 Each codec's asm and layout are described where it is defined below (benchmarks/NOTES_decode.md has a table).
@@ -154,10 +157,24 @@ Q4G = 20
 C_Q4G = ttgl.constexpr(Q4G)
 CODECS[Q4G] = "int4 sym keys read by scale groups (q4_0 keys, GROUPED_K)"
 WORDS_K[Q4G], WORDS_V[Q4G] = 4, 2
+# int5 / int6 (`int5:g32:asym`, q5_0 / q5_1, `int6:g32:sym`): a group's nibble plane, read in Q4's words, and its 1- or
+# 2-bit plane (sequential bits: channel c of the group at bit PB c of the plane; GGML's qh is the same little-endian
+# mask, stored before the nibbles). A value or key register pairs the same nibble of two words A and B (two tokens'
+# words for values; two adjacent words of one row for keys), whose plane bits, each word's shifted to its first
+# channel, sit at the same offsets of the two 16-bit halves of one PRMT of them, so one shift and one LOP3 per
+# register set them above the nibble (`asm_np`)
+I5, I5A, I6, I6A, I5G, I5GA = 24, 25, 26, 27, 28, 29
+C_I5, C_I5A, C_I6, C_I6A, C_I5G, C_I5GA = (ttgl.constexpr(c) for c in (I5, I5A, I6, I6A, I5G, I5GA))
+NIBP = (I5, I5A, I6, I6A, I5G, I5GA)  # codecs of a nibble plane and a high plane
+CODECS.update({I5: "int5 sym", I5A: "int5 asym (int5:g32:asym)", I6: "int6 sym", I6A: "int6 asym",
+               I5G: "int5 sym, GGML blocks (q5_0)", I5GA: "int5 asym, GGML blocks (q5_1)"})
+WORDS_K.update(dict.fromkeys(NIBP, 4))  # the nibble plane's words (the high plane's word is read beside each)
+WORDS_V.update(dict.fromkeys(NIBP, 2))
+ASYM = ASYM + (I5A, I6A, I5GA)
 _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2), **dict.fromkeys(CB3_FORMATS, CB3)}
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
-PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3
+PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3 + NIBP
 HEAD_DIMS = (64, 128, 256)
 # stored group-scale dtypes the loaders convert to fp16 (`scale16`): fp16 as is; e8m0 (mxfp4) and e4m3 bytes. e4m3
 # scales also serve the codebooks and the symmetric int codecs (`lm2:s=e4m3`: 2.125 bits at groups of 64); codecs
@@ -213,6 +230,11 @@ def codec_of(spec, role: str = "k") -> int | None:
             return Q2 if spec.sym else Q2A
         if spec.bits == 3 and spec.pack == "seq" and tuple(spec.planes) == (2, 1):
             return I3 if spec.sym else I3A
+        if spec.bits in (5, 6) and tuple(spec.planes) == (4, spec.bits - 4):
+            if spec.pack == "seq":
+                return {(5, True): I5, (5, False): I5A, (6, True): I6, (6, False): I6A}[spec.bits, spec.sym]
+            if spec.pack == "ggml" and spec.bits == 5 and spec.group == 32:
+                return I5G if spec.sym else I5GA
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     table = _TABLE_OF.get(spec.fmt)  # codebooks; the 3-bit one in int3's layout, sequential packing only
@@ -245,6 +267,13 @@ def k_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
             return [16 * ((kap >> 1) & 3) + 8 * (kap & 1) + (kap >> 3) for kap in range(D)]
         return [D // 4 * ((kap >> 1) & 3) + 32 * (kap >> 7) + 16 * (kap & 1) + ((kap >> 3) & 15) for kap in range(D)]
     out, rb = [], 4 * words_k(codec, D)
+    if codec in NIBP:  # register x = f + 2 k + 8 u pairs nibble f of byte k of the thread-row's words 2 u (h2 = 0) and
+        # 2 u + 1 (h2 = 1), the row's nibble bytes counted without the high plane's
+        for kap in range(D):
+            h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
+            f, k, u = x & 1, (x >> 1) & 3, x >> 3
+            out.append(_nibble_channel(rb * r + 4 * (2 * u + h2) + k, f, "ggml" if codec in (I5G, I5GA) else "seq", G))
+        return out
     for kap in range(D):
         h2, r, x = kap & 1, (kap >> 1) & 3, kap >> 3
         if codec == Q4G:  # register x = q + 4 wi: word wi of thread r is word r of group wi (`C_Q4G`)
@@ -271,7 +300,8 @@ def v_channel_order(codec: int = Q4, pack: str = "ggml", G: int = 32, D: int = 1
     out, gb = [], (2 if v_half(codec, D) else 4 * words_v(codec, D))
     for n in range(D):
         g, nt = n & 7, n >> 3
-        if codec in (Q4, Q4A, F4M, F4N, CB):  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the thread's bytes
+        if codec in (Q4, Q4A, F4M, F4N, CB) + NIBP:  # nt = h + 2 k + 8 we: nibble h of byte k of word we of the
+            # thread's (nibble) bytes
             h, k, we = nt & 1, (nt >> 1) & 3, nt >> 3
             out.append(_nibble_channel(gb * g + 4 * we + k, h, pack, G))
         elif codec in (Q2, Q2A, CB2):  # nt = f + 4 k + 16 we: field f of byte k of word we
@@ -742,6 +772,50 @@ AVT0, AVT1, AVT2, AVT3 = (ttgl.constexpr(asm_v(Q2, k)) for k in range(4))
 AVU0, AVU1, AVU2, AVU3 = (ttgl.constexpr(asm_v(Q2A, k)) for k in range(4))
 
 
+def asm_np(codec: int, k: int) -> str:
+    """int5 / int6 (`NIBP`), byte k of the nibble words A and B -> (lo A, lo B, hi A, hi B) as Q4's values, each nibble
+    with its high-plane bits OR-ed in above it: 1024 + c (low nibbles) or 1024 + 16 c (high nibbles, meeting s / 16)
+    before the offset and scale. In: $4 wA, $5 wB, $6 pA, $7 pB (each word's high plane shifted so that its first
+    channel's bits are bit 0), $8 sA, $9 sB, $10 sA / 16, $11 sB / 16 (asym: $12 mA, $13 mB). Sequential planes:
+    nibble f of byte k is channel 2 k + f of the word, plane bits PB (2 k + f); GGML's (q5_0): the low nibble of byte
+    k is channel k of the word's block, its plane bit k; the high nibble channel k + 16, plane bit k + 16 (the high
+    halves of pA / pB). Sym offsets 2^(b-1) (q5_0: 16)."""
+    bits = 6 if codec in (I6, I6A) else 5
+    asym, ggml = codec in ASYM, codec in (I5G, I5GA)
+    pb = bits - 4
+    half = 0 if asym else 1 << (bits - 1)
+    cl, ch = 0xE400 + half, 0xE400 + 16 * half
+    fin = "fma.rn.f16x2 {r}, {r}, {s}, m1;" if asym else "mul.rn.f16x2 {r}, {r}, {s};"
+    lines = ["{ .reg .b32 t, lo, hi, pp, pq, x, s1, s16, cl, ch, m1;", f"mov.b32 cl, 0x{cl:04X}{cl:04X};",
+             f"mov.b32 ch, 0x{ch:04X}{ch:04X};", "mov.b32 s1, {$8, $9};", "mov.b32 s16, {$10, $11};"] + (
+        ["mov.b32 m1, {$12, $13};"] if asym else []) + [
+        f"prmt.b32 t, $4, $5, 0x{4 + k}{4 + k}{k}{k};",
+        "lop3.b32 lo, t, 0x000F000F, 0x64006400, 0xEA;", "lop3.b32 hi, t, 0x00F000F0, 0x64006400, 0xEA;",
+        "prmt.b32 pp, $6, $7, 0x5410;"]
+    if ggml:
+        lines += ["prmt.b32 pq, $6, $7, 0x7632;"]
+        ins = [("lo", "pp", k, 4), ("hi", "pq", k, 8)]
+    else:
+        ins = [("lo", "pp", pb * 2 * k, 4), ("hi", "pp", pb * (2 * k + 1), 8)]
+    mask = (1 << pb) - 1
+    for r, src, bit, top in ins:  # plane bits bit .. bit + pb - 1 of each half of src -> bits top .. of r's half
+        sh = top - bit
+        lines += [f"shl.b32 x, {src}, {sh};" if sh > 0 else (f"shr.b32 x, {src}, {-sh};" if sh < 0 else
+                                                              f"mov.b32 x, {src};"),
+                  f"lop3.b32 {r}, {r}, x, 0x{mask << top:04X}{mask << top:04X}, 0xF8;"]
+    lines += ["add.rn.f16x2 lo, lo, cl;", "add.rn.f16x2 hi, hi, ch;", fin.format(r="lo", s="s1"),
+              fin.format(r="hi", s="s16"), "mov.b32 {$0, $1}, lo;", "mov.b32 {$2, $3}, hi; }"]
+    return "\n".join(lines)
+
+
+AN50, AN51, AN52, AN53 = (ttgl.constexpr(asm_np(I5, k)) for k in range(4))
+AM50, AM51, AM52, AM53 = (ttgl.constexpr(asm_np(I5A, k)) for k in range(4))
+AN60, AN61, AN62, AN63 = (ttgl.constexpr(asm_np(I6, k)) for k in range(4))
+AM60, AM61, AM62, AM63 = (ttgl.constexpr(asm_np(I6A, k)) for k in range(4))
+AG50, AG51, AG52, AG53 = (ttgl.constexpr(asm_np(I5G, k)) for k in range(4))
+AH50, AH51, AH52, AH53 = (ttgl.constexpr(asm_np(I5GA, k)) for k in range(4))
+
+
 # ---- loads ---------------------------------------------------------------------------------------------
 # page-tensor offsets built as (page base + the lane parts) + the register parts, so the compiler folds each
 # register's constant into its load's immediate offset (`tok_rows`' REG, `kc_load`); KVLAB_GLUON_FOLD_ROWS=0 builds them
@@ -774,6 +848,41 @@ def mload(ptr, m, other, MASK: ttgl.constexpr):
         return ttgl.load(ptr, mask=m, other=other)
     else:
         return ttgl.load(ptr)
+
+
+@gluon.jit
+def _np_words(nl, wi, CODEC: ttgl.constexpr, G: ttgl.constexpr, SPAN: ttgl.constexpr):
+    """int5 / int6 (`NIBP`): for the nibble bytes nl + 4 wi .. + 3 of a row (counted without the high plane; nl, the
+    lane part, a multiple of 4; wi, the register part, a word index), the row word that holds them, the row word of
+    their high plane, the shift that brings their first channel's plane bits to bit 0, and their group. A group is
+    G / 8 nibble words then PB G / 32 plane words (sequential), or GGML's q5 block: one plane word (qh), then 4 nibble
+    words (G = 32). The word offsets come out as (lane part) + (register part), the latter a constant of each register
+    that the compiler folds into the load's immediate offset (`tok_rows`' REG). SPAN: the words run past one group
+    (keys at D 256 with groups of 32; nl then a multiple of G / 2)."""
+    PB: ttgl.constexpr = 2 if CODEC == C_I6 or CODEC == C_I6A else 1
+    GW: ttgl.constexpr = (4 + PB) * G // 32  # words per group
+    if CODEC == C_I5G or CODEC == C_I5GA:  # low nibbles: channels j.. of the group (plane bits j..), high: j + 16..
+        gl = nl // 16
+        if SPAN:
+            gr = (4 * wi) // 16
+            jr = (4 * wi) % 16
+            return (GW * gl) + (GW * gr + 1 + jr // 4), (GW * gl) + GW * gr, jr + 0 * nl, gl + gr
+        else:  # (nl % 16 + 4 wi < 16)
+            jl = nl % 16
+            return (GW * gl + 1 + jl // 4) + wi, (GW * gl) + 0 * wi, jl + 4 * wi, gl + 0 * wi
+    else:
+        cl = 2 * nl  # first channel of the lane part
+        gl = cl // G
+        if SPAN:  # (cl % G == 0)
+            cr = 8 * wi
+            gr = cr // G
+            o = cr % G
+            return (GW * gl) + (GW * gr + o // 8), (GW * gl) + (GW * gr + G // 8 + (PB * o) // 32), \
+                (PB * o) % 32 + 0 * nl, gl + gr
+        else:  # (the lane's channels and its words' lie in one group; (PB ol) % 32 + 8 PB wi < 32 or ol = 0)
+            ol = cl % G
+            return (GW * gl + ol // 8) + wi, (GW * gl + G // 8 + (PB * ol) // 32) + (8 * PB * wi) // 32, \
+                (PB * ol + 8 * PB * wi) % 32, gl + 0 * wi
 
 
 @gluon.jit
@@ -877,8 +986,15 @@ def _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.co
     r = ttgl.arange(0, 4, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, L3)))
     KREG: ttgl.constexpr = (TW - 1) & ~7  # token bits 3 (, 4) of K's layouts lie in registers
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
-    RW: ttgl.constexpr = 3 * D // 32 if I3ANY else 4 * WK  # words per row
+    NP: ttgl.constexpr = 2 if CODEC == C_I6 or CODEC == C_I6A else (1 if CODEC == C_I5 or CODEC == C_I5A or
+                                                                     CODEC == C_I5G or CODEC == C_I5GA else 0)
+    # (int5 / int6: bits per channel of the high plane)
+    RW: ttgl.constexpr = 3 * D // 32 if I3ANY else ((4 + NP) * D // 32 if NP else 4 * WK)  # words per row
+    NPA: ttgl.constexpr = CODEC == C_I5A or CODEC == C_I6A or CODEC == C_I5GA
     word = (WK * r[None, None, :] + wi[None, :, None])[:, :, :, None]  # [1, wi, r, 1]
+    if NP:  # word wi of thread-row r: the row's nibble bytes n0 = D / 8 r + 4 wi .. n0 + 3 (high plane not counted)
+        word, pword, psh, gi = _np_words((D // 8) * r[None, None, :], wi[None, :, None], CODEC, G, D // 4 > G)
+        word = word[:, :, :, None]
     if I3ANY:  # word wi of thread-row r holds the 16 channels from c = D / 4 r + 16 wi on, at offset o of group gi
         # (a group's 3 G / 32 words: G / 16 2-bit words, then G / 32 plane words)
         c = (D // 4) * r[None, None, :] + 16 * wi[None, :, None]  # [1, wi, r]
@@ -891,6 +1007,8 @@ def _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.co
     w = ttgl.load(KC + rows[:, None, None, :] + word)
     if I3ANY:  # the plane word of each 2-bit word [NW, wi, r, TW], shifted to that word's first channel
         w2 = ttgl.load(KC + rows[:, None, None, :] + pword) >> (o % 32)[:, :, :, None]
+    elif NP:  # the high plane of each nibble word, shifted to that word's first channel
+        w2 = ttgl.load(KC + rows[:, None, None, :] + pword[:, :, :, None]) >> psh[:, :, :, None]
     else:
         w2 = w
     LS: ttgl.constexpr = ttgl.SliceLayout(1, KW)
@@ -902,10 +1020,10 @@ def _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.co
                          ttgl.SliceLayout(1, ttgl.SliceLayout(2, KW)), NW, False, PS, KREG, MASK)
         GB: ttgl.constexpr = G * 16 * WK // D  # bytes per group (a thread-row holds 4 WK bytes of D / 4 channels)
         sg = (4 * WK * r[None, None, :] + 4 * wi[None, :, None]) // GB  # [1, wi, r]: the group of each word
-        if I3ANY:  # int3 / lm3: the group of the word's first channel
+        if I3ANY or NP:  # int3 / lm3 / int5 / int6: the group of the word's first channel
             sg = gi
         s = scale16(ttgl.load(KS + srows[:, None, None, :] + sg[:, :, :, None]), SD)  # [NW, wi, r, TW]
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A or NPA:
             m = ttgl.load(KZ + srows[:, None, None, :] + sg[:, :, :, None])
         else:
             m = ttgl.full([NW, WK, 4, TW], 0.0, ttgl.float16, layout=KW)
@@ -915,7 +1033,7 @@ def _k_load_rows(KC, KS, KZ, IDX, t0, hi, hk, kc0, kc1, ks0, ks1, CODEC: ttgl.co
                          KREG, MASK)
         rs = rs * (D // 4) // G  # the group of the thread's D / 4 channels
         s = scale16(ttgl.load(KS + srows[:, None, :] + rs[None, :, None]), SD)
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A or NPA:
             m = ttgl.load(KZ + srows[:, None, :] + rs[None, :, None])
     return w, w2, s, m
 
@@ -1050,7 +1168,12 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         pword = ((3 * G // 32) * gg + G // 16 + og // 32)[:, :, :, None]
     if HALF:  # thread g: half g % 2 of word g // 2
         word = ((g // 2)[None, None, :] + 0 * we[None, :, None])[:, :, :, None]
-    RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else (D // 16 if HALF else 8 * WV)  # words per row
+    NP: ttgl.constexpr = 2 if CODEC == C_I6 or CODEC == C_I6A else (1 if CODEC == C_I5 or CODEC == C_I5A or
+                                                                     CODEC == C_I5G or CODEC == C_I5GA else 0)
+    if NP:  # int5 / int6: word we of thread g holds the row's nibble bytes D / 16 g + 4 we .. + 3; its high plane
+        word, pword, psh, gi_ = _np_words((D // 16) * g[None, None, :], we[None, :, None], CODEC, G, False)
+        word = word[:, :, :, None]
+    RWV: ttgl.constexpr = 3 * D // 32 if I3ANY else ((4 + NP) * D // 32 if NP else (D // 16 if HALF else 8 * WV))
     # token bits 0, 3 (, 4) of VW lie in registers; of the scales' pairs (VWA), pair bits 2 (, 3): tokens 8 (, 16)
     rows = tok_rows(IDX, t0, hi, hk, vc0, vc1, RWV, P, TW, TW, 1, L2W, NW, PERM, PS, 1 | ((TW - 1) & ~7), MASK)
     if CODEC == C_F8:  # no scale to zero the rows past `hi` with: their codes (NaN patterns too) are read as 0
@@ -1071,10 +1194,16 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
         pa, pb = ttgl.split(ttgl.reshape(pw, [NW, WV, 8, TW // 2, 2]))
         pa = ttgl.convert_layout(pa, VWA, assert_trivial=True)
         pb = ttgl.convert_layout(pb, VWA, assert_trivial=True)
+    elif NP:  # the high plane of each nibble word, shifted to its first channel
+        pw = ttgl.load(VC + rows[:, None, None, :] + pword[:, :, :, None]) >> psh[:, :, :, None]
+        pa, pb = ttgl.split(ttgl.reshape(pw, [NW, WV, 8, TW // 2, 2]))
+        pa = ttgl.convert_layout(pa, VWA, assert_trivial=True)
+        pb = ttgl.convert_layout(pb, VWA, assert_trivial=True)
     else:
         pa = wa
         pb = wb
     S3: ttgl.constexpr = ttgl.SliceLayout(1, VWA)  # [NW, g, c]
+    NPA: ttgl.constexpr = CODEC == C_I5A or CODEC == C_I6A or CODEC == C_I5GA
     ma = ttgl.full([NW, 8, TW // 2], 0.0, ttgl.float16, layout=S3)
     mb = ma
     if CODEC == C_F8:
@@ -1103,7 +1232,7 @@ def v_load(VC, VS, VZ, IDX, t0, hi, hk, vc0, vc1, vs0, vs1, CODEC: ttgl.constexp
             off = srow[:, None, :] + (sg * (D // 8) // G)[None, :, None]  # the group of the thread's D / 8 channels
             sa = scale16(mload(VS + off, (ta < hi)[:, None, :], 0, MASK), SD)
             sb = scale16(mload(VS + off + T2 * (D // G), (ta + T2 < hi)[:, None, :], 0, MASK), SD)
-        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A:
+        if CODEC == C_Q4A or CODEC == C_I8A or CODEC == C_Q2A or CODEC == C_I3A or NPA:
             ma = mload(VZ + off, (ta < hi)[:, None, :], 0.0, MASK)
             mb = mload(VZ + off + T2 * (D // G), (ta + T2 < hi)[:, None, :], 0.0, MASK)
     return wa, wb, sa, sb, ma, mb, pa, pb
@@ -1137,13 +1266,55 @@ def _i3(wa, wb, pa, pb, sa, sb, ma, mb, ASYMC: ttgl.constexpr, CODEC: ttgl.const
 
 
 @gluon.jit
+def _np1(wa, wb, pa, pb, sa, sb, ma, mb, ASYMC: ttgl.constexpr, AS: ttgl.constexpr, AA: ttgl.constexpr):
+    """int5 / int6, byte k of words A and B (the asm AS, or AA with zeros) -> [..., h2, f]: (A, B) innermost, then the
+    low / high nibble."""
+    if ASYMC:
+        o = ttgl.inline_asm_elementwise(AA, "=h,=h,=h,=h,r,r,r,r,h,h,h,h,h,h",
+                                        [wa, wb, pa, pb, sa, sb, sa * 0.0625, sb * 0.0625, ma, mb],
+                                        dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+    else:
+        o = ttgl.inline_asm_elementwise(AS, "=h,=h,=h,=h,r,r,r,r,h,h,h,h",
+                                        [wa, wb, pa, pb, sa, sb, sa * 0.0625, sb * 0.0625],
+                                        dtype=(ttgl.float16,) * 4, is_pure=True, pack=1)
+    return ttgl.join(_j2(o[0], o[1]), _j2(o[2], o[3]))
+
+
+@gluon.jit
+def _np4(wa, wb, pa, pb, sa, sb, ma, mb, CODEC: ttgl.constexpr):
+    """int5 / int6 words A and B (and their high planes) -> [..., h2, f, k0, k1]: bytes k = k0 + 2 k1."""
+    if CODEC == C_I5 or CODEC == C_I5A:
+        A: ttgl.constexpr = CODEC == C_I5A
+        j = ttgl.join(ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN50, AM50),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN51, AM51)),
+                      ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN52, AM52),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN53, AM53)))
+    elif CODEC == C_I6 or CODEC == C_I6A:
+        A: ttgl.constexpr = CODEC == C_I6A
+        j = ttgl.join(ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN60, AM60),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN61, AM61)),
+                      ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN62, AM62),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AN63, AM63)))
+    else:
+        A: ttgl.constexpr = CODEC == C_I5GA
+        j = ttgl.join(ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AG50, AH50),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AG51, AH51)),
+                      ttgl.join(_np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AG52, AH52),
+                                _np1(wa, wb, pa, pb, sa, sb, ma, mb, A, AG53, AH53)))
+    return j
+
+
+@gluon.jit
 def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.constexpr, TW: ttgl.constexpr,
             D: ttgl.constexpr, G: ttgl.constexpr, tab):
     """K^T fragment [NW, D, TW] fp16, contraction in k_channel_order(CODEC), from `k_load`'s words, scales
     and zeros (`tab`: the codebook's 8 table words, for CB)."""
     PW: ttgl.constexpr = CODEC != C_F8 and D // 4 > G  # k_load gave a scale (and zero) per code word
     I3ANY: ttgl.constexpr = CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3
-    if not PW and not I3ANY and CODEC != C_Q4G:
+    NP: ttgl.constexpr = CODEC == C_I5 or CODEC == C_I5A or CODEC == C_I6 or CODEC == C_I6A or CODEC == C_I5G or \
+        CODEC == C_I5GA
+    WK: ttgl.constexpr = w.shape[1]
+    if not PW and not I3ANY and not NP and CODEC != C_Q4G:
         s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
     if CODEC == C_Q4G:  # the codes as they enter the MMA (`C_Q4G`); scales and offsets apply to the scores
         o = ttgl.inline_asm_elementwise(ASM_K_Q4G, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(ttgl.float16,) * 8,
@@ -1208,6 +1379,25 @@ def k_build(w, w2, s, m, CODEC: ttgl.constexpr, B: ttgl.constexpr, NW: ttgl.cons
                                 _i3(wa, wb, pa, pb, s, s, m, m, A, CODEC, tab, AI33, AJ33, AL33)))
         # [NW, r, TW, h2, f0, f1, k0, k1]
         j = ttgl.permute(j, [0, 7, 6, 5, 4, 1, 3, 2])  # [NW, k1, k0, f1, f0, r, h2, TW]
+    elif NP:  # int5 / int6: words 2 u and 2 u + 1 of the thread-row as A and B (h2), their high planes in w2
+        if not PW:
+            s = ttgl.broadcast(ttgl.expand_dims(s, 1), w)[0]
+            m = ttgl.broadcast(ttgl.expand_dims(m, 1), w)[0]
+        if D == 64:  # the thread-row's two words: [NW, wi, r, TW] -> [NW, r, TW]
+            wa, wb = ttgl.split(ttgl.permute(w, [0, 2, 3, 1]))
+            pa, pb = ttgl.split(ttgl.permute(w2, [0, 2, 3, 1]))
+            sa, sb = ttgl.split(ttgl.permute(s, [0, 2, 3, 1]))
+            ma, mb = ttgl.split(ttgl.permute(m, [0, 2, 3, 1]))
+            j = _np4(wa, wb, pa, pb, sa, sb, ma, mb, CODEC)  # [NW, r, TW, h2, f, k0, k1]
+            j = ttgl.permute(j, [0, 6, 5, 4, 1, 3, 2])  # [NW, k1, k0, f, r, h2, TW]
+        else:  # [NW, wi, r, TW] -> [NW, r, TW, u, h2] (wi = 2 u + h2)
+            U: ttgl.constexpr = WK // 2
+            wa, wb = ttgl.split(ttgl.reshape(ttgl.permute(w, [0, 2, 3, 1]), [NW, 4, TW, U, 2]))
+            pa, pb = ttgl.split(ttgl.reshape(ttgl.permute(w2, [0, 2, 3, 1]), [NW, 4, TW, U, 2]))
+            sa, sb = ttgl.split(ttgl.reshape(ttgl.permute(s, [0, 2, 3, 1]), [NW, 4, TW, U, 2]))
+            ma, mb = ttgl.split(ttgl.reshape(ttgl.permute(m, [0, 2, 3, 1]), [NW, 4, TW, U, 2]))
+            j = _np4(wa, wb, pa, pb, sa, sb, ma, mb, CODEC)  # [NW, r, TW, u, h2, f, k0, k1]
+            j = ttgl.permute(j, [0, 3, 7, 6, 5, 1, 4, 2])  # [NW, u, k1, k0, f, r, h2, TW]
     elif CODEC == C_Q2 or CODEC == C_Q2A or CODEC == C_CB2:
         if CODEC == C_CB2:
             z = w * 0  # the table's low-byte and high-byte words, splat in w's layout
@@ -1347,6 +1537,10 @@ def v_build(wa, wb, sa, sb, ma, mb, pa, pb, CODEC: ttgl.constexpr, B: ttgl.const
                           ttgl.join(_v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA2),
                                     _v_q4a(wa, wb, sa, sb, sa16, sb16, ma, mb, AVA3)))
         j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # [NW, we, g, c, t0, h, k0, k1] -> [NW, c, t0, we, k1, k0, h, g]
+    elif CODEC == C_I5 or CODEC == C_I5A or CODEC == C_I6 or CODEC == C_I6A or CODEC == C_I5G or CODEC == C_I5GA:
+        j = _np4(wa, wb, pa, pb, sa, sb, ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0],
+                 ttgl.broadcast(ttgl.expand_dims(mb, 1), wa)[0], CODEC)  # [NW, we, g, c, t0, h, k0, k1]
+        j = ttgl.permute(j, [0, 3, 4, 1, 7, 6, 5, 2])  # as int4: [NW, c, t0, we, k1, k0, h, g]
     elif CODEC == C_I3 or CODEC == C_I3A or CODEC == C_CB3:
         if CODEC == C_I3A:
             ma = ttgl.broadcast(ttgl.expand_dims(ma, 1), wa)[0]

@@ -37,7 +37,8 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "int8:g64:asym", "int4:g128:sym", "int4:g64:asym:pack=ggml", "int2:g32:asym", "int2:g64:sym:pack=ggml",
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
            "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
-           "lm3:rot=had", "int3:g64:asym", "lm2:s=e4m3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had"]
+           "lm3:rot=had", "int3:g64:asym", "lm2:s=e4m3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had",
+           "q5_0", "q5_1", "int5:g64:asym", "int6:g32:sym", "k=int6:g128:asym,v=q5_0"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -47,7 +48,9 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
                          + [(c, p, G, 128) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq") for G in gc.GROUPS]
                          + [(gc.Q2A, "seq", 64, 256)] + [(c, "seq", 32, D) for c in gc.CHAN for D in gc.HEAD_DIMS]
                          + [(c, "seq", G, D) for c in gc.PLANE3 for G in gc.GROUPS for D in gc.HEAD_DIMS if G <= D]
-                         + [(c, p, 32, 64) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq")])
+                         + [(c, p, 32, 64) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq")]
+                         + [(c, "seq", G, D) for c in (gc.I5, gc.I6A) for G in gc.GROUPS for D in gc.HEAD_DIMS]
+                         + [(gc.I5G, "ggml", 32, D) for D in gc.HEAD_DIMS])
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
     assert sorted(k) == list(range(D))
@@ -68,6 +71,10 @@ def test_channel_orders_are_permutations(codec, pack, G, D):
         assert all(k[kap] // (D // 4) == (kap >> 1) & 3 for kap in range(D))
         run = min(32, D // 4)  # a register pairs channels of one run (and so of one group)
         assert all(k[kap] // run == k[kap ^ 1] // run for kap in range(D))
+    elif codec in gc.NIBP:  # a register pairs two channels of one group (words 2 u and 2 u + 1 of the thread-row)
+        assert all(k[kap] // G == k[kap ^ 1] // G for kap in range(D))
+        if D // 4 <= G:
+            assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
     elif D // 4 <= G:  # a thread (lane % 4 = r) reads one scale per key row: its channels lie in group (D / 4) r // G
         assert all(k[kap] // G == D // 4 * ((kap >> 1) & 3) // G for kap in range(D))
     # a thread (lane // 4 = g) reads one scale per value row: its channels lie in group (D / 8) g // G
@@ -108,8 +115,13 @@ def test_codec_of():
         [gc.CB2, gc.CB3, gc.CB, gc.Q4, gc.Q2]
     assert [gc.scale_code(kvlab.scheme(n).k) for n in ("q4_0", "mxfp4", "nvfp4", "lm2:s=e4m3")] == [0, 1, 2, 2]
     assert gc.codec_of(kvlab.scheme("lm2:s=e8m0").k) is None  # e8m0 scales: the fp4 codec only
+    # int5 / int6: sequential planes at groups 32-128, GGML's q5 blocks at groups of 32
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int5:g32:sym", "int5:g64:asym", "int6:g128:sym", "int6:g32:asym",
+                                                     "q5_0", "q5_1", "int5:g32:sym:s=e4m3")] == \
+        [gc.I5, gc.I5A, gc.I6, gc.I6A, gc.I5G, gc.I5GA, gc.I5]
     for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g16:asym", "int4:g32:chan:sym",
-              "int3:g32:asym:pack=ggml", "int5:g32:asym",
+              "int3:g32:asym:pack=ggml", "int5:g64:asym:pack=ggml", "int6:g32:sym:pack=ggml", "int5:g16:asym",
+              "freetoken:q6_0", "int6:g32:sym:s=bf16",
               "lm3:g16", "lm3:s=bf16", "nf4:g64:s=bf16",
               "fp4_e2m1:g8", "fp4_e2m1:g32:s=f16",
               "int3:g32:chan:sym", "int4:g16:chan:asym",
@@ -637,6 +649,39 @@ def test_ptx_i3_decodes_planes(asym):
             np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(code(WB, PB, k, f), sr, mr))
 
 
+@pytest.mark.parametrize("codec", ["I5", "I5A", "I6", "I6A", "I5G", "I5GA"])
+def test_ptx_int5_int6_decode_nibbles_and_planes(codec):
+    """int5 / int6: nibble f of byte k of words A and B with its high-plane bits above it (sequential: bits PB (2 k + f)
+    of pA / pB; GGML's q5: bit k, or k + 16 for the high nibble), times s (high nibbles as 16 c with s / 16), minus the
+    sym offset 2^(b-1) or plus the zero."""
+    from devtools.gluon_emu import run_ptx
+    c = getattr(gc, codec)
+    bits, asym, ggml = (6 if c in (gc.I6, gc.I6A) else 5), c in gc.ASYM, c in (gc.I5G, gc.I5GA)
+    pb = bits - 4
+    s = S.astype(np.float32) * 8
+    s = np.where(np.abs(s) < 2.0 ** -9, 2.0 ** -9, s).astype(np.float16)
+    s16, sr = (s.astype(np.float32) / 16).astype(np.float16), s[::-1].copy()
+    s16r = (sr.astype(np.float32) / 16).astype(np.float16)
+    m = (RNG.standard_normal(256) * 0.3).astype(np.float16)
+    mr = m[::-1].copy()
+    P_ = RNG.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+    PB = P_[::-1].copy()
+
+    def code(w, p, k, f):
+        bit = (k + 16 * f) if ggml else pb * (2 * k + f)
+        return (((_byte(w, k) >> (4 * f)) & 15) | (((p >> bit) & ((1 << pb) - 1)) << 4)).astype(np.int64)
+
+    def want(cv, sc, z):
+        return ((cv - (0 if asym else 1 << (bits - 1))) * sc.astype(np.float32) +
+                (z.astype(np.float32) if asym else 0)).astype(np.float16).astype(np.float32)
+    for k in range(4):
+        args = [W, WB, P_, PB, _bits(s), _bits(sr), _bits(s16), _bits(s16r)] + ([_bits(m), _bits(mr)] if asym else [])
+        outs = run_ptx(gc.asm_np(c, k), "=h," * 4 + "r,r,r,r,h,h,h,h" + (",h,h" if asym else ""), args)
+        for f in range(2):  # (lo A, lo B, hi A, hi B)
+            np.testing.assert_array_equal(_f16(outs[2 * f]), want(code(W, P_, k, f), s, m))
+            np.testing.assert_array_equal(_f16(outs[2 * f + 1]), want(code(WB, PB, k, f), sr, mr))
+
+
 @pytest.mark.parametrize("table", ["lm3", "steps"])
 def test_ptx_three_bit_codebook_lookups(table):
     """3-bit codebooks: code 4 k + f of words A and B = 2-bit field f of byte k | plane bit 4 k + f << 2, looked up
@@ -738,6 +783,10 @@ EMU_CASES = [
     ("k=iq4nl,v=q4_1", [17, 100], 8, 2, 16, 2, 2, 32),
     ("int3:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),   # bit planes (2 + 1)
     ("int3:g32:sym", [40, 130], 16, 2, 32, 2, 4, 32),
+    ("int5:g32:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),   # a nibble plane and a 1-bit plane
+    ("q5_0", [40, 130], 16, 2, 32, 2, 4, 32),                 # GGML's q5 blocks (qh before the nibbles)
+    ("k=q5_1,v=int6:g64:sym", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),  # int6: a 2-bit high plane
+    ("k=int6:g128:asym:rot=had,v=q5_1", [17, 100], 8, 2, 16, 2, 4, 16),
     ("k=int3:g32:asym,v=q8_0", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),
     ("k=q4_0,v=int3:g32:asym:rot=had", [17, 100], 8, 2, 16, 2, 4, 16),
     ("lm2:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # 2-bit codebooks: int2's layout, 4-entry tables
@@ -967,6 +1016,10 @@ EMU_D_CASES = [
     ("k=int3:g32:chan:asym,v=lm2:rot=had", [64, 160], 9, 3, 32, 2, 4, 32, 64, [0, 20]),
     ("k=int3:g32:chan:asym,v=int3:g32:asym", [96, 128], 4, 1, 32, 2, 4, 32, 256, None),
     ("k=lm4:rot=had,v=lm3:rot=had", [17, 100], 9, 3, 16, 2, 4, 16, 64, None),
+    ("q5_0", [40, 130], 9, 3, 16, 2, 4, 16, 64, [3, 0]),            # int5 / int6 at SmolLM2's heads: a key thread-row
+    ("int6:g32:asym", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),      # is half a group, a value thread-row a quarter
+    ("q5_1", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),           # D 256: a key thread-row spans two q5 blocks
+    ("k=int6:g32:sym,v=int5:g128:asym", [17, 100], 4, 1, 16, 2, 4, 32, 256, None),
     ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
@@ -1401,7 +1454,7 @@ def test_tuner_offers_gluon_where_it_runs(monkeypatch):
     for name in ("q4_0", "q8_0", "fp8_e4m3", "q4_0,window=16"):
         space = autotune.gluon_space(kvlab.scheme(name), 32, 32, 8, 128, 16, "cuda")
         assert len(space) == 7 and all(isinstance(c, GluonDecodeConfig) for c in space), name
-    assert autotune.gluon_space(kvlab.scheme("int5:g32:asym"), 32, 32, 8, 128, 16, "cuda") == []
+    assert autotune.gluon_space(kvlab.scheme("int5:g16:asym"), 32, 32, 8, 128, 16, "cuda") == []
 
 
 def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
@@ -1409,6 +1462,20 @@ def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
     monkeypatch.setattr(gluon, "GPU_VERIFIED", ())
     assert autotune.gluon_space(kvlab.scheme("q4_0"), 32, 32, 8, 128, 16, "cuda") == []
     assert not gluon.gpu_verified("cpu")
+
+
+def test_codecs_untested_on_gpu_stay_off_the_default_path(monkeypatch):
+    """A codec in GPU_UNTESTED (int5 / int6 until their GPU tests run) is not verified on a verified GPU, on either
+    side, so default dispatch and the tuner leave it to the Triton kernels; the others are."""
+    monkeypatch.delenv("KVLAB_GLUON", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    ok = lambda n: gluon.gpu_verified("cuda", kvlab.scheme(n).k, kvlab.scheme(n).v)  # noqa: E731
+    assert gluon.gpu_verified("cuda") and ok("q4_0") and ok("k=int3:g32:asym,v=lm2")
+    assert not ok("q5_0") and not ok("k=q8_0,v=int6:g32:sym") and not ok("k=int5:g64:asym,v=q4_0")
+    assert autotune.gluon_space(kvlab.scheme("q5_1"), 32, 32, 8, 128, 16, "cuda") == []
+    monkeypatch.setattr(gluon, "GPU_UNTESTED", ())
+    assert ok("q5_0")
 
 
 # every codec family, GQA 1 to 8, 16- and 32-token tiles, unrolled or not, D 64 / 128 / 256: (scheme, lens, Hq, Hk, P,
