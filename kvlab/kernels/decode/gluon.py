@@ -5,7 +5,7 @@ routes that tile through shared memory into the tensor-core operand layout; that
 held the 4-bit Triton decode far below its bytes' roofline (profiles in benchmarks/NOTES_decode.md).
 Gluon lets a kernel name its register layouts,
 so here every thread loads exactly the code bytes its `mma.sync.m16n8k16` fragments need and turns
-them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: int2 / 3 / 4 / 8,
+them into fp16 fragment registers with a few integer / half2 instructions (`gluon_codecs.py`: int2 / 3 / 4 / 5 / 6 / 8,
 fp8_e4m3, fp4 with e8m0 or e4m3 scales, 16-, 8- and 4-entry codebooks, KIVI's channel-axis keys; K and V may use different
 codecs): no shared memory in the main loop. With splits, a separate merge kernel combines them, or (config
 `fused_merge`) the last split program of each (sequence, KV head) does (one launch).

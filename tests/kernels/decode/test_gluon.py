@@ -240,7 +240,7 @@ def test_untuned_candidates_order(monkeypatch):
 
 
 def test_gluon_config_rejects_other_schemes():
-    sch = kvlab.scheme("int5:g32:asym")
+    sch = kvlab.scheme("int5:g16:asym")
     dev = "cuda" if CUDA else "cpu"
     c = make_paged([20], 2, 128, 16, sch.k, sch.v, device=dev)
     q = torch.randn(1, 8, 128, device=dev)
@@ -257,7 +257,7 @@ def test_unsupported_names_each_limit():
     assert "page size must be a multiple of 16" in gluon.unsupported(s.k, s.v, 128, 8, 4, "cpu")
     assert "GQA group must be <= 16" in gluon.unsupported(s.k, s.v, 128, 16, 32, "cpu")
     assert "CUDA GPU" in gluon.unsupported(s.k, s.v, 128, 16, 4, "cpu")
-    h = kvlab.scheme("k=q4_0,v=int5:g32:asym")
+    h = kvlab.scheme("k=q4_0,v=int5:g16:asym")
     assert "V spec" in gluon.unsupported(h.k, h.v, 128, 16, 4, "cpu")
     i3 = kvlab.scheme("int3:g32:asym")
     assert "CUDA GPU" in gluon.unsupported(i3.k, i3.v, 128, 16, 4, "cpu")
