@@ -121,16 +121,29 @@ def _text(cols: list[str], rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def _gpu_of_run(table: Path, run: Path) -> tuple[dict, str | None]:
-    """The run header beside the table (else the run's), and its GPU name (else the first field of gpu.txt)."""
-    for h in (table.parent / "header.json", run / "header.json"):
+def _gpu_of_run(kind: str, table: Path, run: Path) -> tuple[dict, str | None]:
+    """The run's header for this table (`<kind>_header.json`, else `header.json`, beside the table, then in the run
+    folder; the first that names a GPU) and its GPU name; else no header and the first field of a gpu.txt."""
+    for h in (table.parent / HEADER[kind], table.parent / "header.json", run / HEADER[kind], run / "header.json"):
         if h.is_file():
             head = json.loads(h.read_text())
-            return head, head.get("gpu")
+            if head.get("gpu"):
+                return head, head["gpu"]
     for g in (table.parent / "gpu.txt", run / "gpu.txt"):
         if g.is_file() and g.read_text().strip():
             return {}, g.read_text().split(",")[0].strip()
     return {}, None
+
+
+def _gpu_of_folder(into: Path, kind: str) -> str | None:
+    """The GPU a results folder's rows come from: its header for this table, else any of its headers that names one."""
+    names = [into / HEADER[kind]] + sorted(p for p in into.glob("*header.json") if p.name != HEADER[kind])
+    for h in names:
+        if h.is_file():
+            gpu = json.loads(h.read_text()).get("gpu")
+            if gpu:
+                return gpu
+    return None
 
 
 def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_run: bool = False) -> list[str]:
@@ -147,14 +160,19 @@ def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_ru
         src = _locate(run, f"{kind}.csv")
         if src is None:
             continue
-        head, gpu = _gpu_of_run(src, run)
+        head, gpu = _gpu_of_run(kind, src, run)
         dst, dst_head_path = into / f"{kind}.csv", into / HEADER[kind]
         old_head = json.loads(dst_head_path.read_text()) if dst_head_path.is_file() else {}
         if gpu is None:
-            raise SystemExit(f"{_rel(src)}: no header.json or gpu.txt says which GPU ran it; merge refused")
-        if old_head.get("gpu") and old_head["gpu"] != gpu:
-            raise SystemExit(f"{_rel(src)} ran on {gpu!r}, {_rel(dst_head_path)} holds {old_head['gpu']!r} rows; "
-                             f"merge it into that GPU's folder")
+            raise SystemExit(f"{_rel(src)}: no header ({HEADER[kind]}, header.json) or gpu.txt says which GPU ran it; "
+                             f"merge refused")
+        held = _gpu_of_folder(into, kind)
+        if held is None and dst.is_file():
+            raise SystemExit(f"{_rel(dst)}: no header in {_rel(into)} says which GPU its rows come from; merge refused "
+                             f"(write {HEADER[kind]} with its \"gpu\" first)")
+        if held is not None and held != gpu:
+            raise SystemExit(f"{_rel(src)} ran on {gpu!r}, {_rel(into)} holds {held!r} rows; merge it into that GPU's "
+                             f"folder")
         new_cols, new = _read(src)
         cols, old = _read(dst) if dst.is_file() else (new_cols, [])
         rows, counts = merge_rows(kind, cols, old, new_cols, new, keep_empty, where=_rel(src))

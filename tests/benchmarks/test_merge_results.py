@@ -75,6 +75,33 @@ def test_row_without_value_keeps_the_committed_one(mr, tmp_path):
     assert [r["error"] for r in rows] == ["", "skipped: budget", "gate failed"]
 
 
+def test_a_table_without_its_own_header_takes_the_folders_gpu(mr, tmp_path):
+    """The folder's other headers name its GPU where a table has none of its own (the committed extend.csv): an H100
+    run is refused there, an H200 run's extend rows merge and the table gets its header; a run's own
+    `<kind>_header.json` is the one it keeps."""
+    into = _committed(tmp_path)
+    ext = ["scheme", "backend", "batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim", "page_size", "median_ms"]
+    row = dict(scheme="q4_0", backend="auto_host", batch=1, prefix=8192, chunk=1024, heads_q=32, heads_kv=8,
+               head_dim=128, page_size=16, median_ms=0.3)
+    _write(into / "extend.csv", [row], cols=ext)
+    (into / "extend_header.json").unlink()
+    before = (into / "extend.csv").read_bytes()
+    run = tmp_path / "run"
+    _write(run / "extend.csv", [dict(row, median_ms=0.2)], cols=ext, gpu="NVIDIA H100 80GB HBM3")
+    with pytest.raises(SystemExit, match="holds 'NVIDIA H200' rows"):
+        mr.merge(run, into)
+    assert (into / "extend.csv").read_bytes() == before and not (into / "extend_header.json").exists()
+    _write(run / "extend.csv", [dict(row, median_ms=0.2)], cols=ext, commit="ext1234")
+    (run / "header.json").write_text(json.dumps({"gpu": "NVIDIA H200", "commit": "dec9999"}))  # decode's, beside it
+    (line,) = mr.merge(run, into)
+    assert "1 replaced" in line
+    assert json.loads((into / "extend_header.json").read_text())["commit"] == "ext1234"
+    (into / "header.json").unlink()
+    (into / "extend_header.json").unlink()
+    with pytest.raises(SystemExit, match="no header in .* says which GPU"):
+        mr.merge(run, into)
+
+
 @pytest.mark.parametrize("case, message", [
     ("gpu", "ran on 'NVIDIA H100 80GB HBM3'"),
     ("columns", "lacks error"),

@@ -3,8 +3,8 @@
 `decode(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, k_spec, v_spec, page_size, ...)`
 attends one query token per sequence to its quantized pages (CSR block table, FlashInfer style) plus
 its full-precision tokens. Backends: `reference.py` (torch), `triton.py` (every spec family), `gluon.py`
-(MMA fragments on CUDA: int2 to int8 (q5_0 / q5_1 included), fp8, fp4, codebooks, KIVI's channel-axis keys;
-`gluon.unsupported` says why a spec is not; codecs in `gluon.GPU_UNTESTED` run only by an explicit config). This module alone chooses among them: an explicit config names its kernel; otherwise, in order, the tuned entry for this GPU and shape (the user's file, then
+(MMA fragments on CUDA: int2, 3, 4, 5, 6 and 8 (q5_0 / q5_1 included), fp8, fp4, codebooks, KIVI's channel-axis
+keys; `gluon.unsupported` says why a spec is not; codecs in `gluon.GPU_UNTESTED` run only by an explicit config). This module alone chooses among them: an explicit config names its kernel; otherwise, in order, the tuned entry for this GPU and shape (the user's file, then
 the configs shipped with kvlab), the entry tuned at the closest batch bucket (its split count re-derived; after the
 Gluon default where few programs occupy the SMs, `candidates`), the Gluon kernel's default on a GPU it is verified
 on, and the Triton default, each taken only if that backend's own `why_not` accepts the call. Never imports Triton at import time.
@@ -170,6 +170,8 @@ def resolve(q, kv, config=None, num_splits: int | None = None, max_kv_len: int |
                 refused.append((source, cfg, str(e)))
                 continue
             why = mod.why_not(q, kv, cfg)
+            if why is None and cfg.kernel == "gluon":  # a tuned or nearest entry for codecs not yet GPU-tested
+                why = mod.untested(kv.k_spec, kv.v_spec)
             if why is None:
                 break
             refused.append((source, cfg, why))

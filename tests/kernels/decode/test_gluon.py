@@ -38,7 +38,7 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
            "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
            "lm3:rot=had", "int3:g64:asym", "lm2:s=e4m3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had",
-           "q5_0", "q5_1", "int5:g64:asym", "int6:g32:sym", "k=int6:g128:asym,v=q5_0"]
+           "q5_0", "q5_1", "int5:g64:asym", "int6:g32:sym", "k=int6:g128:asym,v=q5_0", "int6:g32:sym:s=e4m3"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -787,6 +787,8 @@ EMU_CASES = [
     ("q5_0", [40, 130], 16, 2, 32, 2, 4, 32),                 # GGML's q5 blocks (qh before the nibbles)
     ("k=q5_1,v=int6:g64:sym", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),  # int6: a 2-bit high plane
     ("k=int6:g128:asym:rot=had,v=q5_1", [17, 100], 8, 2, 16, 2, 4, 16),
+    ("int6:g32:sym:s=e4m3", [17, 100], 8, 2, 16, 2, 4, 16),      # e4m3 group scales
+    ("int5:g32:sym", [40, 130], 16, 1, 16, 2, 4, 32),           # GQA 16 (scores not transposed)
     ("k=int3:g32:asym,v=q8_0", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),
     ("k=q4_0,v=int3:g32:asym:rot=had", [17, 100], 8, 2, 16, 2, 4, 16),
     ("lm2:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # 2-bit codebooks: int2's layout, 4-entry tables
@@ -1020,6 +1022,8 @@ EMU_D_CASES = [
     ("int6:g32:asym", [33, 90], 9, 3, 32, 1, 4, 32, 64, None),      # is half a group, a value thread-row a quarter
     ("q5_1", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),           # D 256: a key thread-row spans two q5 blocks
     ("k=int6:g32:sym,v=int5:g128:asym", [17, 100], 4, 1, 16, 2, 4, 32, 256, None),
+    ("k=int5:g32:sym,v=int5:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),  # 1-bit planes, keys spanning
+    ("k=int5:g64:sym,v=int5:g32:sym", [33, 90], 9, 3, 16, 2, 4, 32, 64, None),       # groups; D 64
     ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
@@ -1476,6 +1480,29 @@ def test_codecs_untested_on_gpu_stay_off_the_default_path(monkeypatch):
     assert autotune.gluon_space(kvlab.scheme("q5_1"), 32, 32, 8, 128, 16, "cuda") == []
     monkeypatch.setattr(gluon, "GPU_UNTESTED", ())
     assert ok("q5_0")
+
+
+def test_tuned_gluon_entries_for_untested_codecs_are_refused(monkeypatch):
+    """A tuned (or nearest-bucket) entry that names the Gluon kernel does not bring an untested codec back onto the
+    default path: `resolve` refuses it with the reason and falls through to the Triton kernels."""
+    from kvlab.kernels.configs import TritonDecodeConfig
+    from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(gluon, "why_not", lambda q, kv, cfg: None)  # as on a GPU the kernel runs
+    monkeypatch.setattr(dapi, "candidates", lambda *a, **k: [("tuned: user file", GluonDecodeConfig(num_splits=2)),
+                                                              ("triton default", TritonDecodeConfig())])
+    for name, kernel in (("q5_1", "triton"), ("k=q4_0,v=int6:g32:sym", "triton"), ("q4_0", "gluon")):
+        sch = kvlab.scheme(name)
+        c = make_paged([20], 2, 128, 16, sch.k, sch.v)
+        args, kw = call_args(c)
+        q = torch.randn(1, 8, 128)
+        kv = check_prefix(q, *args, sch.k, sch.v, 16, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
+                          kw["v_tensor_scale"], 1)
+        _, cfg = dapi.resolve(q, kv)
+        assert cfg.kernel == kernel, name
+        refused = dapi.last_dispatch()["refused"]
+        assert (kernel == "gluon") == (not refused), name
+        if refused:
+            assert "has not passed the GPU tests" in refused[0][2]
 
 
 # every codec family, GQA 1 to 8, 16- and 32-token tiles, unrolled or not, D 64 / 128 / 256: (scheme, lens, Hq, Hk, P,
