@@ -876,16 +876,17 @@ close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the 
   python3 benchmarks/targets.py --limits "$(ls "$OUT"/limits_*.csv | paste -sd, -)" --out "$OUT/targets.md" \
     && cat "$OUT/targets.md"
   ;;
-s34)  # session 34 (issue 16, ~6 min): the int5 / int6 Gluon codecs (q5_0, q5_1, int5 / int6 sequential; gluon.py keeps
-  # them in GPU_UNTESTED, off the default path, until these tests pass): their GPU tests, then B 32 and B 1 x 32K cells
-  # at fixed configs beside the public decode's default dispatch (today the Triton kernels), q4_1 as the reference
+s34)  # session 34 (issue 16, ~6 min): the int5 / int6 Gluon codecs (q5_0, q5_1, int5 / int6 sequential) and int4 / nf4 at
+  # groups of 16 (gluon.py keeps them in GPU_UNTESTED / GPU_UNTESTED_G16, off the default path, until these tests pass):
+  # their GPU tests, then B 32 and B 1 x 32K cells at fixed configs beside the public decode's default dispatch (today
+  # the Triton kernels), q4_1 as the reference
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE \
-    tests/kernels/decode/test_gluon.py -k "int5 or int6 or q5 or untested" 2>&1 | tee "$OUT/pytest_np.log" | tail -12
+    tests/kernels/decode/test_gluon.py -k "int5 or int6 or q5 or g16 or untested" 2>&1 | tee "$OUT/pytest_np.log" | tail -12
   for sh in "b32 tw16:s2,tw16:s2:r128,tw32:s2" "b1 tw32:s33,tw16:s33"; do
     set -- $sh
     timeout "${NP_S:-100}" python3 benchmarks/decode_configs.py --tag np --shape "$1" --configs "default,$2" \
-      --schemes "${NP_SCHEMES:-q4_1,q5_0,q5_1,int5:g32:asym,int6:g32:sym,int6:g32:asym}" 2>&1 | grep "^cfg" \
+      --schemes "${NP_SCHEMES:-q4_1,q5_0,q5_1,int5:g32:asym,int6:g32:sym,int6:g32:asym,int4:g16:sym,nf4:g16}" 2>&1 | grep "^cfg" \
       | tee -a "$OUT/np_cells.txt"
   done
   ;;

@@ -175,6 +175,9 @@ _TABLE_OF = {**dict.fromkeys(CB_FORMATS, CB), **dict.fromkeys(CB2_FORMATS, CB2),
 # key codecs that read a scale (and zero) per code word where a thread-row's D / 4 channels span groups (D 256 with
 # groups of 32: Gemma's heads with q4_0 / q8_0)
 PER_WORD = (Q4, I8, Q4A, I8A, Q2, Q2A, F4M, F4N, CB, CB2) + PLANE3 + NIBP
+# value codecs that read a scale per code word where a value thread-row's D / 8 channels span groups (groups of 16 at
+# D 256: fp4, int4 sym, 16-entry codebooks; no zeros)
+V_PER_WORD = (F4M, F4N, Q4, CB)
 HEAD_DIMS = (64, 128, 256)
 # stored group-scale dtypes the loaders convert to fp16 (`scale16`): fp16 as is; e8m0 (mxfp4) and e4m3 bytes. e4m3
 # scales also serve the codebooks and the symmetric int codecs (`lm2:s=e4m3`: 2.125 bits at groups of 64); codecs
@@ -221,6 +224,9 @@ def codec_of(spec, role: str = "k") -> int | None:
         return {2: KT2, 3: KT3, 4: KT4}[spec.bits] if kivi else None
     if kivi and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
+    if spec.fmt == "int" and spec.axis == "tok" and spec.bits == 4 and spec.group == 16 and spec.pack in ("ggml", "seq") \
+            and _scales_ok(spec, spec.sym):  # groups of 16: a scale (and zero) per code word, as fp4's
+        return Q4 if spec.sym else Q4A
     if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, spec.sym):
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
@@ -238,8 +244,8 @@ def codec_of(spec, role: str = "k") -> int | None:
     if spec.fmt == "fp8_e4m3" and spec.axis == "tensor":
         return F8
     table = _TABLE_OF.get(spec.fmt)  # codebooks; the 3-bit one in int3's layout, sequential packing only
-    if table is not None and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, True) and \
-            spec.pack in (("seq",) if table == CB3 else ("ggml", "seq")):
+    if table is not None and spec.axis == "tok" and (spec.group in GROUPS or (spec.group == 16 and table == CB)) and \
+            _scales_ok(spec, True) and spec.pack in (("seq",) if table == CB3 else ("ggml", "seq")):
         return table
     if spec.fmt == "fp4_e2m1" and spec.axis == "tok" and spec.group in F4_GROUPS and spec.pack in ("ggml", "seq"):
         if spec.scale_dtype == "e8m0" and not spec.tensor_scale:

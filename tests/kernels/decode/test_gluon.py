@@ -38,7 +38,8 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
            "k=q4_0,v=int2:g32:asym", "mxfp4", "nvfp4", "k=nvfp4,v=q8_0", "nf4", "iq4nl",
            "k=iq4nl,v=nf4", "int3:g32:asym", "k=int3:g32:asym,v=q4_0", "lm2:rot=had", "k=lm4:rot=had,v=lm2:rot=had",
            "lm3:rot=had", "int3:g64:asym", "lm2:s=e4m3:rot=had", "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had",
-           "q5_0", "q5_1", "int5:g64:asym", "int6:g32:sym", "k=int6:g128:asym,v=q5_0", "int6:g32:sym:s=e4m3"]
+           "q5_0", "q5_1", "int5:g64:asym", "int6:g32:sym", "k=int6:g128:asym,v=q5_0", "int6:g32:sym:s=e4m3",
+           "int4:g16:asym", "k=nf4:g16,v=int4:g16:sym"]
 
 
 @pytest.mark.parametrize("codec,pack,G,D", [(c, p, G, D) for c in (gc.Q4, gc.Q4A) for p in ("ggml", "seq")
@@ -50,7 +51,8 @@ SCHEMES = ["q4_0", "q8_0", "fp8_e4m3", "q4_1", "int4_had", "int4:g32:sym", "k=q8
                          + [(c, "seq", G, D) for c in gc.PLANE3 for G in gc.GROUPS for D in gc.HEAD_DIMS if G <= D]
                          + [(c, p, 32, 64) for c in (gc.Q2, gc.Q2A) for p in ("ggml", "seq")]
                          + [(c, "seq", G, D) for c in (gc.I5, gc.I6A) for G in gc.GROUPS for D in gc.HEAD_DIMS]
-                         + [(gc.I5G, "ggml", 32, D) for D in gc.HEAD_DIMS])
+                         + [(gc.I5G, "ggml", 32, D) for D in gc.HEAD_DIMS]
+                         + [(c, p, 16, D) for c in (gc.Q4, gc.CB) for p in ("ggml", "seq") for D in (64, 128)])
 def test_channel_orders_are_permutations(codec, pack, G, D):
     k = gc.k_channel_order(codec, pack, G, D)
     assert sorted(k) == list(range(D))
@@ -119,7 +121,10 @@ def test_codec_of():
     assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int5:g32:sym", "int5:g64:asym", "int6:g128:sym", "int6:g32:asym",
                                                      "q5_0", "q5_1", "int5:g32:sym:s=e4m3")] == \
         [gc.I5, gc.I5A, gc.I6, gc.I6A, gc.I5G, gc.I5GA, gc.I5]
-    for n in ("int4:g16:asym", "int8:g16:asym", "fp8_e5m2", "nf4:g16", "bf16", "int3:g16:asym", "int4:g32:chan:sym",
+    # groups of 16: int4 and 16-entry codebooks (a scale per code word, as fp4's)
+    assert [gc.codec_of(kvlab.scheme(n).k) for n in ("int4:g16:sym", "int4:g16:asym:pack=ggml", "nf4:g16",
+                                                     "iq4nl:g16:s=e4m3")] == [gc.Q4, gc.Q4A, gc.CB, gc.CB]
+    for n in ("int8:g16:asym", "fp8_e5m2", "bf16", "int3:g16:asym", "int2:g16:sym", "int4:g32:chan:sym",
               "int3:g32:asym:pack=ggml", "int5:g64:asym:pack=ggml", "int6:g32:sym:pack=ggml", "int5:g16:asym",
               "freetoken:q6_0", "int6:g32:sym:s=bf16",
               "lm3:g16", "lm3:s=bf16", "nf4:g64:s=bf16",
@@ -278,8 +283,12 @@ def test_unsupported_names_each_limit():
     assert "V groups of 32 channels at head_dim 512" not in (gluon.unsupported(iq.k, iq.v, 512, 16, 4, "cpu") or "")
     q4 = kvlab.scheme("q4_0")  # keys of every grouped codec take a scale per word at D 256
     assert "CUDA GPU" in gluon.unsupported(q4.k, q4.v, 256, 16, 4, "cpu")
-    n4 = kvlab.scheme("k=q8_0,v=nf4:g16")
-    assert "V" in (gluon.unsupported(n4.k, n4.v, 256, 16, 4, "cpu") or "")
+    n4 = kvlab.scheme("k=q8_0,v=nf4:g16")  # groups of 16 at D 256: int4 sym and codebook values read a scale per
+    assert "CUDA GPU" in gluon.unsupported(n4.k, n4.v, 256, 16, 4, "cpu")  # code word as fp4's; int4 asym values do not
+    a16 = kvlab.scheme("k=q8_0,v=int4:g16:asym")
+    assert "V groups of 16 channels at head_dim 256" in gluon.unsupported(a16.k, a16.v, 256, 16, 4, "cpu")
+    assert "CUDA GPU" in gluon.unsupported(a16.k, a16.v, 128, 16, 4, "cpu")
+    assert "CUDA GPU" in gluon.unsupported(a16.v, a16.k, 256, 16, 4, "cpu")  # as keys: a scale and zero per word
 
 
 # ---- the PTX strings, run by the emulator's interpreter ------------------------------------------------------
@@ -789,6 +798,8 @@ EMU_CASES = [
     ("k=int6:g128:asym:rot=had,v=q5_1", [17, 100], 8, 2, 16, 2, 4, 16),
     ("int6:g32:sym:s=e4m3", [17, 100], 8, 2, 16, 2, 4, 16),      # e4m3 group scales
     ("int5:g32:sym", [40, 130], 16, 1, 16, 2, 4, 32),           # GQA 16 (scores not transposed)
+    ("int4:g16:asym", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # groups of 16: a key scale and zero per code word
+    ("k=nf4:g16,v=int4:g16:sym:pack=ggml", [40, 130], 8, 2, 32, 2, 4, 32),
     ("k=int3:g32:asym,v=q8_0", [33, 90], 8, 2, 16, 1, 2, 32, [5, 0]),
     ("k=q4_0,v=int3:g32:asym:rot=had", [17, 100], 8, 2, 16, 2, 4, 16),
     ("lm2:rot=had", [1, 17, 63, 200], 8, 2, 16, 3, 4, 16),    # 2-bit codebooks: int2's layout, 4-entry tables
@@ -1024,6 +1035,9 @@ EMU_D_CASES = [
     ("k=int6:g32:sym,v=int5:g128:asym", [17, 100], 4, 1, 16, 2, 4, 32, 256, None),
     ("k=int5:g32:sym,v=int5:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),  # 1-bit planes, keys spanning
     ("k=int5:g64:sym,v=int5:g32:sym", [33, 90], 9, 3, 16, 2, 4, 32, 64, None),       # groups; D 64
+    ("k=int4:g16:asym,v=nf4:g16", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),  # groups of 16 at D 256: a value
+    ("int4:g16:sym:pack=ggml", [33, 90], 8, 4, 16, 2, 4, 32, 256, None),        # scale per code word too
+    ("iq4nl:g16", [40, 130], 9, 3, 16, 2, 4, 16, 64, None),
     ("int3:g32:asym", [40, 130], 8, 4, 16, 2, 4, 16, 256, [0, 5]),   # D 256: two 32-channel runs per key thread-row,
     ("lm3:rot=had", [33, 90], 4, 1, 16, 2, 4, 32, 256, None),       # a scale per run for groups of 32
     ("k=int4:g32:chan:asym,v=lm3:rot=had", [64, 160], 4, 1, 32, 2, 4, 32, 256, [3, 0]),  # Gemma's searched pairs
@@ -1477,6 +1491,7 @@ def test_codecs_untested_on_gpu_stay_off_the_default_path(monkeypatch):
     ok = lambda n: gluon.gpu_verified("cuda", kvlab.scheme(n).k, kvlab.scheme(n).v)  # noqa: E731
     assert gluon.gpu_verified("cuda") and ok("q4_0") and ok("k=int3:g32:asym,v=lm2")
     assert not ok("q5_0") and not ok("k=q8_0,v=int6:g32:sym") and not ok("k=int5:g64:asym,v=q4_0")
+    assert not ok("int4:g16:sym") and not ok("k=q8_0,v=nf4:g16") and ok("nvfp4") and ok("k=q4_0,v=int4:g32:asym")
     assert autotune.gluon_space(kvlab.scheme("q5_1"), 32, 32, 8, 128, 16, "cuda") == []
     monkeypatch.setattr(gluon, "GPU_UNTESTED", ())
     assert ok("q5_0")
