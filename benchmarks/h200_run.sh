@@ -877,9 +877,9 @@ close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the 
     && cat "$OUT/targets.md"
   ;;
 s34)  # session 34 (issue 16, ~6 min): the int5 / int6 Gluon codecs (q5_0, q5_1, int5 / int6 sequential) and int4 / nf4 at
-  # groups of 16 (gluon.py keeps them in GPU_UNTESTED / GPU_UNTESTED_G16, off the default path, until these tests pass):
-  # their GPU tests, then B 32 and B 1 x 32K cells at fixed configs beside the public decode's default dispatch (today
-  # the Triton kernels), q4_1 as the reference
+  # groups of 16 (kept off the default path in gluon.GPU_UNTESTED / GPU_UNTESTED_G16 until these tests passed on an H100,
+  # session 34): their GPU tests, then B 32 and B 1 x 32K cells at fixed configs beside the public decode's default
+  # dispatch (the Triton kernels when this ran on the H100; the Gluon kernel since), q4_1 as the reference
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${PYTEST_S:-200}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE \
     tests/kernels/decode/test_gluon.py -k "int5 or int6 or q5 or g16 or untested" 2>&1 | tee "$OUT/pytest_np.log" | tail -12

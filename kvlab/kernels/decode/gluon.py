@@ -92,14 +92,15 @@ from .gluon_codecs import (
 # (it times candidates, it does not check their results); a config with kernel "gluon" runs it on request
 # anywhere `why_not` allows, and KVLAB_GLUON=1 lets the tuner offer it on other GPUs too.
 GPU_VERIFIED: tuple[tuple[int, int], ...] = ((9, 0),)
-# codecs whose GPU tests have not run yet (checked on CPU only: the emulated kernel against the reference, the asm value
-# by value, the sm_90 offline compile): default dispatch and the tuner leave them to the Triton kernels; an explicit
-# config with kernel "gluon" runs them (a tuned entry that names the Gluon kernel for them is refused too). int5 / int6
-# (session 34): `bash benchmarks/h200_run.sh s34` runs their GPU tests; once they pass, take them out of this tuple
-GPU_UNTESTED: tuple[int, ...] = NIBP
+# codecs whose GPU tests have not run yet (a new codec, checked on CPU only: the emulated kernel against the reference,
+# the asm value by value, the sm_90 offline compile): default dispatch and the tuner leave them to the Triton kernels;
+# an explicit config with kernel "gluon" runs them (a tuned entry that names the Gluon kernel for them is refused too).
+# Empty now: session 34's int5 / int6 codecs (`NIBP`) were here until their GPU tests passed on an H100 (sm_90, as the
+# H200; `bash benchmarks/h200_run.sh s34`, sweeps/results/h100/runs/s34-6c13e71/pytest_np.log)
+GPU_UNTESTED: tuple[int, ...] = ()
 # codecs whose groups of 16 (a scale per code word for keys, and for values at head_dim 256) have not passed the GPU
-# tests yet (session 34: int4 and 16-entry codebooks at groups of 16; fp4's have)
-GPU_UNTESTED_G16: tuple[int, ...] = (Q4, Q4A, CB)
+# tests (int4 and the 16-entry codebooks were here until the same run; fp4's passed before)
+GPU_UNTESTED_G16: tuple[int, ...] = ()
 
 
 def untested(k_spec=None, v_spec=None) -> str | None:

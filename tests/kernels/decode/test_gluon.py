@@ -191,6 +191,13 @@ def test_gluon_default_tiles(monkeypatch):
     assert tw == {"q4_0": 32, "q8_0": 16, "nf4": 16, "q4_1": 16, "lm3:rot=had": 16,
                   "k=lm3:s=e4m3:rot=had,v=lm2:s=e4m3:rot=had": 32, "int2:g32:asym": 32, "kivi4": 32}
     assert dapi.gluon_default(32, 1, q4.k, None, kvlab.scheme("q8_0").v, 128).tokens_per_warp == 32  # D 128: as before
+    # int5 / int6 and int4 / codebooks at groups of 16 keep 32-token tiles where the programs fill the SMs (H100: 3-18%
+    # faster, sweeps/results/h100/runs/s34-6c13e71/); fp4's groups of 16 keep the rule; head_dim 256's spill rule first
+    wide = {n: dapi.gluon_default(32, 8, kvlab.scheme(n).k, None, kvlab.scheme(n).v, 128).tokens_per_warp
+            for n in ("q5_0", "int6:g32:asym", "k=q4_0,v=int5:g64:sym", "int4:g16:sym", "nf4:g16", "nvfp4", "q4_1")}
+    assert wide == {"q5_0": 32, "int6:g32:asym": 32, "k=q4_0,v=int5:g64:sym": 32, "int4:g16:sym": 32, "nf4:g16": 32,
+                    "nvfp4": 16, "q4_1": 16}
+    assert dapi.gluon_default(32, 1, kvlab.scheme("q5_0").k, None, kvlab.scheme("q5_0").v, 256).tokens_per_warp == 16
 
 
 def test_gluon_default_few_programs(monkeypatch):
@@ -1483,8 +1490,12 @@ def test_tuner_leaves_gluon_out_until_gpu_verified(monkeypatch):
 
 
 def test_codecs_untested_on_gpu_stay_off_the_default_path(monkeypatch):
-    """A codec in GPU_UNTESTED (int5 / int6 until their GPU tests run) is not verified on a verified GPU, on either
-    side, so default dispatch and the tuner leave it to the Triton kernels; the others are."""
+    """A codec in GPU_UNTESTED (as int5 / int6 were until their GPU tests ran), or in GPU_UNTESTED_G16 at groups of 16,
+    is not verified on a verified GPU, on either side, so default dispatch and the tuner leave it to the Triton
+    kernels; the others are. Both lists are empty today."""
+    assert gluon.GPU_UNTESTED == () and gluon.GPU_UNTESTED_G16 == ()
+    monkeypatch.setattr(gluon, "GPU_UNTESTED", gc.NIBP)
+    monkeypatch.setattr(gluon, "GPU_UNTESTED_G16", (gc.Q4, gc.Q4A, gc.CB))
     monkeypatch.delenv("KVLAB_GLUON", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
@@ -1494,7 +1505,8 @@ def test_codecs_untested_on_gpu_stay_off_the_default_path(monkeypatch):
     assert not ok("int4:g16:sym") and not ok("k=q8_0,v=nf4:g16") and ok("nvfp4") and ok("k=q4_0,v=int4:g32:asym")
     assert autotune.gluon_space(kvlab.scheme("q5_1"), 32, 32, 8, 128, 16, "cuda") == []
     monkeypatch.setattr(gluon, "GPU_UNTESTED", ())
-    assert ok("q5_0")
+    monkeypatch.setattr(gluon, "GPU_UNTESTED_G16", ())
+    assert ok("q5_0") and ok("int4:g16:sym")
 
 
 def test_tuned_gluon_entries_for_untested_codecs_are_refused(monkeypatch):
@@ -1502,14 +1514,16 @@ def test_tuned_gluon_entries_for_untested_codecs_are_refused(monkeypatch):
     default path: `resolve` refuses it with the reason and falls through to the Triton kernels."""
     from kvlab.kernels.configs import TritonDecodeConfig
     from kvlab.kernels.decode import api as dapi
+    monkeypatch.setattr(gluon, "GPU_UNTESTED", gc.NIBP)
     monkeypatch.setattr(gluon, "why_not", lambda q, kv, cfg: None)  # as on a GPU the kernel runs
+    dev = "cuda" if CUDA else "cpu"  # (the Triton fallback runs on CUDA tensors, or on the CPU under the interpreter)
     monkeypatch.setattr(dapi, "candidates", lambda *a, **k: [("tuned: user file", GluonDecodeConfig(num_splits=2)),
                                                               ("triton default", TritonDecodeConfig())])
     for name, kernel in (("q5_1", "triton"), ("k=q4_0,v=int6:g32:sym", "triton"), ("q4_0", "gluon")):
         sch = kvlab.scheme(name)
-        c = make_paged([20], 2, 128, 16, sch.k, sch.v)
+        c = make_paged([20], 2, 128, 16, sch.k, sch.v, device=dev)
         args, kw = call_args(c)
-        q = torch.randn(1, 8, 128)
+        q = torch.randn(1, 8, 128, device=dev)
         kv = check_prefix(q, *args, sch.k, sch.v, 16, kw["k_fp"], kw["v_fp"], kw["fp_len"], kw["k_tensor_scale"],
                           kw["v_tensor_scale"], 1)
         _, cfg = dapi.resolve(q, kv)
