@@ -35,8 +35,8 @@ def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: 
     """The Gluon kernel's untuned config for a call: 32-token warp tiles (`GLUON_DEFAULT`), except 16-token ones where
     the (sequence, KV head) programs fill every SM before any split (B * Hk >= SMs) and the keys are not on the
     channel axis (those run 32-token tiles only) or int5 / int6 / groups of 16 (`_wide_tile`). There the kernel is
-    issue-bound and the smaller tile keeps fewer
-    registers per thread, so more warps stay resident: on the H200, q4_0 at B 32 x 32K takes 123 registers at 16-token
+    issue-bound and the smaller tile keeps fewer registers per thread, so more warps stay resident: on the H200, q4_0
+    at B 32 x 32K takes 123 registers at 16-token
     tiles against 200 at 32 (22% vs 12% achieved occupancy; 432 vs 503 us, ncu in benchmarks/NOTES_decode.md).
     At head_dim 256 (`v_spec`, `D` given), 16-token tiles also for values other than symmetric int4, int2 and lm2:
     their 32-token kernels spill (the tile of a thread's value fragments and codes outgrows 255 registers) and
@@ -58,9 +58,10 @@ def gluon_default(B: int, n_kv_heads: int, k_spec, device=None, v_spec=None, D: 
 
 def _wide_tile(k_spec, v_spec) -> bool:
     """Specs whose untuned Gluon config keeps 32-token tiles where the programs fill the SMs: int5 / int6, and int4 or
-    codebooks at groups of 16, on either side (fp4's groups of 16 keep the general rule). On an H100 at B 32 x 32K (Hq 32, Hk 8), 2 splits, ms 16 -> 32-token tiles: q5_0 0.695 -> 0.570,
-    q5_1 0.645 -> 0.613, int5:g32:asym 0.655 -> 0.606, int6:g32:sym 0.679 -> 0.634, int6:g32:asym 0.722 -> 0.683,
-    int4:g16:sym 0.592 -> 0.545, nf4:g16 0.690 -> 0.669 (sweeps/results/h100/runs/s34-6c13e71/np_cells.txt)."""
+    codebooks at groups of 16, on either side (fp4's groups of 16 keep the general rule). On an H100 at B 32 x 32K
+    (Hq 32, Hk 8), 2 splits, ms 16 -> 32-token tiles: q5_0 0.695 -> 0.570, q5_1 0.645 -> 0.613, int5:g32:asym
+    0.655 -> 0.606, int6:g32:sym 0.679 -> 0.634, int6:g32:asym 0.722 -> 0.683, int4:g16:sym 0.592 -> 0.545, nf4:g16
+    0.690 -> 0.669 (sweeps/results/h100/runs/s34-6c13e71/np_cells.txt)."""
     return any(s is not None and s.axis == "tok" and ((s.fmt == "int" and s.bits in (5, 6)) or
                                                       (s.group == 16 and s.fmt != "fp4_e2m1"))
                for s in (k_spec, v_spec))
