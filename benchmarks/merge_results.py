@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from targets import ROOT, _rel  # noqa: E402
+from targets import ROOT, _find, _rel  # noqa: E402
 
 TABLES = ("decode", "store", "extend")
 KEYS = {"decode": ("scheme", "dispatch", "batch", "context", "heads_q", "heads_kv", "head_dim", "page_size"),
@@ -32,17 +32,6 @@ KEYS = {"decode": ("scheme", "dispatch", "batch", "context", "heads_q", "heads_k
         "extend": ("scheme", "backend", "batch", "prefix", "chunk", "heads_q", "heads_kv", "head_dim", "page_size")}
 VALUE = {"decode": ("graph_ms", "median_ms"), "store": ("graph_ms",), "extend": ("median_ms",)}
 HEADER = {"decode": "header.json", "store": "store_header.json", "extend": "extend_header.json"}
-
-
-def _locate(run: Path, name: str) -> Path | None:
-    """`run/name`, else the one `run/*/name`; several of those are an error (pass the subfolder)."""
-    if (run / name).is_file():
-        return run / name
-    found = sorted(p for p in run.glob(f"*/{name}") if p.is_file())
-    if len(found) > 1:
-        raise SystemExit(f"{run}: {len(found)} files named {name} one folder down "
-                         f"({', '.join(str(p) for p in found)}); pass the subfolder to merge")
-    return found[0] if found else None
 
 
 def _read(path: Path) -> tuple[list[str], list[dict]]:
@@ -157,7 +146,7 @@ def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_ru
     for kind in tables:
         if kind not in TABLES:
             raise SystemExit(f"--tables: {kind!r} is not one of {', '.join(TABLES)}")
-        src = _locate(run, f"{kind}.csv")
+        src = _find(run, f"{kind}.csv", "pass the subfolder to merge")
         if src is None:
             continue
         head, gpu = _gpu_of_run(kind, src, run)

@@ -64,14 +64,14 @@ class Cell:
         return self.value <= self.target if self.le else self.value >= self.target
 
 
-def _find(folder: Path, name: str, option: str) -> Path | None:
-    """`folder/name`, else the one `folder/*/name`; several of those are an error (name the file with `--option`)."""
+def _find(folder: Path, name: str, advice: str) -> Path | None:
+    """`folder/name`, else the one `folder/*/name`; several of those are an error that ends with `advice`."""
     if (folder / name).is_file():
         return folder / name
     found = sorted(p for p in folder.glob(f"*/{name}") if p.is_file())
     if len(found) > 1:
         raise SystemExit(f"{folder}: {len(found)} files named {name} one folder down ({', '.join(str(p) for p in found)});"
-                         f" pass the one to check with --{option}")
+                         f" {advice}")
     return found[0] if found else None
 
 
@@ -254,7 +254,7 @@ def main(argv=None) -> str:
                         ("peers", "flashinfer_fp8.csv")):
         if direct[name] and not Path(direct[name]).is_file():
             raise SystemExit(f"--{name} {direct[name]}: no such file")
-        files[name] = Path(direct[name]) if direct[name] else (_find(folder, fname, name) if folder else None)
+        files[name] = Path(direct[name]) if direct[name] else (_find(folder, fname, f"pass the one to check with --{name}") if folder else None)
     if not any(files.values()):
         raise SystemExit(f"no decode.csv, store.csv, extend.csv or flashinfer_fp8.csv in {folder} or one folder down")
     rows = {n: _rows(p, n) for n, p in files.items()}
