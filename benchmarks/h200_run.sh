@@ -36,6 +36,8 @@
 #                                     # s31s: lm2-lm4's groups over two pieces, off / on
 #   bash benchmarks/h200_run.sh close1 | close2 | close3  # issues 16 / 17's tables with today's defaults (decode +
 #                                     # store; extend), then ncu over their misses: the three calls that settle them
+#   bash benchmarks/h200_run.sh s35   # session 35 (issue 17): the extend's chunk on a side stream beside the dense prefix,
+#                                     # GPU tests with it on, batch-1 rows off / on
 #   bash benchmarks/h200_run.sh s34   # session 34: the int5 / int6 Gluon codecs' GPU tests, then their decode cells at
 #                                     # fixed configs beside the default dispatch (B 32 / B 1 x 32K)
 #   bash benchmarks/h200_run.sh s33c  # session 33: B 1's L2 prefetch, decode at head dims 64 / 256 (candidate configs,
@@ -875,6 +877,23 @@ close3)  # closing, call 3 of 3 (~8 min): Nsight Compute over the misses of the 
   LIMITS_PARTS="${LIMITS_PARTS:-decode:b32 decode:b1 store}" LIMITS_S="${LIMITS_S:-150}" bash "$0" limits
   python3 benchmarks/targets.py --limits "$(ls "$OUT"/limits_*.csv | paste -sd, -)" --out "$OUT/targets.md" \
     && cat "$OUT/targets.md"
+  ;;
+s35)  # session 35 (issue 17, ~8 min): the chunk's causal attention on a side stream beside the dense prefix's stacking,
+  # dequant and cuDNN passes (KVLAB_EXTEND_OVERLAP=1; two branches of the batch-1 CUDA graph): the extend GPU tests with
+  # it on, then batch-1 rows off / on / off / on (auto_host, each run with its own cuDNN peer)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+  KVLAB_EXTEND_OVERLAP=1 timeout "${PYTEST_S:-150}" python3 -m pytest -q -n "${WORKERS:-8}" -p no:cacheprovider -rfE \
+    tests/kernels/extend/test_extend_dense.py tests/kernels/extend/test_extend_graphs.py 2>&1 \
+    | tee "$OUT/pytest_overlap.log" | tail -6
+  for ov in 0 1 0 1; do
+    KVLAB_COMMIT="${KVLAB_COMMIT:-}" KVLAB_EXTEND_OVERLAP=$ov timeout "${OV_S:-85}" python3 benchmarks/run.py \
+      --out "$OUT/ov$ov" --cases extend --extend-backends auto_host --extend-sweep none --fresh none \
+      --extend-shapes "${OV_SHAPES:-p8k_b1,p32k_b1}" --extend-budget "${OV_BUDGET:-70}" \
+      --schemes "${OV_SCHEMES:-bf16,fp8_e4m3,q8_0,q4_0,q4_1,int4_had,kivi4,kivi2,int3,int2,mxfp4,nvfp4,nf4,iq4nl}" \
+      2>&1 | tail -1
+    cut -d, -f1,5,11,12,14 "$OUT/ov$ov/extend.csv" | sed "s/^/ov$ov,/" | tee -a "$OUT/overlap_rows.csv"
+    mv "$OUT/ov$ov" "$OUT/ov$ov-$(date +%s)"
+  done
   ;;
 s34)  # session 34 (issue 16, ~6 min): the int5 / int6 Gluon codecs (q5_0, q5_1, int5 / int6 sequential) and int4 / nf4 at
   # groups of 16 (kept off the default path in gluon.GPU_UNTESTED / GPU_UNTESTED_G16 until these tests passed on an H100,

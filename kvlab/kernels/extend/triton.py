@@ -8,6 +8,8 @@ sm_scale, config, max_qo_len, out)`.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +25,33 @@ from ..tiles.rotate import fwht_rows
 
 
 LOG2E_ = tl.constexpr(LOG2E)
+_SIDE: dict = {}  # device -> the side stream the chunk's attention runs on beside the prefix (`overlap_chunk`)
+
+
+def overlap_chunk() -> bool:
+    """KVLAB_EXTEND_OVERLAP=1: with a dense prefix and a dense chunk, the chunk's causal attention runs on a side
+    stream while the prefix's stacking, dequant and cuDNN passes run on the caller's (inside a CUDA graph: two
+    branches). Off until a GPU A/B times it (benchmarks/h200_run.sh s35)."""
+    return os.environ.get("KVLAB_EXTEND_OVERLAP", "0").lower() not in ("", "0", "off", "false", "no")
+
+
+def overlapped(side_fn, main_fn):
+    """(side_fn(), main_fn()): side_fn on a side stream that first waits for the caller's stream, main_fn on the
+    caller's; the caller's stream then waits for the side one, and the side result's tensors are marked used on it
+    (the caching allocator must not hand their memory to the side stream again before the caller is done)."""
+    main = torch.cuda.current_stream()
+    side = _SIDE.get(main.device)
+    if side is None:
+        side = _SIDE[main.device] = torch.cuda.Stream(main.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        a = side_fn()
+    b = main_fn()
+    main.wait_stream(side)
+    for t in (a if isinstance(a, tuple) else ()):
+        if isinstance(t, torch.Tensor):
+            t.record_stream(main)
+    return a, b
 
 
 @triton.jit
@@ -224,10 +253,18 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     has_fp = k_fp is not None
     init = ch = None
     tried = False  # the chunk's attention was asked for already (in the model's own space)
-    if prefix is not None and B and max_qo_len:
+    if prefix is not None and chunk is not None and B and max_qo_len and q.is_cuda and overlap_chunk():
+        # the chunk beside the prefix: the same inputs as below (a fused rotation's are the model's space here, which
+        # only a complete prefix's merge-only call uses; otherwise the chunk is attended again after the rotation)
+        ch, init = overlapped(lambda: chunk(q, k_new, v_new, max_qo_len),
+                              lambda: prefix(q, (K, V), fuse and rot_k))
+        tried = not fuse or (init is not None and init[4])
+        ch = ch if tried else None
+    elif prefix is not None and B and max_qo_len:
         init = prefix(q, (K, V), fuse and rot_k)
     if fuse and init is not None and init[4] and chunk is not None:
-        ch, tried = chunk(q, k_new, v_new, max_qo_len), True
+        if not tried:
+            ch, tried = chunk(q, k_new, v_new, max_qo_len), True
         if ch is not None:  # only the buffer left: merge the states, attend the buffer in the model's space
             if out is None:
                 out = poisoned((Ctot, Hq, D), dtype, q.device)

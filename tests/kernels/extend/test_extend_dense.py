@@ -414,6 +414,37 @@ def test_equal_chunks_through_one_cudnn_call(name, monkeypatch):
     assert _err(got, ref) < TOL
 
 
+@pytest.mark.parametrize("val,on", [("1", True), ("on", True), ("0", False), ("off", False), ("", False)])
+def test_overlap_switch_reads_the_environment(val, on, monkeypatch):
+    """KVLAB_EXTEND_OVERLAP turns the side-stream chunk on at call time (unset: off)."""
+    monkeypatch.setenv("KVLAB_EXTEND_OVERLAP", val)
+    assert ext_triton.overlap_chunk() is on
+    monkeypatch.delenv("KVLAB_EXTEND_OVERLAP")
+    assert ext_triton.overlap_chunk() is False
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="streams are the GPU's")
+@pytest.mark.parametrize("name", ["q4_0", "int4_had", "k=lm3:g32:rot=had,v=lm4", "kivi4"])
+def test_chunk_on_a_side_stream_equals_the_reference(name, monkeypatch):
+    """KVLAB_EXTEND_OVERLAP=1: the chunk's cuDNN call on a side stream beside the prefix's passes gives the reference
+    (a rotated spec's merge-only call and KIVI's buffer included), with the NaN-poisoned out fully written, and the
+    side stream ran a part of it."""
+    monkeypatch.setattr(dense, "CUDNN_CHUNK_MIN_FLOPS", 0)
+    monkeypatch.setenv("KVLAB_EXTEND_OVERLAP", "1")
+    sides = []
+    real = ext_triton.overlapped
+    monkeypatch.setattr(ext_triton, "overlapped", lambda a, b: sides.append(1) or real(a, b))
+    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 96, 32], [40, 40, 40], 8, 2, 64, 16, name, [1, 0, 3]), seed=17)
+    hl = (qo.tolist(), args[2].tolist(), args[4].tolist())
+    ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
+    for _ in range(3):  # the allocator hands the side stream's blocks on: later calls must not read stale states
+        got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32, host_lens=hl,
+                     out=torch.full_like(q, float("nan")))
+        assert not torch.isnan(got).any()
+        assert _err(got, ref) < TOL
+    assert len(sides) == 3
+
+
 @pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernels' constexpr globals when it compiles (Triton refuses "
                     "a changed one)")
 @pytest.mark.parametrize("name", ["int4_had", "k=lm3:g32:rot=had,v=lm4:g64:rot=had"])
