@@ -862,12 +862,12 @@ close1)  # issues 16 / 17 closing, call 1 of 3 (~9 min; on the H200 the issues n
     2>&1 | tail -1
   python3 benchmarks/targets.py --results "$OUT" --out "$OUT/targets.md" && cat "$OUT/targets.md"
   ;;
-close2)  # closing, call 2 of 3 (~9 min): the extend table (auto_host: host lengths, batch 1 replayed through its CUDA
-  # graph; auto: lengths on the device), every shape of issue 17. (FlashInfer's XQA, issue 16's B 1 peer, is its own call
+close2)  # closing, call 2 of 3 (~3-5 min): the extend table (auto_host: host lengths, batch 1 replayed through its CUDA
+  # graph; EXT_BACKENDS=auto_host,auto adds the lengths-on-the-device rows), every shape of issue 17. (FlashInfer's XQA, issue 16's B 1 peer, is its own call
   # with the wheel carried: ../shared/peers/flashinfer_wheel.sh, benchmarks/flashinfer_fp8.py)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   KVLAB_COMMIT="${KVLAB_COMMIT:-}" timeout "${BENCH_S:-540}" python3 benchmarks/run.py --out "$OUT/bench" --cases extend \
-    --extend-budget "${EXT_BUDGET:-500}" --extend-backends auto_host,auto --extend-sweep none --fresh none \
+    --extend-budget "${EXT_BUDGET:-500}" --extend-backends "${EXT_BACKENDS:-auto_host}" --extend-sweep none --fresh none \
     --extend-shapes p32k_b1,p8k_b1,p32k_b8,p8k_b8,smollm2_p8k,d256_p8k 2>&1 | tail -3
   python3 benchmarks/targets.py --results "$OUT" --out "$OUT/targets.md" && cat "$OUT/targets.md"
   ;;

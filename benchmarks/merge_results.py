@@ -7,8 +7,10 @@ run's rows came from.
 
 RUN is searched for decode.csv, store.csv and extend.csv (directly or one folder down, as `targets.py` does). A
 cell's key (KEYS) is its scheme and shape (and dispatch / backend); the committed file keeps its columns, its row
-order and "\\n" line ends. Refused, naming the reason, before anything is written: a run from another GPU than the
-committed header's, a run table whose columns differ from the committed one's, or a run table with one cell twice.
+order and "\\n" line ends. A committed `commit` column (tables mixing rows of several trees) is filled from the run's
+header; --add-columns lets a run's new columns join the committed table. Refused, naming the reason, before anything
+is written: a run from another GPU than the committed header's, a run table whose columns differ from the committed
+one's otherwise, or a run table with one cell twice.
 A run row with no value (a budget skip or an error) does not replace a committed row that has one unless
 --keep-empty is given; it is counted and listed. The committed header (header.json for decode, store_header.json,
 extend_header.json) takes the run's header and keeps the one it replaces under "history", with the row counts.
@@ -66,13 +68,25 @@ def key_of(kind: str, row: dict) -> tuple:
 
 
 def merge_rows(kind: str, cols: list[str], old: list[dict], new_cols: list[str], new: list[dict],
-               keep_empty: bool = False, where: str = "run") -> tuple[list[dict], dict]:
-    """The committed rows `old` with the run's rows `new` merged in (see the module text); and the counts."""
-    if sorted(new_cols) != sorted(cols):
-        gone, extra = sorted(set(cols) - set(new_cols)), sorted(set(new_cols) - set(cols))
+               keep_empty: bool = False, where: str = "run", commit: str | None = None,
+               add_columns: bool = False) -> tuple[list[str], list[dict], dict]:
+    """The committed columns and rows `old` with the run's rows `new` merged in (see the module text); and the counts.
+    A committed `commit` column the run lacks takes `commit` (the run header's); with add_columns, columns only the
+    run has are appended to the committed table (empty in its earlier rows)."""
+    new_cols = list(new_cols)
+    if "commit" in cols and "commit" not in new_cols:
+        if not commit:
+            raise SystemExit(f"{where}: the committed {kind} table has a commit column and the run's header names no "
+                             f"commit; merge refused")
+        new = [dict(r, commit=commit) for r in new]
+        new_cols.append("commit")
+    gone, extra = sorted(set(cols) - set(new_cols)), [c for c in new_cols if c not in cols]
+    if gone or (extra and not add_columns):
         raise SystemExit(f"{where}: its {kind} columns differ from the committed table's"
                          f"{' (lacks ' + ', '.join(gone) + ')' if gone else ''}"
-                         f"{' (adds ' + ', '.join(extra) + ')' if extra else ''}; merge refused")
+                         f"{' (adds ' + ', '.join(extra) + '; --add-columns takes them)' if extra else ''}; "
+                         f"merge refused")
+    cols = cols + extra
     missing = [c for c in KEYS[kind] if c not in cols]
     if missing:
         raise SystemExit(f"{where}: not a {kind} table (no key column {', '.join(missing)})")
@@ -99,7 +113,10 @@ def merge_rows(kind: str, cols: list[str], old: list[dict], new_cols: list[str],
             out.append(row)
             counts["added"] += 1
     counts["kept"] = len(old) - counts["replaced"]
-    return out, counts
+    for r in out:
+        for c in extra:
+            r.setdefault(c, "")
+    return cols, out, counts
 
 
 def _text(cols: list[str], rows: list[dict]) -> str:
@@ -135,7 +152,8 @@ def _gpu_of_folder(into: Path, kind: str) -> str | None:
     return None
 
 
-def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_run: bool = False) -> list[str]:
+def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_run: bool = False,
+          add_columns: bool = False) -> list[str]:
     """Merge every table of `tables` that `run` holds into `into`; returns one summary line a table. Everything is
     checked before the first file is written."""
     if not run.is_dir():
@@ -164,7 +182,8 @@ def merge(run: Path, into: Path, tables=TABLES, keep_empty: bool = False, dry_ru
                              f"folder")
         new_cols, new = _read(src)
         cols, old = _read(dst) if dst.is_file() else (new_cols, [])
-        rows, counts = merge_rows(kind, cols, old, new_cols, new, keep_empty, where=_rel(src))
+        cols, rows, counts = merge_rows(kind, cols, old, new_cols, new, keep_empty, where=_rel(src),
+                                        commit=(head or {}).get("commit"), add_columns=add_columns)
         plan.append((kind, src, dst, dst_head_path, head, gpu, old_head, cols, rows, counts))
     if not plan:
         raise SystemExit(f"{run}: no {', '.join(t + '.csv' for t in tables)} in it or one folder down")
@@ -194,8 +213,11 @@ def main(argv=None) -> list[str]:
     ap.add_argument("--tables", default=",".join(TABLES), help="comma-separated, of decode, store, extend")
     ap.add_argument("--keep-empty", action="store_true", help="let a run row without a value replace one with a value")
     ap.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
+    ap.add_argument("--add-columns", action="store_true",
+                    help="columns only the run has join the committed table (empty in its earlier rows)")
     a = ap.parse_args(argv)
-    lines = merge(Path(a.run), Path(a.into), [t for t in a.tables.split(",") if t], a.keep_empty, a.dry_run)
+    lines = merge(Path(a.run), Path(a.into), [t for t in a.tables.split(",") if t], a.keep_empty, a.dry_run,
+                  a.add_columns)
     print("\n".join(lines))
     return lines
 

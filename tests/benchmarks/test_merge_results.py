@@ -144,3 +144,31 @@ def test_dry_run_and_missing_inputs(mr, tmp_path):
         mr.merge(run, into, tables=["prefill"])
     with pytest.raises(SystemExit, match="not a folder"):
         mr.merge(tmp_path / "nowhere", into)
+
+
+def test_commit_column_filled_from_the_run_header_and_new_columns_on_request(mr, tmp_path):
+    """A committed table mixing trees (a commit column, as store.csv / extend.csv) takes each run row's commit from
+    the run's header; a column only the run has (store's gate_bytes) is refused unless --add-columns, which appends
+    it, empty in the earlier rows; a header without a commit is refused where the table needs one."""
+    cols = ["scheme", "tokens", "backend", "graph_ms", "commit"]
+    into = tmp_path / "h200"
+    _write(into / "store.csv", [dict(scheme="q4_0", tokens=32768, backend="triton", graph_ms=0.02, commit="old0000"),
+                                dict(scheme="int2", tokens=32768, backend="triton", graph_ms=0.03, commit="old0000")],
+           cols=cols)
+    run = tmp_path / "run"
+    run_cols = ["scheme", "tokens", "backend", "graph_ms", "gate_bytes"]
+    _write(run / "store.csv", [dict(scheme="int2", tokens=32768, backend="triton", graph_ms=0.01, gate_bytes=0)],
+           cols=run_cols, commit="new1111")
+    before = (into / "store.csv").read_bytes()
+    with pytest.raises(SystemExit, match="adds gate_bytes; --add-columns takes them"):
+        mr.merge(run, into)
+    assert (into / "store.csv").read_bytes() == before
+    (line,) = mr.merge(run, into, add_columns=True)
+    assert "1 replaced, 0 added, 1 kept" in line
+    rows = list(csv.DictReader(open(into / "store.csv")))
+    assert list(rows[0]) == cols + ["gate_bytes"]
+    assert [(r["scheme"], r["commit"], r["gate_bytes"]) for r in rows] == [("q4_0", "old0000", ""),
+                                                                           ("int2", "new1111", "0")]
+    (run / "store_header.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))
+    with pytest.raises(SystemExit, match="names no commit"):
+        mr.merge(run, into, add_columns=True)

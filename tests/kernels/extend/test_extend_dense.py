@@ -416,11 +416,11 @@ def test_equal_chunks_through_one_cudnn_call(name, monkeypatch):
 
 @pytest.mark.parametrize("val,on", [("1", True), ("on", True), ("0", False), ("off", False), ("", False)])
 def test_overlap_switch_reads_the_environment(val, on, monkeypatch):
-    """KVLAB_EXTEND_OVERLAP turns the side-stream chunk on at call time (unset: off)."""
+    """KVLAB_EXTEND_OVERLAP turns the side-stream chunk on or off at call time (unset: on)."""
     monkeypatch.setenv("KVLAB_EXTEND_OVERLAP", val)
     assert ext_triton.overlap_chunk() is on
     monkeypatch.delenv("KVLAB_EXTEND_OVERLAP")
-    assert ext_triton.overlap_chunk() is False
+    assert ext_triton.overlap_chunk() is True
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="streams are the GPU's")
@@ -434,7 +434,7 @@ def test_chunk_on_a_side_stream_equals_the_reference(name, monkeypatch):
     sides = []
     real = ext_triton.overlapped
     monkeypatch.setattr(ext_triton, "overlapped", lambda a, b: sides.append(1) or real(a, b))
-    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 96, 32], [40, 40, 40], 8, 2, 64, 16, name, [1, 0, 3]), seed=17)
+    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 96, 32], [40, 40, 40], 8, 2, 64, 32, name, [1, 0, 3]), seed=17)
     hl = (qo.tolist(), args[2].tolist(), args[4].tolist())
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
     for _ in range(3):  # the allocator hands the side stream's blocks on: later calls must not read stale states
