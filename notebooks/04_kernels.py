@@ -154,3 +154,20 @@ print(Path(PROFILE).read_text())
 
 # %% papermill={"duration": 0.017214, "end_time": "2026-12-03T13:14:18.881844+00:00", "exception": false, "start_time": "2026-12-03T13:14:18.864630+00:00", "status": "completed"}
 print(Path(SASS).read_text())
+
+# %% [markdown]
+# ## What limits each kernel today: Nsight Compute over the default dispatch
+# Every row of the committed tables that misses its issue target, profiled through the public API's default
+# dispatch on the H200 (`bash benchmarks/h200_run.sh close3`, `benchmarks/limits.py`): DRAM and issue
+# utilisation of the main kernel, its busiest pipes, top stalls (cycles per issued instruction) and the limiter
+# they point to. `table` is the value of the committed row when the profile ran.
+
+# %%
+LIMITS = sorted(Path(RESULTS, "runs").glob("close3*-51b9ae0/limits_*.csv"))
+lim = pd.concat([pd.read_csv(p) for p in LIMITS], ignore_index=True)
+print("from", ", ".join(str(p.relative_to(RESULTS)) for p in LIMITS))
+print(lim[["case", "table", "target", "main_us", "dram_pct", "issue_pct", "regs", "top_pipes", "limiter"]]
+      .to_string(index=False))
+
+# %%
+lim.groupby(lim.case.str.rsplit(":", n=1).str[0]).limiter.value_counts().unstack(fill_value=0)

@@ -51,13 +51,13 @@ COMMANDS = {
                    "H100 configs from python benchmarks/derive_tuned.py, sweeps/results/h100/README.md)",
     "sweep": "python -m kvlab.sweep --config kvlab/sweep/default.yaml (on the H200; report: python -m kvlab.sweep report DIR)",
     "frontier": "python -m kvlab.sweep report sweeps/results/h200/default-gpu",
-    "decode": "python benchmarks/run.py --cases decode --dispatch default,heuristic (H200, runs/s11-table-0a466a2; D 256, Gemma-shape and rotated rows from runs/s15b-f87f007, s15c-f7fb4d0, s15e-f91c4d8)",
+    "decode": "bash benchmarks/h200_run.sh close1 (H200, runs/close1-51b9ae0: B 32 / B 1 x 32K, D 64, D 256; Gemma-shape and older rotated rows from runs/s15b-f87f007, s15c-f7fb4d0, s15e-f91c4d8), merged by benchmarks/merge_results.py",
     "decode_header": "written with decode.csv",
     "dispatch": "python benchmarks/run.py --shapes b32 (H200; see header.json)",
     "decode_before": "python benchmarks/bench_decode.py (H200, tree b2961af: the table before the codecs of issue 16)",
     "dispatch_header": "written with its decode.csv",
-    "store": "python benchmarks/run.py --cases store (H200)",
-    "extend": "bash benchmarks/h200_run.sh s16c / s16d (batch 8) / s21 (batch 1) (H200; commit column)",
+    "store": "bash benchmarks/h200_run.sh close1 (H200, runs/close1-51b9ae0; commit column)",
+    "extend": "bash benchmarks/h200_run.sh close2 (H200, auto_host rows of runs/s35-ov-51b9ae0; eager and device-length rows of s16c / s21; commit column)",
     "extend_before": "python benchmarks/run.py --cases extend (H200; the commit of each row in its column)",
     "flashinfer": "python benchmarks/flashinfer_fp8.py (H200, FlashInfer 0.7.2.post1)",
     "options": "python -m kvlab.export options (CPU)",
@@ -250,8 +250,11 @@ class Paper:
                 f"{c(st.loc['int3', 'fraction_of_copy'], '.2f', 'store', 'int3 / fraction_of_copy')} (int3): the "
                 "IEEE quotient is two fused multiply-adds on the reciprocal (Markstein's correction), where a check "
                 "for quotients near a rounding boundary sent most tiles of bf16 inputs to an exact division, and the "
-                "code's round-half-even is one hardware conversion on the GPU instead of a float emulation. The "
-                "codebook searches, channel-axis groups and rotations are bound by instruction issue, not by bytes.", "",
+                "code's round-half-even is one hardware conversion on the GPU instead of a float emulation. None of "
+                "these slower formats is bound by bytes: Nsight Compute reads int4_had and lm2 (rotations in the "
+                "kernel) as bound by instruction issue, the division ints and nvfp4 by the ALU pipe, and the "
+                "channel-axis groups, the codebooks, mxfp4, lm3 and lm4 by latency (loads and dependent "
+                "arithmetic).", "",
                 self._extend_line(), "", fi_line, ""]
 
     def _h100_line(self) -> str:
@@ -326,7 +329,8 @@ class Paper:
                 f"{c(g8.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto_host B1 8K')}x (eager "
                 f"{c(e8.ratio_vs_cudnn.min(), '.2f', 'extend', 'min ratio_vs_cudnn, auto_host_eager B1 8K')}-"
                 f"{c(e8.ratio_vs_cudnn.max(), '.2f', 'extend', 'max ratio_vs_cudnn, auto_host_eager B1 8K')}x), "
-                "where the separate passes around cuDNN's call (the chunk, the dequantization, the merge) remain.")
+                "where the separate passes around cuDNN's call (the chunk, the dequantization, the merge) remain; "
+                "the chunk's attention runs on a second stream beside the prefix's passes.")
 
     def protocol(self):
         v = self.t["llama_verify"]
