@@ -75,16 +75,18 @@ def merge_rows(kind: str, cols: list[str], old: list[dict], new_cols: list[str],
     run has are appended to the committed table (empty in its earlier rows)."""
     new_cols = list(new_cols)
     if "commit" in cols and "commit" not in new_cols:
-        if not commit:
+        if not commit or commit == "unknown":
             raise SystemExit(f"{where}: the committed {kind} table has a commit column and the run's header names no "
                              f"commit; merge refused")
+        if len(commit) == 40 and all(ch in "0123456789abcdef" for ch in commit):
+            commit = commit[:7]  # a full hash (KVLAB_COMMIT unset): the table's short form
         new = [dict(r, commit=commit) for r in new]
         new_cols.append("commit")
     gone, extra = sorted(set(cols) - set(new_cols)), [c for c in new_cols if c not in cols]
     if gone or (extra and not add_columns):
         raise SystemExit(f"{where}: its {kind} columns differ from the committed table's"
                          f"{' (lacks ' + ', '.join(gone) + ')' if gone else ''}"
-                         f"{' (adds ' + ', '.join(extra) + '; --add-columns takes them)' if extra else ''}; "
+                         f"{' (adds ' + ', '.join(extra) + ('' if gone else '; --add-columns takes them') + ')' if extra else ''}; "
                          f"merge refused")
     cols = cols + extra
     missing = [c for c in KEYS[kind] if c not in cols]

@@ -169,6 +169,10 @@ def test_commit_column_filled_from_the_run_header_and_new_columns_on_request(mr,
     assert list(rows[0]) == cols + ["gate_bytes"]
     assert [(r["scheme"], r["commit"], r["gate_bytes"]) for r in rows] == [("q4_0", "old0000", ""),
                                                                            ("int2", "new1111", "0")]
-    (run / "store_header.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))
-    with pytest.raises(SystemExit, match="names no commit"):
-        mr.merge(run, into, add_columns=True)
+    (run / "store_header.json").write_text(json.dumps({"gpu": "NVIDIA H200", "commit": "f" * 40}))
+    mr.merge(run, into, add_columns=True)
+    assert [r["commit"] for r in csv.DictReader(open(into / "store.csv"))] == ["old0000", "fffffff"]
+    for head in ({"gpu": "NVIDIA H200"}, {"gpu": "NVIDIA H200", "commit": "unknown"}):
+        (run / "store_header.json").write_text(json.dumps(head))
+        with pytest.raises(SystemExit, match="names no commit"):
+            mr.merge(run, into, add_columns=True)

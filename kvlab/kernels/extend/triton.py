@@ -31,29 +31,47 @@ _SIDE: dict = {}  # device -> the side stream the chunk's attention runs on besi
 def overlap_chunk() -> bool:
     """With a dense prefix and a dense chunk, the chunk's causal attention runs on a side stream while the prefix's
     stacking, dequant and cuDNN passes run on the caller's (inside a CUDA graph: two branches). On by default: on the
-    H200 it took batch 1 x 8K from 1.24-1.36x cuDNN to 1.20-1.31x and D 256 x 8K from 1.31-1.42x to 1.21-1.31x, the
-    rest unchanged (sweeps/results/h200/runs/s35-ab-51b9ae0, `benchmarks/h200_run.sh s35`). KVLAB_EXTEND_OVERLAP=0
-    turns it off."""
+    H200 it took batch 1 x 8K from 1.24-1.36x cuDNN (median 1.29) to 1.19-1.31x (1.23) and D 256 x 8K from a median
+    1.33-1.34x to 1.22-1.24x, the rest within the spread between runs (sweeps/results/h200/runs/s35-ab-51b9ae0,
+    close2-51b9ae0, s35-ov-51b9ae0; benchmarks/NOTES_extend.md, session 35). KVLAB_EXTEND_OVERLAP=0 turns it off."""
     return os.environ.get("KVLAB_EXTEND_OVERLAP", "1").lower() not in ("", "0", "off", "false", "no")
 
 
-def overlapped(side_fn, main_fn):
-    """(side_fn(), main_fn()): side_fn on a side stream that first waits for the caller's stream, main_fn on the
-    caller's; the caller's stream then waits for the side one, and the side result's tensors are marked used on it
-    (the caching allocator must not hand their memory to the side stream again before the caller is done)."""
-    main = torch.cuda.current_stream()
+def overlapped(device, main_fn, side_fn, after_main: bool = False):
+    """(main_fn(), side result, whether the side ran): main_fn on the caller's stream, side_fn on a side stream forked
+    from the caller's before main_fn's launches, so the two run together on the device. With after_main, side_fn is
+    called with main_fn's result after main_fn returns and gives the callable to run (None: nothing runs beside),
+    which lets main_fn's host-side plan decide (its launches are already queued; the side work still depends only on
+    the fork point). The caller's stream then waits for the side one (also when either raises), and the side
+    result's tensors are marked used on the caller's stream (the caching allocator must not hand their memory to
+    the side stream again before the caller is done)."""
+    main = torch.cuda.current_stream(device)
     side = _SIDE.get(main.device)
     if side is None:
         side = _SIDE[main.device] = torch.cuda.Stream(main.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        a = side_fn()
-    b = main_fn()
-    main.wait_stream(side)
+    fork = main.record_event()
+    a, forked = None, False
+    try:
+        if not after_main:
+            side.wait_event(fork)
+            forked = True
+            with torch.cuda.stream(side):
+                a = side_fn()
+        b = main_fn()
+        if after_main:
+            fn = side_fn(b)
+            if fn is not None:
+                side.wait_event(fork)
+                forked = True
+                with torch.cuda.stream(side):
+                    a = fn()
+    finally:
+        if forked:  # (a side stream that never forked is not part of a capture: no join then)
+            main.wait_stream(side)
     for t in (a if isinstance(a, tuple) else ()):
         if isinstance(t, torch.Tensor):
             t.record_stream(main)
-    return a, b
+    return b, a, forked
 
 
 @triton.jit
@@ -256,12 +274,16 @@ def run(q, k_new, v_new, qo_indptr, kv: PagedKV, sm_scale: float, config: Extend
     init = ch = None
     tried = False  # the chunk's attention was asked for already (in the model's own space)
     if prefix is not None and chunk is not None and B and max_qo_len and q.is_cuda and overlap_chunk():
-        # the chunk beside the prefix: the same inputs as below (a fused rotation's are the model's space here, which
-        # only a complete prefix's merge-only call uses; otherwise the chunk is attended again after the rotation)
-        ch, init = overlapped(lambda: chunk(q, k_new, v_new, max_qo_len),
-                              lambda: prefix(q, (K, V), fuse and rot_k))
-        tried = not fuse or (init is not None and init[4])
-        ch = ch if tried else None
+        # the chunk beside the prefix, the same call as the sequential path makes below: unrotated specs always (its
+        # inputs are final here: queued first); a fused rotation only for a complete prefix's merge-only call, in the
+        # model's space, which the prefix's host-side plan decides (otherwise the chunk is attended after the rotation)
+        def _beside(init):
+            if init is not None and init[4]:
+                return lambda: chunk(q, k_new, v_new, max_qo_len)
+            return None
+        init, ch, tried = overlapped(q.device, lambda: prefix(q, (K, V), fuse and rot_k),
+                                     _beside if fuse else (lambda: chunk(q, k_new, v_new, max_qo_len)),
+                                     after_main=fuse)
     elif prefix is not None and B and max_qo_len:
         init = prefix(q, (K, V), fuse and rot_k)
     if fuse and init is not None and init[4] and chunk is not None:

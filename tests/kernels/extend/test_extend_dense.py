@@ -424,25 +424,30 @@ def test_overlap_switch_reads_the_environment(val, on, monkeypatch):
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="streams are the GPU's")
+@pytest.mark.parametrize("lens", [[64, 96, 32], [70, 100, 45]], ids=["whole-buckets", "partial-buckets"])
 @pytest.mark.parametrize("name", ["q4_0", "int4_had", "k=lm3:g32:rot=had,v=lm4", "kivi4"])
-def test_chunk_on_a_side_stream_equals_the_reference(name, monkeypatch):
+def test_chunk_on_a_side_stream_equals_the_reference(name, lens, monkeypatch):
     """KVLAB_EXTEND_OVERLAP=1: the chunk's cuDNN call on a side stream beside the prefix's passes gives the reference
-    (a rotated spec's merge-only call and KIVI's buffer included), with the NaN-poisoned out fully written, and the
-    side stream ran a part of it."""
+    (a rotated spec's merge-only call, KIVI's buffer, and prefixes that leave a partial bucket to the fused kernel),
+    with the NaN-poisoned out fully written; the chunk is attended once a call, on the side stream except for a
+    fused rotation whose prefix is not complete (then after the rotation, on the caller's stream, as without it)."""
     monkeypatch.setattr(dense, "CUDNN_CHUNK_MIN_FLOPS", 0)
     monkeypatch.setenv("KVLAB_EXTEND_OVERLAP", "1")
-    sides = []
-    real = ext_triton.overlapped
-    monkeypatch.setattr(ext_triton, "overlapped", lambda a, b: sides.append(1) or real(a, b))
-    sch, P, q, kn, vn, qo, args, kw = _setup(([64, 96, 32], [40, 40, 40], 8, 2, 64, 32, name, [1, 0, 3]), seed=17)
+    calls = []
+    real = dense.attend_chunks
+    monkeypatch.setattr(dense, "attend_chunks", lambda *a, **k: calls.append(
+        torch.cuda.current_stream() != torch.cuda.default_stream()) or real(*a, **k))
+    sch, P, q, kn, vn, qo, args, kw = _setup((lens, [40, 40, 40], 8, 2, 64, 32, name, [1, 0, 3]), seed=17)
     hl = (qo.tolist(), args[2].tolist(), args[4].tolist())
     ref = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="reference")
-    for _ in range(3):  # the allocator hands the side stream's blocks on: later calls must not read stale states
+    for i in range(3):  # the allocator hands the side stream's blocks on: later calls must not read stale states
         got = extend(q, kn, vn, qo, *args, sch.k, sch.v, P, **kw, backend="dense", dense_bucket=32, host_lens=hl,
                      out=torch.full_like(q, float("nan")))
         assert not torch.isnan(got).any()
         assert _err(got, ref) < TOL
-    assert len(sides) == 3
+        assert len(calls) == i + 1  # one chunk call an extend call
+    fused_partial = sch.k.rotation == "had" and lens[0] % 32 != 0
+    assert calls == [not fused_partial] * 3
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="a GPU reads the kernels' constexpr globals when it compiles (Triton refuses "
