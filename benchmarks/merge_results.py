@@ -84,10 +84,10 @@ def merge_rows(kind: str, cols: list[str], old: list[dict], new_cols: list[str],
         new_cols.append("commit")
     gone, extra = sorted(set(cols) - set(new_cols)), [c for c in new_cols if c not in cols]
     if gone or (extra and not add_columns):
+        hint = "" if gone else "; --add-columns takes them"
         raise SystemExit(f"{where}: its {kind} columns differ from the committed table's"
                          f"{' (lacks ' + ', '.join(gone) + ')' if gone else ''}"
-                         f"{' (adds ' + ', '.join(extra) + ('' if gone else '; --add-columns takes them') + ')' if extra else ''}; "
-                         f"merge refused")
+                         f"{' (adds ' + ', '.join(extra) + hint + ')' if extra else ''}; merge refused")
     cols = cols + extra
     missing = [c for c in KEYS[kind] if c not in cols]
     if missing:
