@@ -254,7 +254,10 @@ def main(argv=None) -> str:
                         ("peers", "flashinfer_fp8.csv")):
         if direct[name] and not Path(direct[name]).is_file():
             raise SystemExit(f"--{name} {direct[name]}: no such file")
-        files[name] = Path(direct[name]) if direct[name] else (_find(folder, fname, f"pass the one to check with --{name}") if folder else None)
+        if direct[name]:
+            files[name] = Path(direct[name])
+        else:
+            files[name] = _find(folder, fname, f"pass the one to check with --{name}") if folder else None
     if not any(files.values()):
         raise SystemExit(f"no decode.csv, store.csv, extend.csv or flashinfer_fp8.csv in {folder} or one folder down")
     rows = {n: _rows(p, n) for n, p in files.items()}

@@ -224,10 +224,9 @@ def codec_of(spec, role: str = "k") -> int | None:
         return {2: KT2, 3: KT3, 4: KT4}[spec.bits] if kivi else None
     if kivi and spec.bits in (2, 3, 4):
         return {4: KC4, 3: KC3, 2: KC2}[spec.bits]
-    if spec.fmt == "int" and spec.axis == "tok" and spec.bits == 4 and spec.group == 16 and \
-            spec.pack in ("ggml", "seq") and _scales_ok(spec, spec.sym):  # groups of 16: a scale (and zero) per word
-        return Q4 if spec.sym else Q4A
-    if spec.fmt == "int" and spec.axis == "tok" and spec.group in GROUPS and _scales_ok(spec, spec.sym):
+    # (int4 also at groups of 16: a scale, and zero, per code word)
+    if spec.fmt == "int" and spec.axis == "tok" and (spec.group in GROUPS or (spec.group == 16 and spec.bits == 4)) \
+            and _scales_ok(spec, spec.sym):
         if spec.bits == 4 and spec.pack in ("ggml", "seq"):
             return Q4 if spec.sym else Q4A
         if spec.bits == 8:
